@@ -1,0 +1,3 @@
+"""promptcache: a caching reverse proxy for LLM APIs."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,125 @@
+"""Application assembly: `create_app(settings)` and `start_proxy(settings)`.
+
+Lifecycle (`cleanup_ctx`): resolve the upstreams (starting the in-process simulator when asked
+or when `upstream: auto` finds no real API reachable), open one pooled `ClientSession` per
+upstream (`auto_decompress=False`, so bodies pass through byte for byte), close them on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Final
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
+from proxy.handlers import healthz, metrics_handler, proxy_handler, readyz
+from proxy.metrics import Metrics
+from proxy.services import Services
+from proxy.settings import Settings
+
+_log = logging.getLogger("promptcache.app")
+_PROBE_TIMEOUT: Final = 2.0
+
+
+async def _is_reachable(url: str) -> bool:
+    """True when a TCP connection to `url`'s host and port opens within 2 s."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), _PROBE_TIMEOUT)
+    except (OSError, TimeoutError, socket.gaierror):
+        return False
+    writer.close()
+    return True
+
+
+async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SERVICES].settings
+    sim_runner = None
+    upstreams = {"anthropic": settings.anthropic_upstream, "openai": settings.openai_upstream}
+    use_sim = settings.upstream == "sim"
+    if settings.upstream == "auto":
+        use_sim = not await _is_reachable(settings.anthropic_upstream)
+        if use_sim:
+            _log.warning(
+                "no real API reachable at %s: serving the built-in upstream simulator "
+                "(set upstream: real to never do this)",
+                settings.anthropic_upstream,
+            )
+    elif settings.upstream.startswith(("http://", "https://")):
+        base = settings.upstream.rstrip("/")
+        upstreams = {"anthropic": base, "openai": base}
+    if use_sim:
+        from proxy.sim.app import start_sim
+
+        sim_runner, sim_url = await start_sim("127.0.0.1", 0)
+        upstreams = {"anthropic": sim_url, "openai": sim_url}
+        _log.info("built-in simulator upstream at %s", sim_url)
+    app[UPSTREAMS] = upstreams
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        connect=settings.connect_timeout,
+        sock_connect=settings.connect_timeout,
+        sock_read=settings.read_timeout,
+    )
+    sessions: dict[str, aiohttp.ClientSession] = {}
+    for name in upstreams:
+        sessions[name] = aiohttp.ClientSession(
+            timeout=timeout,
+            auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        )
+    app[CLIENT_SESSIONS] = sessions
+    try:
+        yield
+    finally:
+        for client in sessions.values():
+            await client.close()
+        if sim_runner is not None:
+            await sim_runner.cleanup()
+
+
+def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
+    """The proxy as an aiohttp application; `registry` defaults to a fresh one."""
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app[SERVICES] = Services(settings=settings, metrics=Metrics(registry))
+    app.cleanup_ctx.append(_resolve_upstreams)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    if settings.admin_port is None:
+        app.router.add_get("/metrics", metrics_handler)
+    app.router.add_route("*", "/{tail:.*}", proxy_handler)
+    return app
+
+
+def create_admin_app(proxy_app: web.Application) -> web.Application:
+    """The separate admin listener (`admin_port`): `/metrics` and health of `proxy_app`."""
+    admin = web.Application()
+    admin[SERVICES] = proxy_app[SERVICES]
+    admin.router.add_get("/metrics", metrics_handler)
+    admin.router.add_get("/healthz", healthz)
+    return admin
+
+
+async def start_proxy(
+    settings: Settings, registry: CollectorRegistry | None = None
+) -> tuple[web.AppRunner, str]:
+    """Start the proxy on the running loop at `settings.host:settings.port` (0 = any free port).
+
+    Returns the runner (call `cleanup()` to stop) and the base URL clients use.
+    """
+    app = create_app(settings, registry)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"

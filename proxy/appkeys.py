@@ -1,0 +1,14 @@
+"""Typed application state keys (`aiohttp.web.AppKey`)."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from proxy.services import Services
+
+SERVICES = web.AppKey("services", Services)
+UPSTREAMS = web.AppKey("upstreams", dict[str, str])
+"""Provider name -> upstream base URL (no trailing slash)."""
+CLIENT_SESSIONS = web.AppKey("client_sessions", dict[str, aiohttp.ClientSession])
+"""Provider name -> the pooled `ClientSession` for that upstream."""

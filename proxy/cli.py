@@ -1,0 +1,112 @@
+"""The `promptcache` command: serve, simulate, replay, explain, check-rules.
+
+Each subcommand is a small function returning an exit status; `main()` dispatches. Settings
+errors exit 2 with a message naming the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from proxy import __version__
+from proxy.settings import SettingsError, load_settings
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML settings file")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default 8080)")
+    parser.add_argument(
+        "--upstream",
+        help="auto (default: real APIs when reachable, else the built-in simulator), real, sim, or a base URL",
+    )
+    parser.add_argument("--mode", choices=("optimise", "observe"), help="optimise (default) or observe")
+    parser.add_argument("--store", help="memory://, sqlite:///path or redis://host:port/db")
+    parser.add_argument("--admin-port", type=int, help="separate listener for /metrics")
+
+
+async def _serve_forever(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from proxy.app import create_admin_app, start_proxy
+
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "upstream": args.upstream,
+        "mode": args.mode,
+        "store": args.store,
+        "admin_port": args.admin_port,
+    }
+    try:
+        settings = load_settings(args.config, overrides=overrides)
+    except SettingsError as exc:
+        print(f"promptcache: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    runner, url = await start_proxy(settings)
+    runners = [runner]
+    if settings.admin_port is not None:
+        admin = web.AppRunner(create_admin_app(runner.app), access_log=None)
+        await admin.setup()
+        await web.TCPSite(admin, settings.host, settings.admin_port).start()
+        runners.append(admin)
+    print(f"promptcache {__version__} listening on {url} (mode {settings.mode})", flush=True)
+    print(f"  Anthropic: ANTHROPIC_BASE_URL={url}    OpenAI: OPENAI_BASE_URL={url}/v1", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for item in reversed(runners):
+        await item.cleanup()
+    return 0
+
+
+def _run(coro_factory: object) -> int:
+    import uvloop
+
+    return int(uvloop.run(coro_factory))  # type: ignore[arg-type]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    return _run(_serve_forever(args))
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from proxy.sim import cli as sim_cli
+
+    return sim_cli.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="promptcache", description="Prompt-cache proxy for LLM APIs.")
+    parser.add_argument("--version", action="version", version=f"promptcache {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the proxy")
+    _serve_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+    simulate = sub.add_parser("simulate", help="run the upstream simulator as its own server")
+    try:
+        from proxy.sim import cli as sim_cli
+
+        sim_cli.add_arguments(simulate)
+    except ImportError:
+        pass
+    simulate.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""`Exchange`: the per-request state every stage reads and writes (the "flow object").
+
+Invariants: `raw` is the client's body exactly as received and is never modified; the bytes
+sent upstream are `upstream_body` when a stage produced one, else `raw`. A failing stage resets
+`upstream_body` to `None` (fail open).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from multidict import CIMultiDictProxy
+
+from proxy.providers.base import JSONObject, ProviderAdapter, Usage
+
+
+@dataclass(slots=True)
+class Exchange:
+    adapter: ProviderAdapter
+    path: str
+    """Upstream path without a routing prefix, e.g. `/v1/messages`."""
+    query_string: str
+    headers: CIMultiDictProxy[str]
+    raw: bytes
+    received_at: float = field(default_factory=time.perf_counter)
+    """`time.perf_counter()` when the request body was read (seconds)."""
+    body: JSONObject | None = None
+    """Parsed request body (`None` when not JSON); stages rewrite it copy-on-write."""
+    upstream_body: bytes | None = None
+    """Bytes to send upstream; `None` sends `raw` unchanged."""
+    tenant: str | None = None
+    """Keyed hash of the credential and upstream host; never the credential itself."""
+    session_id: str | None = None
+    failed_stage: str | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+    """Stage outputs that later stages or measurement read (plans, digests, counts)."""
+    status: int = 0
+    usage: Usage | None = None
+    sent_at: float | None = None
+    """`time.perf_counter()` when the upstream request was sent."""
+
+    @property
+    def provider(self) -> str:
+        return self.adapter.name
+
+    @property
+    def outgoing(self) -> bytes:
+        return self.raw if self.upstream_body is None else self.upstream_body

@@ -1,0 +1,204 @@
+"""forward: the terminal step. Sends the request upstream and streams the answer back untouched.
+
+- Request headers pass through except hop-by-hop ones (RFC 9110 section 7.6.1) and `Host` /
+  `Content-Length`, which the client library sets for the new connection.
+- The response's status, headers and body bytes reach the client unchanged and as they arrive:
+  no decompression (the upstream `ClientSession` has `auto_decompress=False`), no buffering of
+  SSE. Each chunk is written first and then teed to a usage reader (gzip/deflate bodies are
+  inflated on the side for the tee only).
+- Local errors, in the provider's error shape: connect failure -> 502, no response within
+  `read_timeout` -> 504. A failure after the headers went out ends the stream (the status can
+  no longer change).
+- A client disconnect cancels the handler (`handler_cancellation=True`), which closes the
+  upstream connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator
+from typing import Final
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.exchange import Exchange
+from proxy.metrics import ProviderMetrics
+from proxy.providers.base import BAD_GATEWAY, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
+from proxy.sse import SSEDecoder
+
+_log = logging.getLogger("promptcache.forward")
+
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length"}
+_DROP_RESPONSE: Final = HOP_BY_HOP
+_MAX_TEE_JSON_BYTES: Final = 64 * 1024 * 1024
+
+
+def request_headers(incoming: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """Headers to send upstream: all but hop-by-hop, `Host` and `Content-Length`."""
+    out: CIMultiDict[str] = CIMultiDict()
+    connection_listed = {
+        token.strip().lower() for value in incoming.getall("connection", []) for token in value.split(",")
+    }
+    for key, value in incoming.items():
+        lower = key.lower()
+        if lower in _DROP_REQUEST or lower in connection_listed:
+            continue
+        out.add(key, value)
+    return out
+
+
+def local_error(adapter: ProviderAdapter, kind: ErrorKind, message: str) -> web.Response:
+    """A reply promptcache answers itself, in the provider's error JSON shape."""
+    return web.Response(
+        status=kind.status, body=adapter.error_body(kind, message), content_type="application/json"
+    )
+
+
+class UsageTee:
+    """Feeds response bytes to a `UsageReader` without touching them."""
+
+    def __init__(self, reader: UsageReader, content_type: str, content_encoding: str) -> None:
+        self.reader = reader
+        self._is_sse = content_type.startswith("text/event-stream")
+        self._is_json = "json" in content_type
+        encoding = content_encoding.lower().strip()
+        self._inflate = zlib.decompressobj(47) if encoding in ("gzip", "deflate", "x-gzip") else None
+        self._disabled = encoding not in ("", "identity", "gzip", "deflate", "x-gzip")
+        self._sse = SSEDecoder()
+        self._json = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        if self._disabled or not (self._is_sse or self._is_json):
+            return
+        try:
+            if self._inflate is not None:
+                chunk = self._inflate.decompress(chunk)
+            if self._is_sse:
+                for event in self._sse.decode(chunk):
+                    self._event(event.event, event.data)
+            elif len(self._json) + len(chunk) <= _MAX_TEE_JSON_BYTES:
+                self._json += chunk
+        except (zlib.error, ValueError):
+            self._disabled = True
+
+    def _event(self, name: str, data: str) -> None:
+        if not data or data == "[DONE]":
+            return
+        try:
+            self.reader.feed_event(name, orjson.loads(data))
+        except orjson.JSONDecodeError:
+            pass
+
+    def finish(self) -> None:
+        if self._disabled:
+            return
+        try:
+            if self._inflate is not None:
+                tail = self._inflate.flush()
+                if self._is_sse:
+                    for event in self._sse.decode(tail):
+                        self._event(event.event, event.data)
+                else:
+                    self._json += tail
+            if self._is_sse:
+                for event in self._sse.flush():
+                    self._event(event.event, event.data)
+            elif self._is_json and self._json:
+                self.reader.feed_json(orjson.loads(bytes(self._json)))
+        except (zlib.error, ValueError):
+            pass
+
+
+async def forward(
+    request: web.Request,
+    exchange: Exchange,
+    session: aiohttp.ClientSession,
+    base_url: str,
+    metrics: ProviderMetrics,
+    read_timeout: float,
+    data: bytes | AsyncIterator[bytes] | None,
+) -> web.StreamResponse:
+    """Send `exchange` upstream and stream the response to the client.
+
+    `data` is the request body (`exchange.outgoing` on pipeline routes, the client's stream or
+    `None` elsewhere). Sets `exchange.status`, `exchange.usage` (when the response carries usage) and
+    `exchange.sent_at`. Returns the prepared response (or a local 502/504 reply).
+    """
+    url = base_url + exchange.path + (f"?{exchange.query_string}" if exchange.query_string else "")
+    headers = request_headers(exchange.headers)
+    exchange.sent_at = time.perf_counter()
+    metrics.overhead.observe(exchange.sent_at - exchange.received_at)
+    adapter = exchange.adapter
+    try:
+        upstream = await asyncio.wait_for(
+            session.request(request.method, url, headers=headers, data=data), timeout=read_timeout
+        )
+    except (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+        exchange.status = BAD_GATEWAY.status
+        _log.warning("upstream %s unreachable: %s", base_url, type(exc).__name__)
+        return local_error(adapter, BAD_GATEWAY, f"promptcache could not reach the upstream ({type(exc).__name__})")
+    except (TimeoutError, aiohttp.ServerTimeoutError):
+        exchange.status = GATEWAY_TIMEOUT.status
+        _log.warning("upstream %s timed out after %.1f s", base_url, read_timeout)
+        return local_error(adapter, GATEWAY_TIMEOUT, f"the upstream did not answer within {read_timeout:g} s")
+    except aiohttp.ClientError as exc:
+        exchange.status = BAD_GATEWAY.status
+        _log.warning("upstream %s failed: %s", base_url, type(exc).__name__)
+        return local_error(adapter, BAD_GATEWAY, f"upstream request failed ({type(exc).__name__})")
+    is_complete = False
+    try:
+        metrics.first_byte.observe(time.perf_counter() - exchange.sent_at)
+        exchange.status = upstream.status
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for key, value in upstream.headers.items():
+            if key.lower() not in _DROP_RESPONSE:
+                response.headers.add(key, value)
+        reader = adapter.usage_reader(exchange.path)
+        tee = UsageTee(
+            reader,
+            upstream.headers.get("content-type", ""),
+            upstream.headers.get("content-encoding", ""),
+        )
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+                tee.feed(chunk)
+        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerTimeoutError) as exc:
+            _log.warning("upstream stream ended early: %s", type(exc).__name__)
+            exchange.notes["stream_error"] = type(exc).__name__
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write_eof()
+        is_complete = True
+        tee.finish()
+        usage = reader.result()
+        if usage.seen:
+            exchange.usage = usage
+        return response
+    finally:
+        if is_complete:
+            upstream.release()
+        else:
+            upstream.close()

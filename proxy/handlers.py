@@ -1,0 +1,105 @@
+"""HTTP handlers: the catch-all proxy route, health endpoints and `/metrics`.
+
+Pipeline routes (`POST /v1/messages`, `/v1/chat/completions`, `/v1/responses`, optionally under
+`/anthropic` or `/openai`) read the body (at most `max_body_bytes`, else 413 in the provider's
+error shape), run the request stages, forward, then observe. Every other path and method is
+reverse-proxied as is, body streamed.
+
+Logging: one line per request with provider, method, path (never the query string), status
+and time; never a header value, never a body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Final
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
+from proxy.exchange import Exchange
+from proxy.forward import forward, local_error
+from proxy.pipeline import run_request_stages
+from proxy.pipeline.observe import observe
+from proxy.providers import route
+from proxy.providers.base import TOO_LARGE
+
+_log = logging.getLogger("promptcache.access")
+_BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def outcome_for(status: int) -> str:
+    """Metric outcome of an HTTP status (0 = no status: the proxy failed)."""
+    if 200 <= status < 400:
+        return "ok"
+    if status in (502, 504) or status >= 500:
+        return "upstream_error"
+    if 400 <= status < 500:
+        return "client_error"
+    return "proxy_error"
+
+
+def _is_openai_shaped(request: web.Request) -> bool:
+    headers = request.headers
+    return "authorization" in headers and "x-api-key" not in headers and "anthropic-version" not in headers
+
+
+async def proxy_handler(request: web.Request) -> web.StreamResponse:
+    """Every client request to an upstream goes through here."""
+    services = request.app[SERVICES]
+    adapter, path = route(request.path, _is_openai_shaped(request))
+    pm = services.metrics.by_provider[adapter.name]
+    started = time.perf_counter()
+    pm.in_flight.inc()
+    status = 0
+    try:
+        upstream_base = request.app[UPSTREAMS][adapter.name]
+        session = request.app[CLIENT_SESSIONS][adapter.name]
+        read_timeout = services.settings.read_timeout
+        if request.method == "POST" and path in adapter.pipeline_paths:
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                pm.body_too_large.inc()
+                status = TOO_LARGE.status
+                limit = services.settings.max_body_bytes
+                return local_error(adapter, TOO_LARGE, f"request body exceeds the limit of {limit} bytes")
+            exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
+            await run_request_stages(exchange, services)
+            response = await forward(
+                request, exchange, session, upstream_base, pm, read_timeout, exchange.outgoing
+            )
+            status = exchange.status
+            await observe(exchange, services)
+            return response
+        exchange = Exchange(adapter, path, request.query_string, request.headers, b"", started)
+        body = request.content.iter_any() if request.method in _BODY_METHODS and request.body_exists else None
+        response = await forward(request, exchange, session, upstream_base, pm, read_timeout, body)
+        status = exchange.status
+        return response
+    finally:
+        elapsed = time.perf_counter() - started
+        pm.in_flight.dec()
+        pm.outcome[outcome_for(status)].inc()
+        pm.duration.observe(elapsed)
+        _log.info("%s %s %s -> %s in %.1f ms", adapter.name, request.method, request.path, status, elapsed * 1000)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process serves HTTP."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: upstream sessions are open."""
+    ready = bool(request.app.get(CLIENT_SESSIONS))
+    return web.json_response({"status": "ready" if ready else "starting"}, status=200 if ready else 503)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """Prometheus text exposition of this app's own registry."""
+    registry = request.app[SERVICES].metrics.registry
+    body = generate_latest(registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,215 @@
+"""Every Prometheus metric promptcache exports, declared in one place.
+
+Names follow prometheus.io/docs/practices/naming (STYLE.md section 13): prefix `promptcache_`,
+base units (`_seconds`, `_bytes`), `_total` on counters. Labels are bounded sets known in
+advance (provider, outcome, cache, stage, section, cause, action, backend, operation, family)
+and are pre-resolved at start so every series exists with 0 and the request path does no label
+lookups. No label ever carries a session id, key, prompt text or raw model string.
+
+Build one `Metrics(registry)` per app; tests pass a fresh `CollectorRegistry`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from proxy import __version__
+
+PROVIDERS: Final = ("anthropic", "openai")
+OUTCOMES: Final = ("ok", "client_error", "upstream_error", "proxy_error")
+CACHE_KINDS: Final = ("read", "write", "none")
+STAGES: Final = ("parse", "canonicalise", "reorder", "replay", "breakpoints", "serialise", "observe")
+SECTIONS: Final = ("tools", "system", "messages", "none")
+CAUSES: Final = (
+    "none",
+    "first_request",
+    "model_changed",
+    "tools_changed",
+    "system_changed",
+    "system_volatile_text",
+    "messages_changed",
+    "params_changed",
+    "history_rewritten",
+    "expired",
+)
+BREAKPOINT_ACTIONS: Final = ("injected", "moved", "dropped", "kept")
+STORE_BACKENDS: Final = ("memory", "sqlite", "redis")
+STORE_OPERATIONS: Final = ("get", "put")
+
+_LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_FAST_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+_RATIO_BUCKETS: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+_TOKEN_BUCKETS: Final = (0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 1048576)
+
+
+@dataclass(slots=True)
+class ProviderMetrics:
+    """Label children of one provider, resolved once at start (NOTES.md: `.labels()` per
+    request cost about 11% of pass-through throughput)."""
+
+    outcome: dict[str, Counter]
+    in_flight: Gauge
+    duration: Histogram
+    first_byte: Histogram
+    overhead: Histogram
+    input_tokens: dict[str, Counter]
+    output_tokens: Counter
+    body_too_large: Counter
+
+
+class Metrics:
+    """All metrics of one app, registered in `registry` (a fresh one per app and per test)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "promptcache_requests_total",
+            "Requests finished, by provider and outcome (proxy.forward).",
+            ["provider", "outcome"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "promptcache_requests_in_flight", "Requests being served (proxy.forward).", ["provider"], registry=r
+        )
+        self.duration = Histogram(
+            "promptcache_request_duration_seconds",
+            "Whole request time, received to last byte sent (proxy.forward).",
+            ["provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_byte = Histogram(
+            "promptcache_upstream_first_byte_seconds",
+            "Upstream request sent to response headers received (proxy.forward).",
+            ["provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "promptcache_proxy_overhead_seconds",
+            "Request received to upstream request sent: the pipeline's cost (proxy.forward).",
+            ["provider"],
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "promptcache_input_tokens_total",
+            "Prompt tokens reported by the upstream, by cache read/write/none (proxy.forward).",
+            ["provider", "cache"],
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "promptcache_output_tokens_total",
+            "Output tokens reported by the upstream (proxy.forward).",
+            ["provider"],
+            registry=r,
+        )
+        self.too_large = Counter(
+            "promptcache_request_body_too_large_total",
+            "Requests refused with 413 for exceeding max_body_bytes (proxy.handlers).",
+            ["provider"],
+            registry=r,
+        )
+        self.stage_duration = Histogram(
+            "promptcache_stage_duration_seconds",
+            "Time spent in each pipeline stage (proxy.pipeline).",
+            ["stage"],
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.stage_errors = Counter(
+            "promptcache_stage_errors_total",
+            "Stage exceptions; each one forwarded the client's original bytes (proxy.pipeline).",
+            ["stage"],
+            registry=r,
+        )
+        self.breakpoints = Counter(
+            "promptcache_breakpoints_total",
+            "cache_control breakpoints per request, by action (proxy.pipeline.breakpoints).",
+            ["provider", "action"],
+            registry=r,
+        )
+        self.replayed_messages = Counter(
+            "promptcache_replayed_messages_total",
+            "Earlier messages sent as the exact bytes sent before (proxy.pipeline.replay).",
+            ["provider"],
+            registry=r,
+        )
+        self.prompt_bytes = Counter(
+            "promptcache_prompt_bytes_total",
+            "Canonical prompt bytes of measured requests (proxy.measure).",
+            ["provider"],
+            registry=r,
+        )
+        self.prefix_matched_bytes = Counter(
+            "promptcache_prefix_matched_bytes_total",
+            "Prompt bytes before the first divergence from the session's previous request (proxy.measure).",
+            ["provider"],
+            registry=r,
+        )
+        self.divergences = Counter(
+            "promptcache_prefix_divergences_total",
+            "Requests by the section and cause of their first prefix divergence (proxy.measure).",
+            ["provider", "section", "cause"],
+            registry=r,
+        )
+        self.divergence_ratio = Histogram(
+            "promptcache_prefix_divergence_position_ratio",
+            "Position of the first divergence as a share of the prompt, 1 = pure append (proxy.measure).",
+            ["provider"],
+            buckets=_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.divergence_tokens = Histogram(
+            "promptcache_prefix_divergence_position_tokens",
+            "Estimated tokens before the first divergence (proxy.measure).",
+            ["provider"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.store_duration = Histogram(
+            "promptcache_session_store_operation_duration_seconds",
+            "Session store operation time (proxy.store).",
+            ["backend", "operation"],
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "promptcache_session_store_errors_total",
+            "Session store failures; the request went on without replay (proxy.store).",
+            ["backend", "operation"],
+            registry=r,
+        )
+        self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
+        self.build.info({"version": __version__})
+
+        for stage in STAGES:
+            self.stage_duration.labels(stage)
+            self.stage_errors.labels(stage)
+        for backend in STORE_BACKENDS:
+            for operation in STORE_OPERATIONS:
+                self.store_duration.labels(backend, operation)
+                self.store_errors.labels(backend, operation)
+        self.by_provider: dict[str, ProviderMetrics] = {}
+        for provider in PROVIDERS:
+            for action in BREAKPOINT_ACTIONS:
+                self.breakpoints.labels(provider, action)
+            self.replayed_messages.labels(provider)
+            self.prompt_bytes.labels(provider)
+            self.prefix_matched_bytes.labels(provider)
+            self.divergence_ratio.labels(provider)
+            self.divergence_tokens.labels(provider)
+            self.by_provider[provider] = ProviderMetrics(
+                outcome={o: self.requests.labels(provider, o) for o in OUTCOMES},
+                in_flight=self.in_flight.labels(provider),
+                duration=self.duration.labels(provider),
+                first_byte=self.first_byte.labels(provider),
+                overhead=self.overhead.labels(provider),
+                input_tokens={c: self.input_tokens.labels(provider, c) for c in CACHE_KINDS},
+                output_tokens=self.output_tokens.labels(provider),
+                body_too_large=self.too_large.labels(provider),
+            )

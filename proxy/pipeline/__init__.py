@@ -1,0 +1,70 @@
+"""The request pipeline: stages in one order, written once, each failing open.
+
+Order (data, not control flow): `REQUEST_STAGES`. `forward` (proxy.forward) is the terminal
+step and `observe` runs on the response path.
+
+Stage contract:
+1. A stage only mutates the `Exchange` (copy-on-write on `exchange.body`: never edit the
+   client's parsed objects in place after `parse`).
+2. Stages do no network I/O, except `replay` (store read), `forward` and `observe`.
+3. An exception in a stage is logged (without request content) and counted in
+   `promptcache_stage_errors_total{stage}`; the remaining stages are skipped and the client's
+   original bytes go upstream unchanged.
+4. Only `forward` produces a local reply.
+
+In `observe` mode only the measuring stages run (`Stage.rewrites` false) and the bytes sent are
+the client's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Final, Protocol
+
+from proxy.exchange import Exchange
+from proxy.pipeline import parse, serialise
+from proxy.services import Services
+
+_log = logging.getLogger("promptcache.pipeline")
+
+
+class Stage(Protocol):
+    name: str
+    """Metric label; one of `proxy.metrics.STAGES`."""
+    rewrites: bool
+    """True when the stage changes what goes upstream (skipped in `observe` mode)."""
+
+    async def run(self, exchange: Exchange, services: Services) -> None: ...
+
+
+REQUEST_STAGES: Final[tuple[Stage, ...]] = (
+    parse.STAGE,
+    serialise.STAGE,
+)
+
+
+async def run_request_stages(
+    exchange: Exchange, services: Services, stages: tuple[Stage, ...] = REQUEST_STAGES
+) -> None:
+    """Run `stages` in order on `exchange`; never raises (fail open)."""
+    metrics = services.metrics
+    is_observe = services.settings.mode == "observe"
+    for stage in stages:
+        if is_observe and stage.rewrites:
+            continue
+        started = time.perf_counter()
+        try:
+            await stage.run(exchange, services)
+        except Exception as exc:  # noqa: BLE001 - fail open is the contract
+            exchange.failed_stage = stage.name
+            exchange.upstream_body = None
+            metrics.stage_errors.labels(stage.name).inc()
+            _log.warning(
+                "stage %s failed (%s); forwarding the client's original bytes",
+                stage.name,
+                type(exc).__name__,
+            )
+            return
+        finally:
+            metrics.stage_duration.labels(stage.name).observe(time.perf_counter() - started)

@@ -1,0 +1,137 @@
+"""Anthropic Messages adapter: routes, error shape, usage, prefix order.
+
+Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-caching and
+/streaming; PROVIDERS.md sections 1.5 and 1.10):
+
+- prefix order is `tools` -> `system` -> `messages`;
+- non-streaming usage is `usage` on the message; streaming usage arrives on `message_start`
+  (`message.usage`) and then on `message_delta` (`usage`), whose counts are cumulative: the last
+  value per field wins, never a sum;
+- `cache_creation_input_tokens` equals `cache_creation.ephemeral_5m_input_tokens +
+  ephemeral_1h_input_tokens`; a response without the split counts all creation as 5m.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+from proxy.providers.base import Block, ErrorKind, JSONObject, LastWins, Usage
+
+_USAGE_KEYS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+_SPLIT_KEYS: Final = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+
+#: Top-level request fields that change what the provider caches without being blocks
+#: (PROVIDERS.md 1.8). `model` is reported separately as `model_changed`.
+PARAM_KEYS: Final = (
+    "tool_choice",
+    "thinking",
+    "output_config",
+    "speed",
+    "context_management",
+    "output_format",
+)
+
+
+class AnthropicUsage:
+    """Usage reader for one Messages response (JSON body or SSE events)."""
+
+    def __init__(self) -> None:
+        self._fields = LastWins()
+        self._split = LastWins()
+        self._seen = False
+
+    def _take(self, usage: Any) -> None:
+        if self._fields.update(usage, _USAGE_KEYS):
+            self._seen = True
+        if isinstance(usage, dict):
+            self._split.update(usage.get("cache_creation"), _SPLIT_KEYS)
+
+    def feed_json(self, body: Any) -> None:
+        if isinstance(body, dict):
+            self._take(body.get("usage"))
+
+    def feed_event(self, event: str, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
+        kind = data.get("type", event)
+        if kind == "message_start":
+            message = data.get("message")
+            if isinstance(message, dict):
+                self._take(message.get("usage"))
+        elif kind == "message_delta":
+            self._take(data.get("usage"))
+
+    def result(self) -> Usage:
+        creation = self._fields.get("cache_creation_input_tokens")
+        one_hour = self._split.get("ephemeral_1h_input_tokens")
+        five_min = self._split.values.get("ephemeral_5m_input_tokens", creation - one_hour)
+        return Usage(
+            input_none=self._fields.get("input_tokens"),
+            cache_read=self._fields.get("cache_read_input_tokens"),
+            cache_write_5m=max(five_min, 0),
+            cache_write_1h=one_hour,
+            output=self._fields.get("output_tokens"),
+            seen=self._seen,
+        )
+
+
+class AnthropicAdapter:
+    """The Anthropic Messages API (`POST /v1/messages`)."""
+
+    name: Final = "anthropic"
+    pipeline_paths: Final = frozenset({"/v1/messages"})
+
+    def error_body(self, kind: ErrorKind, message: str) -> bytes:
+        """`{"type":"error","error":{"type":...,"message":...}}` as the API answers errors."""
+        return orjson.dumps({"type": "error", "error": {"type": kind.anthropic_type, "message": message}})
+
+    def usage_reader(self, path: str) -> AnthropicUsage:
+        return AnthropicUsage()
+
+    def prefix_blocks(self, path: str, body: JSONObject) -> list[Block]:
+        """Blocks in render order: each tool, each system block, each message content block."""
+        blocks: list[Block] = []
+        tools = body.get("tools")
+        if isinstance(tools, list):
+            for i, tool in enumerate(tools):
+                blocks.append(Block("tools", f"tools[{i}]", "tool", tool))
+        system = body.get("system")
+        if isinstance(system, str):
+            blocks.append(Block("system", "system", "text", system))
+        elif isinstance(system, list):
+            for i, part in enumerate(system):
+                blocks.append(Block("system", f"system[{i}]", _kind(part), part))
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            for m, message in enumerate(messages):
+                if not isinstance(message, dict):
+                    continue
+                role = message.get("role")
+                role = role if isinstance(role, str) else None
+                content = message.get("content")
+                if isinstance(content, list):
+                    for c, part in enumerate(content):
+                        path_c = f"messages[{m}].content[{c}]"
+                        blocks.append(Block("messages", path_c, _kind(part), part, m, role))
+                else:
+                    blocks.append(Block("messages", f"messages[{m}].content", "text", content, m, role))
+        return blocks
+
+    def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
+        """Prompt-affecting parameters outside the blocks (PROVIDERS.md 1.8)."""
+        return {key: body[key] for key in PARAM_KEYS if key in body}
+
+
+def _kind(part: Any) -> str:
+    if isinstance(part, dict):
+        kind = part.get("type")
+        if isinstance(kind, str):
+            return kind
+    return "text" if isinstance(part, str) else "unknown"

@@ -1,0 +1,158 @@
+"""OpenAI adapter (Chat Completions and Responses): routes, error shape, usage, prefix order.
+
+Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK types
+`completion_usage.py`, `response_usage.py`; PROVIDERS.md sections 2.1 and 2.4):
+
+- the cached prefix covers tool definitions and then the message (Chat) or input (Responses)
+  array in order; leading `system` / `developer` messages and Responses `instructions` form the
+  `system` section;
+- usage totals include cached tokens: `prompt_tokens` / `input_tokens` minus
+  `cached_tokens` minus `cache_write_tokens` is the uncached part;
+- streamed Chat usage is one final chunk (only with `stream_options.include_usage`); streamed
+  Responses usage is on `response.completed` (also read from `response.incomplete` / `.failed`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+from proxy.providers.base import Block, ErrorKind, JSONObject, LastWins, Usage
+
+CHAT_PATH: Final = "/v1/chat/completions"
+RESPONSES_PATH: Final = "/v1/responses"
+_SYSTEM_ROLES: Final = frozenset({"system", "developer"})
+
+#: Top-level request fields that change the cached prefix without being messages.
+PARAM_KEYS: Final = ("tool_choice", "response_format", "text", "parallel_tool_calls", "reasoning")
+
+
+class OpenAIUsage:
+    """Usage reader for one Chat Completions or Responses response."""
+
+    def __init__(self, path: str) -> None:
+        self._is_chat = path == CHAT_PATH
+        self._fields = LastWins()
+        self._details = LastWins()
+        self._seen = False
+
+    def _take(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        if self._is_chat:
+            keys, details_key = ("prompt_tokens", "completion_tokens"), "prompt_tokens_details"
+        else:
+            keys, details_key = ("input_tokens", "output_tokens"), "input_tokens_details"
+        if self._fields.update(usage, keys):
+            self._seen = True
+        self._details.update(usage.get(details_key), ("cached_tokens", "cache_write_tokens"))
+
+    def feed_json(self, body: Any) -> None:
+        if isinstance(body, dict):
+            self._take(body.get("usage"))
+
+    def feed_event(self, event: str, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
+        if self._is_chat:
+            self._take(data.get("usage"))
+            return
+        response = data.get("response")
+        if isinstance(response, dict) and data.get("type", event) in (
+            "response.completed",
+            "response.incomplete",
+            "response.failed",
+        ):
+            self._take(response.get("usage"))
+
+    def result(self) -> Usage:
+        prompt_key, output_key = (
+            ("prompt_tokens", "completion_tokens") if self._is_chat else ("input_tokens", "output_tokens")
+        )
+        prompt = self._fields.get(prompt_key)
+        cached = self._details.get("cached_tokens")
+        written = self._details.get("cache_write_tokens")
+        return Usage(
+            input_none=max(prompt - cached - written, 0),
+            cache_read=cached,
+            cache_write_5m=written,
+            output=self._fields.get(output_key),
+            seen=self._seen,
+        )
+
+
+class OpenAIAdapter:
+    """OpenAI Chat Completions (`/v1/chat/completions`) and Responses (`/v1/responses`)."""
+
+    name: Final = "openai"
+    pipeline_paths: Final = frozenset({CHAT_PATH, RESPONSES_PATH})
+
+    def error_body(self, kind: ErrorKind, message: str) -> bytes:
+        """`{"error":{"message":...,"type":...,"param":null,"code":null}}` as the API answers."""
+        return orjson.dumps(
+            {"error": {"message": message, "type": kind.openai_type, "param": None, "code": None}}
+        )
+
+    def usage_reader(self, path: str) -> OpenAIUsage:
+        return OpenAIUsage(path)
+
+    def prefix_blocks(self, path: str, body: JSONObject) -> list[Block]:
+        """Blocks in render order: each tool, then the head system/developer messages, then
+        every other message part (Chat) or input item part (Responses)."""
+        blocks: list[Block] = []
+        tools = body.get("tools")
+        if isinstance(tools, list):
+            for i, tool in enumerate(tools):
+                blocks.append(Block("tools", f"tools[{i}]", "tool", tool))
+        if path == RESPONSES_PATH:
+            instructions = body.get("instructions")
+            if isinstance(instructions, str):
+                blocks.append(Block("system", "instructions", "text", instructions))
+            items = body.get("input")
+            if isinstance(items, str):
+                blocks.append(Block("messages", "input", "text", items, 0, "user"))
+                return blocks
+            array_key = "input"
+        else:
+            items = body.get("messages")
+            array_key = "messages"
+        if not isinstance(items, list):
+            return blocks
+        in_head = True
+        for m, item in enumerate(items):
+            if not isinstance(item, dict):
+                continue
+            role = item.get("role")
+            role = role if isinstance(role, str) else None
+            in_head = in_head and role in _SYSTEM_ROLES
+            section = "system" if in_head else "messages"
+            base = f"{array_key}[{m}]"
+            item_type = item.get("type")
+            if role is None and isinstance(item_type, str):
+                # Responses items such as function_call / function_call_output / reasoning.
+                blocks.append(Block(section, base, item_type, item, m, None))
+                continue
+            content = item.get("content")
+            if isinstance(content, list):
+                for c, part in enumerate(content):
+                    blocks.append(Block(section, f"{base}.content[{c}]", _kind(part), part, m, role))
+            elif content is not None:
+                blocks.append(Block(section, f"{base}.content", "text", content, m, role))
+            tool_calls = item.get("tool_calls")
+            if isinstance(tool_calls, list):
+                for t, call in enumerate(tool_calls):
+                    blocks.append(Block(section, f"{base}.tool_calls[{t}]", "tool_call", call, m, role))
+        return blocks
+
+    def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
+        """Prompt-affecting parameters outside the messages (PROVIDERS.md 2.1)."""
+        return {key: body[key] for key in PARAM_KEYS if key in body}
+
+
+def _kind(part: Any) -> str:
+    if isinstance(part, dict):
+        kind = part.get("type")
+        if isinstance(kind, str):
+            return kind
+    return "text" if isinstance(part, str) else "unknown"

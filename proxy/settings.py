@@ -1,0 +1,164 @@
+"""Settings: a frozen, validated configuration built once at start.
+
+Sources, later wins: defaults < YAML file (`--config FILE`) < `PROMPTCACHE_*` environment
+variables < command-line flags. Environment names are the field names upper-cased with the
+`PROMPTCACHE_` prefix (`PROMPTCACHE_PORT=9000`); list fields take comma-separated values.
+
+`load_settings` raises `SettingsError` whose message names every invalid setting and where it
+came from; `promptcache serve` prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "PROMPTCACHE_"
+
+
+def default_state_dir() -> Path:
+    """`$XDG_STATE_HOME/promptcache`, else `~/.local/state/promptcache`."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "promptcache"
+
+
+class UpstreamCapabilities(BaseModel):
+    """What an upstream accepts in `cache_control` markers (PROVIDERS.md 1.2, 1.7)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    strip_ttl: bool = False
+    """Remove `ttl` from every marker (strict Anthropic-compatible upstreams reject it)."""
+    strip_scope: bool = False
+    """Remove `scope` (Bedrock, Vertex, Foundry reject `scope: "global"`)."""
+    no_tool_message_markers: bool = False
+    """Never place a marker on a tool message / tool_result block."""
+
+
+class Settings(BaseModel):
+    """Every setting of `promptcache serve`, validated; see README "Configuration"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    upstream: str = "auto"
+    """`auto` (the real APIs when reachable, else the built-in simulator), `real`, `sim`, or
+    one base URL used for both providers."""
+    anthropic_upstream: str = "https://api.anthropic.com"
+    openai_upstream: str = "https://api.openai.com"
+    mode: Literal["optimise", "observe"] = "optimise"
+    """`observe` measures only and forwards the client's bytes unchanged."""
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    connect_timeout: float = Field(10.0, gt=0)
+    """Seconds to open an upstream connection before answering 502."""
+    read_timeout: float = Field(600.0, gt=0)
+    """Seconds without an upstream byte before answering 504 (or ending the stream)."""
+    store: str = ""
+    """`memory://`, `sqlite:///path/to/file.db` or `redis://host:port/db`; empty means SQLite
+    in `state_dir`."""
+    state_dir: Path = Field(default_factory=default_state_dir)
+    secret: str = ""
+    """HMAC key for tenant hashes; empty means generated once and kept in `state_dir/secret`."""
+    rules_dir: Path | None = None
+    """Folder of rule files; empty means the packaged `rules/`."""
+    session_headers: tuple[str, ...] = ("x-claude-code-session-id", "x-session-id")
+    anthropic_capabilities: UpstreamCapabilities = UpstreamCapabilities()
+    openai_capabilities: UpstreamCapabilities = UpstreamCapabilities()
+    admin_port: int | None = Field(None, ge=0, le=65535)
+    """Port of a separate listener for `/metrics` and `/debug`; none means the main one serves
+    them."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    cache_diagnostics: bool = False
+    """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: str) -> str:
+        if value in ("auto", "real", "sim") or value.startswith(("http://", "https://")):
+            return value
+        raise ValueError("must be auto, real, sim or an http(s):// base URL")
+
+    @field_validator("anthropic_upstream", "openai_upstream")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s):// base URL")
+        return value.rstrip("/")
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str) -> str:
+        if value and not value.startswith(("memory://", "sqlite://", "redis://", "rediss://")):
+            raise ValueError("must start with memory://, sqlite:// or redis://")
+        return value
+
+
+class SettingsError(ValueError):
+    """Invalid settings; the message names each bad setting and its source."""
+
+
+_LIST_FIELDS = frozenset({"session_headers"})
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name in _LIST_FIELDS:
+            values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
+        else:
+            values[name] = raw
+    return values
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge file, environment and overrides into `Settings`.
+
+    Raises `SettingsError` naming the file, variable or flag behind each invalid value.
+    """
+    environ = os.environ if environ is None else environ
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise SettingsError(f"{path}: cannot read: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"{path}: invalid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise SettingsError(f"{path}: top level must be a mapping of setting names")
+        for key, value in loaded.items():
+            merged[str(key)] = value
+            origin[str(key)] = f"{path}: {key}"
+    for key, value in _from_env(environ).items():
+        merged[key] = value
+        origin[key] = f"{ENV_PREFIX}{key.upper()}"
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            merged[key] = value
+            origin[key] = f"--{key.replace('_', '-')}"
+    try:
+        return Settings(**merged)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            loc = [str(part) for part in error["loc"]]
+            top = loc[0] if loc else "?"
+            where = origin.get(top, top)
+            dotted = ".".join(loc)
+            lines.append(f"invalid setting {dotted} ({where}): {error['msg']}")
+        raise SettingsError("\n".join(lines)) from None
