@@ -1,0 +1,33 @@
+"""A fast fake upstream for overhead benchmarks: answers every POST with a fixed small JSON.
+
+`python bench/fake_upstream.py PORT` serves on 127.0.0.1:PORT under uvloop until killed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import uvloop
+from aiohttp import web
+
+ANSWER = (
+    b'{"id":"msg_b","type":"message","role":"assistant","model":"claude-sonnet-4-6",'
+    b'"content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","stop_sequence":null,'
+    b'"usage":{"input_tokens":10,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1}}'
+)
+
+
+async def handle(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(body=ANSWER, content_type="application/json")
+
+
+def main() -> None:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None,
+                loop=uvloop.new_event_loop())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Forwarding behaviour of the drop-in proxy against a recording fake upstream (issue 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import socket
+
+import aiohttp
+import anthropic
+import orjson
+import pytest
+
+from tests.fakes.upstream import ANTHROPIC_MESSAGE, FakeUpstream
+
+BODY = {"model": "claude-sonnet-4-6", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+HEADERS = {"x-api-key": "sk-ant-secret-value-123", "anthropic-version": "2023-06-01"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_usage_reaches_metrics_with_exact_values(fake_upstream: FakeUpstream, make_proxy) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    async with aiohttp.ClientSession() as http:
+        for stream in (False, True):
+            body = {**BODY, "stream": stream}
+            async with http.post(proxy.url + "/v1/messages", json=body, headers=HEADERS) as r:
+                assert r.status == 200
+                await r.read()
+        chat = {"model": "gpt-5.1", "messages": [{"role": "user", "content": "hi"}]}
+        openai_headers = {"Authorization": "Bearer sk-openai"}
+        async with http.post(proxy.url + "/v1/chat/completions", json=chat, headers=openai_headers) as r:
+            await r.read()
+        streamed = {**chat, "stream": True, "stream_options": {"include_usage": True}}
+        async with http.post(proxy.url + "/openai/v1/chat/completions", json=streamed, headers=openai_headers) as r:
+            await r.read()
+        async with http.post(proxy.url + "/v1/responses", json={"model": "gpt-5.1", "input": "x"}) as r:
+            await r.read()
+        async with http.get(proxy.url + "/metrics") as r:
+            text = await r.text()
+    # Two Anthropic responses, each: 21 none, 1500 write (1000 5m + 500 1h), 3000 read, 7 out.
+    assert proxy.sample("promptcache_input_tokens_total", provider="anthropic", cache="none") == 42
+    assert proxy.sample("promptcache_input_tokens_total", provider="anthropic", cache="write") == 3000
+    assert proxy.sample("promptcache_input_tokens_total", provider="anthropic", cache="read") == 6000
+    assert proxy.sample("promptcache_output_tokens_total", provider="anthropic") == 14
+    # Chat twice (2048 prompt, 1920 cached, 5 out) + Responses once (4096 input, 3968 cached, 9 out).
+    assert proxy.sample("promptcache_input_tokens_total", provider="openai", cache="read") == 1920 * 2 + 3968
+    assert proxy.sample("promptcache_input_tokens_total", provider="openai", cache="none") == 128 * 2 + 128
+    assert proxy.sample("promptcache_output_tokens_total", provider="openai") == 5 * 2 + 9
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="ok") == 2
+    assert proxy.sample("promptcache_requests_total", provider="openai", outcome="ok") == 3
+    assert 'promptcache_input_tokens_total{cache="read",provider="anthropic"} 6000.0' in text
+
+
+async def test_upstream_down_gives_502_in_provider_shape(make_proxy) -> None:
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{_free_port()}")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/messages", json=BODY, headers=HEADERS) as r:
+            assert r.status == 502
+            body = await r.json()
+        async with http.post(proxy.url + "/v1/chat/completions", json={"model": "gpt-5.1", "messages": []}) as r:
+            assert r.status == 502
+            openai_body = await r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "api_error"
+    assert body["error"]["message"].startswith("promptcache could not reach the upstream")
+    assert set(openai_body["error"]) == {"message", "type", "param", "code"}
+    assert openai_body["error"]["type"] == "upstream_error"
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="upstream_error") == 1
+
+
+async def test_upstream_stall_gives_504(fake_upstream: FakeUpstream, make_proxy) -> None:
+    fake_upstream.mode = "stall"
+    proxy = await make_proxy(upstream=fake_upstream.url, read_timeout=0.2)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/messages", json=BODY, headers=HEADERS) as r:
+            assert r.status == 504
+            body = await r.json()
+    assert body == {
+        "type": "error",
+        "error": {"type": "timeout_error", "message": "the upstream did not answer within 0.2 s"},
+    }
+
+
+async def test_client_disconnect_closes_upstream(fake_upstream: FakeUpstream, make_proxy) -> None:
+    fake_upstream.mode = "hang_stream"
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    async with aiohttp.ClientSession() as http:
+        response = await http.post(proxy.url + "/v1/messages", json={**BODY, "stream": True}, headers=HEADERS)
+        first = await response.content.readuntil(b"\n\n")
+        assert first.startswith(b"event: message_start")
+        response.close()
+    await asyncio.wait_for(fake_upstream.client_gone.wait(), timeout=5)
+    assert fake_upstream.client_gone.is_set()
+
+
+async def test_gzip_response_reaches_sdk_intact(fake_upstream: FakeUpstream, make_proxy) -> None:
+    fake_upstream.mode = "gzip"
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(
+            proxy.url + "/v1/messages", json=BODY, headers={**HEADERS, "Accept-Encoding": "gzip"}
+        ) as r:
+            assert r.headers["Content-Encoding"] == "gzip"
+            raw = await r.read()
+    assert gzip.decompress(raw) == orjson.dumps(ANTHROPIC_MESSAGE)
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-ant-x", max_retries=0)
+    async with client:
+        message = await client.messages.create(**BODY)
+    assert message.content[0].text == "Hello there"
+    assert proxy.sample("promptcache_input_tokens_total", provider="anthropic", cache="read") == 6000
+
+
+async def test_body_over_limit_gives_413(fake_upstream: FakeUpstream, make_proxy) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url, max_body_bytes=2048)
+    big = {**BODY, "messages": [{"role": "user", "content": "x" * 4096}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/messages", json=big, headers=HEADERS) as r:
+            assert r.status == 413
+            body = await r.json()
+    assert body == {
+        "type": "error",
+        "error": {"type": "request_too_large", "message": "request body exceeds the limit of 2048 bytes"},
+    }
+    assert fake_upstream.received == []
+
+
+async def test_other_paths_are_reverse_proxied(fake_upstream: FakeUpstream, make_proxy) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(proxy.url + "/v1/models?limit=5", headers=HEADERS) as r:
+            assert r.status == 200
+            assert await r.json() == {"data": [{"id": "claude-sonnet-4-6", "type": "model"}], "has_more": False}
+        async with http.post(proxy.url + "/anthropic/v1/messages/count_tokens", data=b'{"a":1}') as r:
+            assert r.status == 404
+    assert [(x.method, x.path, x.query) for x in fake_upstream.received] == [
+        ("GET", "/v1/models", "limit=5"),
+        ("POST", "/v1/messages/count_tokens", ""),
+    ]
+    assert fake_upstream.received[1].body == b'{"a":1}'
+
+
+async def test_api_key_never_logged(fake_upstream: FakeUpstream, make_proxy, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    down = await make_proxy(upstream=f"http://127.0.0.1:{_free_port()}")
+    async with aiohttp.ClientSession() as http:
+        for url in (proxy.url, down.url):
+            async with http.post(url + "/v1/messages?key=sk-ant-secret-value-123", json=BODY, headers=HEADERS) as r:
+                await r.read()
+            async with http.get(url + "/v1/models", headers={"Authorization": "Bearer sk-ant-secret-value-123"}) as r:
+                await r.read()
+    assert len(caplog.records) >= 4
+    for record in caplog.records:
+        assert "sk-ant-secret-value-123" not in record.getMessage()
