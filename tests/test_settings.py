@@ -1,0 +1,41 @@
+"""Settings: file < environment < flags; invalid values name the setting and its source."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.settings import SettingsError, load_settings
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    config = tmp_path / "promptcache.yaml"
+    config.write_text("port: 9001\nmode: observe\nsession_headers: [x-a]\n")
+    settings = load_settings(config, environ={"PROMPTCACHE_PORT": "9002", "PROMPTCACHE_SESSION_HEADERS": "x-b, x-c"})
+    assert (settings.port, settings.mode, settings.session_headers) == (9002, "observe", ("x-b", "x-c"))
+    flagged = load_settings(config, environ={"PROMPTCACHE_PORT": "9002"}, overrides={"port": 9003, "host": None})
+    assert (flagged.port, flagged.host) == (9003, "127.0.0.1")
+
+
+def test_invalid_settings_name_key_and_source(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("port: 70000\nbogus: 1\n")
+    with pytest.raises(SettingsError) as info:
+        load_settings(config, environ={"PROMPTCACHE_UPSTREAM": "ftp://x"})
+    lines = str(info.value).splitlines()
+    assert lines == [
+        f"invalid setting port ({config}: port): Input should be less than or equal to 65535",
+        "invalid setting upstream (PROMPTCACHE_UPSTREAM): Value error, must be auto, real, sim or an http(s):// base URL",
+        f"invalid setting bogus ({config}: bogus): Extra inputs are not permitted",
+    ]
+
+
+def test_serve_exits_2_on_invalid_setting() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--port", "-1"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "invalid setting port (--port): Input should be greater than or equal to 0" in result.stderr
