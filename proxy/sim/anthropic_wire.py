@@ -1,0 +1,124 @@
+"""Anthropic Messages response shapes: the JSON body and the SSE event sequence.
+
+Contract (PROVIDERS.md 1.10; platform.claude.com/docs/en/build-with-claude/streaming):
+- `message_body` is a `Message` as the official SDK parses it: `id`, `type`, `role`, `model`,
+  `content`, `stop_reason`, `stop_sequence`, `usage` (input side from the cache plan).
+- `sse_events` yields `event: NAME` / `data: JSON` frames in the standard order: `message_start`
+  (usage with the input side and a placeholder `output_tokens: 1`), `content_block_start`, `ping`,
+  `content_block_delta`..., `content_block_stop`, `message_delta` (cumulative usage: final
+  `output_tokens` plus the input-side counters repeated), `message_stop`.
+- Streamed and non-streamed usage carry the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import orjson
+
+from proxy.sim.anthropic import Usage
+from proxy.sim.replies import Conversation, Reply
+from proxy.sim.tokens import TokenCounter
+
+
+def conversation(body: Mapping[str, Any]) -> Conversation:
+    """Reply-relevant facts of a Messages request."""
+    messages = body.get("messages") or []
+    turns = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user")
+    tools = tuple(str(t["name"]) for t in body.get("tools") or [] if isinstance(t, dict) and "name" in t)
+    last_text: str | None = None
+    last = messages[-1] if messages else None
+    if isinstance(last, dict) and last.get("role") == "user":
+        content = last.get("content")
+        if isinstance(content, str):
+            last_text = content
+        elif isinstance(content, list) and not any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        ):
+            last_text = "\n".join(
+                str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text"
+            )
+    return Conversation(turns, tools, last_text)
+
+
+def content_blocks(reply: Reply, tool_id: str) -> list[dict[str, Any]]:
+    if reply.tool_call is not None:
+        call = reply.tool_call
+        return [{"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]
+    return [{"type": "text", "text": reply.text or ""}]
+
+
+def output_tokens(reply: Reply, counter: TokenCounter) -> int:
+    """Output tokens: the text, or the tool name plus the JSON input."""
+    if reply.tool_call is not None:
+        return counter.count(reply.tool_call.name) + counter.count(reply.tool_call.arguments)
+    return counter.count(reply.text or "")
+
+
+def stop_reason(reply: Reply) -> str:
+    return "tool_use" if reply.tool_call is not None else "end_turn"
+
+
+def message_body(
+    msg_id: str, model: str, content: list[dict[str, Any]], stop: str, usage: Usage, out_tokens: int
+) -> dict[str, Any]:
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage.as_dict(out_tokens),
+    }
+
+
+def _frame(event: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def sse_events(
+    msg_id: str, model: str, content: list[dict[str, Any]], stop: str, usage: Usage, out_tokens: int
+) -> Iterator[bytes]:
+    """The SSE frames of a streamed reply."""
+    start = message_body(msg_id, model, [], stop, usage, 1)
+    start["stop_reason"] = None
+    yield _frame("message_start", {"type": "message_start", "message": start})
+    for index, block in enumerate(content):
+        if block["type"] == "tool_use":
+            empty = {**block, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}]
+        else:
+            empty = {"type": "text", "text": ""}
+            text = str(block["text"])
+            cut = text.find(" ", len(text) // 2)
+            parts = [text] if cut < 0 else [text[:cut], text[cut:]]
+            deltas = [{"type": "text_delta", "text": p} for p in parts]
+        yield _frame(
+            "content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}
+        )
+        if index == 0:
+            yield _frame("ping", {"type": "ping"})
+        for delta in deltas:
+            yield _frame(
+                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+            )
+        yield _frame("content_block_stop", {"type": "content_block_stop", "index": index})
+    final = usage.as_dict(out_tokens)
+    delta_usage = {
+        "input_tokens": final["input_tokens"],
+        "cache_creation_input_tokens": final["cache_creation_input_tokens"],
+        "cache_read_input_tokens": final["cache_read_input_tokens"],
+        "output_tokens": out_tokens,
+    }
+    yield _frame(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": delta_usage,
+        },
+    )
+    yield _frame("message_stop", {"type": "message_stop"})

@@ -1,0 +1,411 @@
+"""aiohttp application of the upstream simulator: provider routes and admin endpoints.
+
+Contract:
+- `create_sim_app(config, clock)` builds the app (default config `rules/simulator.yaml`, default
+  real clock); the tokenizer loads off the loop in a `cleanup_ctx` step. `start_sim(host, port,
+  config, clock)` starts it on the running loop and returns `(runner, "http://HOST:PORT")`.
+- Provider routes: `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic; any query
+  string such as `?beta=true`, any `anthropic-beta` values), `POST /v1/chat/completions`,
+  `POST /v1/responses` (OpenAI), `GET /v1/models[/{id}]` (Anthropic shape when the request has an
+  `anthropic-version` header, else OpenAI). Tenant = SHA-256 of the API key (`x-api-key`,
+  `api-key` or `Authorization: Bearer`); a missing key is a 401 in the provider's error shape.
+- Admin: `GET /_sim/clock`, `POST /_sim/clock {"advance": s} | {"set": epoch_s}` (manual clock
+  only), `GET /_sim/cache` (live entries; tenant as a 12-hex-digit hash prefix, never the key),
+  `DELETE /_sim/cache` (flush entries and OpenAI routing windows).
+- Each request reads the clock once at its start (TTLs count from there, PROVIDERS.md 1.7), and
+  its cache writes are committed just before its response starts (1.5). Handlers never await
+  between planning and committing, and nothing blocks the loop except CPU work on the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+from aiohttp import web
+
+from proxy.sim import anthropic, anthropic_wire, openai, openai_wire
+from proxy.sim.cache import CacheStore, Entry
+from proxy.sim.clock import Clock, ClockError
+from proxy.sim.config import SimConfig
+from proxy.sim.errors import Rejected, anthropic_error_body, openai_error_body
+from proxy.sim.replies import choose_reply
+from proxy.sim.tokens import TokenCounter, load_o200k
+
+MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+ANTHROPIC_NO_KEY: Final = "x-api-key header is required"
+OPENAI_NO_KEY: Final = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header "
+    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
+
+
+@dataclass(slots=True)
+class SimState:
+    """Everything the simulator keeps between requests (one per app)."""
+
+    config: SimConfig
+    clock: Clock
+    store: CacheStore = field(default_factory=CacheStore)
+    router: openai.Router = field(default_factory=openai.Router)
+    counter: TokenCounter | None = None
+    """Set by the startup step; `None` only before the app has started."""
+    requests: int = 0
+
+    def next_request(self) -> int:
+        self.requests += 1
+        return self.requests
+
+    def tokens(self) -> TokenCounter:
+        if self.counter is None:  # app used without its startup step (unit tests)
+            self.counter = TokenCounter()
+        return self.counter
+
+
+STATE: Final = web.AppKey("promptcache_sim_state", SimState)
+
+
+def create_sim_app(config: SimConfig | None = None, clock: Clock | None = None) -> web.Application:
+    """The simulator as an aiohttp app (see the module docstring)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_error_middleware])
+    app[STATE] = SimState(config if config is not None else SimConfig.load(), clock or Clock.real())
+    app.cleanup_ctx.append(_load_tokenizer)
+    app.router.add_post("/v1/messages", anthropic_messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic_count_tokens)
+    app.router.add_post("/v1/chat/completions", openai_chat)
+    app.router.add_post("/v1/responses", openai_responses)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model_id}", get_model)
+    app.router.add_get("/_sim/clock", get_clock)
+    app.router.add_post("/_sim/clock", set_clock)
+    app.router.add_get("/_sim/cache", list_cache)
+    app.router.add_delete("/_sim/cache", flush_cache)
+    return app
+
+
+async def start_sim(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    config: SimConfig | None = None,
+    clock: Clock | None = None,
+) -> tuple[web.AppRunner, str]:
+    """Start the simulator on the running loop; returns the runner and `http://HOST:PORT`."""
+    if config is None:
+        config = await asyncio.to_thread(SimConfig.load)
+    runner = web.AppRunner(create_sim_app(config, clock), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1]
+    shown = f"[{host}]" if ":" in host else host
+    return runner, f"http://{shown}:{bound}"
+
+
+async def _load_tokenizer(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    if state.counter is None:
+        state.counter = TokenCounter(await asyncio.to_thread(load_o200k))
+    yield
+
+
+# --- plumbing ---------------------------------------------------------------------------
+
+
+def _provider(request: web.Request) -> str:
+    path = request.path
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/_sim/"):
+        return "admin"
+    if path.startswith("/v1/models") and "anthropic-version" in request.headers:
+        return "anthropic"
+    return "openai"
+
+
+def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
+    )
+
+
+@web.middleware
+async def _error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Rejected as exc:
+        provider = _provider(request)
+        if provider == "anthropic":
+            return _json(anthropic_error_body(exc), exc.status)
+        if provider == "openai":
+            return _json(openai_error_body(exc), exc.status)
+        return _json({"error": {"message": exc.message}}, exc.status)
+
+
+def _tenant(request: web.Request, missing: str) -> str:
+    key = request.headers.get("x-api-key") or request.headers.get("api-key")
+    if not key:
+        auth = request.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer ":
+            key = auth[7:].strip()
+    if not key:
+        raise Rejected(401, missing)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise Rejected(400, f"The request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise Rejected(400, "The request body must be a JSON object")
+    return body
+
+
+def _model(body: Mapping[str, Any], missing: str) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise Rejected(400, missing, param="model")
+    return model
+
+
+async def _send(
+    request: web.Request,
+    store: CacheStore,
+    writes: list[Entry],
+    headers: dict[str, str],
+    body: Any = None,
+    frames: Iterable[bytes] | None = None,
+) -> web.StreamResponse:
+    """Commit the request's cache writes as its response starts, then send JSON or SSE."""
+    store.commit(writes)
+    if frames is None:
+        return _json(body, headers=headers)
+    resp = web.StreamResponse(
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    for frame in frames:
+        await resp.write(frame)
+    await resp.write_eof()
+    return resp
+
+
+# --- Anthropic --------------------------------------------------------------------------
+
+
+def _anthropic_preamble(request: web.Request) -> str:
+    tenant = _tenant(request, ANTHROPIC_NO_KEY)
+    if "anthropic-version" not in request.headers:
+        raise Rejected(400, "anthropic-version: header is required")
+    return tenant
+
+
+def _betas(request: web.Request) -> frozenset[str]:
+    values = request.headers.getall("anthropic-beta", [])
+    return frozenset(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
+def _check_prewarm(body: Mapping[str, Any], stream: bool) -> None:
+    """`max_tokens: 0` pre-warming refusals (PROVIDERS.md 1.12)."""
+    thinking = body.get("thinking")
+    output_config = body.get("output_config")
+    tool_choice = body.get("tool_choice")
+    if stream:
+        raise Rejected(400, "max_tokens: 0 (cache pre-warming) is not supported with stream: true")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        raise Rejected(400, "max_tokens: 0 (cache pre-warming) is not supported with thinking enabled")
+    if isinstance(output_config, dict) and output_config.get("format") is not None:
+        raise Rejected(400, "max_tokens: 0 (cache pre-warming) is not supported with output_config.format")
+    if isinstance(tool_choice, dict) and tool_choice.get("type") in ("tool", "any"):
+        raise Rejected(400, "max_tokens: 0 (cache pre-warming) is not supported with a forced tool_choice")
+
+
+async def anthropic_messages(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    now = state.clock.now()
+    tenant = _anthropic_preamble(request)
+    body = await _body(request)
+    n = state.next_request()
+    settings = state.config.anthropic_model(str(body.get("model") or ""))
+    counter = state.tokens()
+    prompt = anthropic.parse_request(body, _betas(request), counter, settings)
+    stream = body.get("stream") is True
+    if body["max_tokens"] == 0:
+        _check_prewarm(body, stream)
+        content: list[dict[str, Any]] = []
+        stop, out = "max_tokens", 0
+    else:
+        reply = choose_reply(anthropic_wire.conversation(body), request.headers)
+        content = anthropic_wire.content_blocks(reply, f"toolu_sim_{n:06d}")
+        stop, out = anthropic_wire.stop_reason(reply), anthropic_wire.output_tokens(reply, counter)
+    plan = anthropic.plan_cache(prompt, settings, tenant, now, state.store)
+    msg_id = f"msg_sim_{n:06d}"
+    headers = {"request-id": f"req_sim_{n:06d}"}
+    if stream:
+        frames = anthropic_wire.sse_events(msg_id, prompt.model, content, stop, plan.usage, out)
+        return await _send(request, state.store, plan.writes, headers, frames=frames)
+    data = anthropic_wire.message_body(msg_id, prompt.model, content, stop, plan.usage, out)
+    return await _send(request, state.store, plan.writes, headers, body=data)
+
+
+async def anthropic_count_tokens(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    _anthropic_preamble(request)
+    body = await _body(request)
+    n = state.next_request()
+    settings = state.config.anthropic_model(str(body.get("model") or ""))
+    prompt = anthropic.parse_request(
+        body, _betas(request), state.tokens(), settings, require_max_tokens=False
+    )
+    return _json({"input_tokens": prompt.total_tokens}, headers={"request-id": f"req_sim_{n:06d}"})
+
+
+# --- OpenAI -----------------------------------------------------------------------------
+
+
+async def openai_chat(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, chat=True)
+
+
+async def openai_responses(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, chat=False)
+
+
+async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    now = state.clock.now()
+    tenant = _tenant(request, OPENAI_NO_KEY)
+    body = await _body(request)
+    model = _model(body, "you must provide a model parameter")
+    n = state.next_request()
+    settings = state.config.openai_model(model)
+    counter = state.tokens()
+    if chat:
+        rendered = openai.render_chat(body, counter)
+        conv = openai_wire.chat_conversation(body)
+    else:
+        rendered = openai.render_responses(body, counter)
+        conv = openai_wire.responses_conversation(body)
+    reply = choose_reply(conv, request.headers)
+    cache_key = body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None
+    machine = state.router.machine(tenant, model, cache_key, rendered.tokens, now, settings)
+    plan = openai.plan_cache(rendered, body, model, settings, tenant, machine, now, state.store)
+    out = openai_wire.output_tokens(reply, counter)
+    stream = body.get("stream") is True
+    headers = {"x-request-id": f"req_sim_{n:06d}"}
+    if chat:
+        ids = openai_wire.Ids(f"chatcmpl-sim{n:06d}", f"msg_sim_{n:06d}", f"call_sim_{n:06d}", int(now))
+        usage = openai_wire.chat_usage(plan, out, settings.breakpoints)
+        if stream:
+            options = body.get("stream_options")
+            include = isinstance(options, dict) and options.get("include_usage") is True
+            frames = openai_wire.chat_chunks(model, reply, ids, usage, include)
+            return await _send(request, state.store, plan.writes, headers, frames=frames)
+        return await _send(
+            request, state.store, plan.writes, headers, body=openai_wire.chat_body(model, reply, ids, usage)
+        )
+    item = f"fc_sim_{n:06d}" if reply.tool_call is not None else f"msg_sim_{n:06d}"
+    ids = openai_wire.Ids(f"resp_sim_{n:06d}", item, f"call_sim_{n:06d}", int(now))
+    usage = openai_wire.responses_usage(plan, out, settings.breakpoints)
+    if stream:
+        frames = openai_wire.responses_events(body, model, reply, ids, usage)
+        return await _send(request, state.store, plan.writes, headers, frames=frames)
+    data = openai_wire.responses_body(body, model, reply, ids, usage)
+    return await _send(request, state.store, plan.writes, headers, body=data)
+
+
+# --- models -----------------------------------------------------------------------------
+
+
+def _model_object(provider: str, model_id: str) -> dict[str, Any]:
+    if provider == "anthropic":
+        return {
+            "type": "model",
+            "id": model_id,
+            "display_name": model_id,
+            "created_at": "2026-01-01T00:00:00Z",
+        }
+    return {"id": model_id, "object": "model", "created": 1_767_225_600, "owned_by": "promptcache-sim"}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    provider = _provider(request)
+    _tenant(request, ANTHROPIC_NO_KEY if provider == "anthropic" else OPENAI_NO_KEY)
+    ids = request.app[STATE].config.model_ids(provider)
+    data = [_model_object(provider, i) for i in ids]
+    if provider == "anthropic":
+        first, last = (ids[0], ids[-1]) if ids else (None, None)
+        return _json({"data": data, "has_more": False, "first_id": first, "last_id": last})
+    return _json({"object": "list", "data": data})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    provider = _provider(request)
+    _tenant(request, ANTHROPIC_NO_KEY if provider == "anthropic" else OPENAI_NO_KEY)
+    return _json(_model_object(provider, request.match_info["model_id"]))
+
+
+# --- admin ------------------------------------------------------------------------------
+
+
+async def get_clock(request: web.Request) -> web.Response:
+    clock = request.app[STATE].clock
+    return _json({"now": clock.now(), "manual": clock.is_manual})
+
+
+async def set_clock(request: web.Request) -> web.Response:
+    clock = request.app[STATE].clock
+    body = await _body(request)
+    try:
+        if (
+            "advance" in body
+            and isinstance(body["advance"], int | float)
+            and not isinstance(body["advance"], bool)
+        ):
+            now = clock.advance(body["advance"])
+        elif "set" in body and isinstance(body["set"], int | float) and not isinstance(body["set"], bool):
+            now = clock.set(body["set"])
+        else:
+            raise Rejected(400, 'expected {"advance": seconds} or {"set": epoch_seconds}')
+    except ClockError as exc:
+        raise Rejected(409 if not clock.is_manual else 400, str(exc)) from exc
+    return _json({"now": now, "manual": clock.is_manual})
+
+
+async def list_cache(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    now = state.clock.now()
+    entries = [
+        {
+            "provider": e.namespace.split("/", 1)[0],
+            "tenant": e.tenant[:12],
+            "namespace": e.namespace,
+            "digest": e.digest.hex()[:16],
+            "tokens": e.tokens,
+            "ttl": e.label,
+            "ttl_seconds": e.ttl,
+            "expires_at": e.expires_at,
+            "expires_in_seconds": e.expires_at - now,
+        }
+        for e in state.store.live(now)
+    ]
+    return _json({"now": now, "count": len(entries), "entries": entries})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    flushed = state.store.flush()
+    state.router.reset()
+    return _json({"flushed": flushed})

