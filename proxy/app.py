@@ -23,6 +23,7 @@ from proxy.handlers import healthz, metrics_handler, proxy_handler, readyz
 from proxy.metrics import Metrics
 from proxy.services import Services
 from proxy.settings import Settings
+from proxy.store import store_ctx
 
 _log = logging.getLogger("promptcache.app")
 _PROBE_TIMEOUT: Final = 2.0
@@ -87,11 +88,24 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
             await sim_runner.cleanup()
 
 
+async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
+    services = app[SERVICES]
+    if services.settings.record is not None:
+        from proxy.record import TraceRecorder
+
+        services.recorder = TraceRecorder(services.settings.record, services.settings.session_headers)
+    yield
+    if services.recorder is not None:
+        await services.recorder.close()
+
+
 def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
     """The proxy as an aiohttp application; `registry` defaults to a fresh one."""
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SERVICES] = Services(settings=settings, metrics=Metrics(registry))
     app.cleanup_ctx.append(_resolve_upstreams)
+    app.cleanup_ctx.append(_recorder_ctx)
+    app.cleanup_ctx.append(store_ctx)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if settings.admin_port is None:

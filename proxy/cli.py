@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import signal
 import sys
@@ -28,6 +29,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("optimise", "observe"), help="optimise (default) or observe")
     parser.add_argument("--store", help="memory://, sqlite:///path or redis://host:port/db")
     parser.add_argument("--admin-port", type=int, help="separate listener for /metrics")
+    parser.add_argument("--record", help="append every request body to this JSONL trace (no credentials)")
 
 
 async def _serve_forever(args: argparse.Namespace) -> int:
@@ -42,6 +44,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "store": args.store,
         "admin_port": args.admin_port,
+        "record": args.record,
     }
     try:
         settings = load_settings(args.config, overrides=overrides)
@@ -78,10 +81,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _run(_serve_forever(args))
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from proxy.sim import cli as sim_cli
+def _check_rules(args: argparse.Namespace) -> int:
+    from proxy.rules import check_rules_command
 
-    return sim_cli.run(args)
+    return int(check_rules_command(args.dir))
+
+
+# Subcommands implemented by a module exposing `add_arguments(parser)` and `run(args) -> int`.
+_MODULE_COMMANDS = (
+    ("simulate", "proxy.sim.cli", "run the upstream simulator as its own server"),
+    ("replay", "proxy.replay", "replay recorded traces without and with promptcache; print hit ratio and cost"),
+    ("explain", "proxy.explain", "show where B's prefix first diverges from A's, and why"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,14 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the proxy")
     _serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
-    simulate = sub.add_parser("simulate", help="run the upstream simulator as its own server")
-    try:
-        from proxy.sim import cli as sim_cli
-
-        sim_cli.add_arguments(simulate)
-    except ImportError:
-        pass
-    simulate.set_defaults(func=cmd_simulate)
+    for name, module_name, help_text in _MODULE_COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command)
+        command.set_defaults(func=module.run)
+    check = sub.add_parser("check-rules", help="validate rule files; errors name file, key path and line")
+    check.add_argument("dir", nargs="?", default=None, help="folder of rule files (default: the packaged rules/)")
+    check.set_defaults(func=_check_rules)
     return parser
 
 

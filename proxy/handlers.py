@@ -66,6 +66,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 status = TOO_LARGE.status
                 limit = services.settings.max_body_bytes
                 return local_error(adapter, TOO_LARGE, f"request body exceeds the limit of {limit} bytes")
+            if services.recorder is not None:
+                services.recorder.record(path, request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
             await run_request_stages(exchange, services)
             response = await forward(

@@ -15,5 +15,10 @@ class Services:
     metrics: Metrics
     rules: Any = None
     """The loaded `RuleSet` (proxy.rules), `None` until rules are loaded."""
+    recorder: Any = None
+    """The `TraceRecorder` (proxy.record) when `settings.record` is set."""
     store: Any = None
-    """The `SessionStore` (proxy.store), `None` when sessions are off."""
+    """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
+    sessions: Any = None
+    """Per-process session state (`proxy.sessions.SessionState`: tenant secret, session
+    inference index, pacing statistics); set with `store` by `proxy.store.store_ctx`."""

@@ -74,6 +74,9 @@ class Settings(BaseModel):
     """Port of a separate listener for `/metrics` and `/debug`; none means the main one serves
     them."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    record: Path | None = None
+    """Append every pipeline request's client body to this JSONL trace (workload format;
+    credentials never recorded)."""
     cache_diagnostics: bool = False
     """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
 

@@ -22,9 +22,10 @@ async def fake_upstream() -> AsyncIterator[FakeUpstream]:
 
 
 class ProxyHandle:
-    def __init__(self, url: str, registry: CollectorRegistry) -> None:
+    def __init__(self, url: str, registry: CollectorRegistry, runner: Any) -> None:
         self.url = url
         self.registry = registry
+        self.runner = runner
 
     def sample(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -41,7 +42,7 @@ async def make_proxy() -> AsyncIterator[Callable[..., Any]]:
         registry = CollectorRegistry()
         runner, url = await start_proxy(Settings(**settings), registry)
         runners.append(runner)
-        return ProxyHandle(url, registry)
+        return ProxyHandle(url, registry, runner)
 
     yield factory
     for runner in runners:

@@ -157,3 +157,23 @@ async def test_api_key_never_logged(fake_upstream: FakeUpstream, make_proxy, cap
     assert len(caplog.records) >= 4
     for record in caplog.records:
         assert "sk-ant-secret-value-123" not in record.getMessage()
+
+
+async def test_record_writes_a_workload_trace_without_credentials(
+    fake_upstream: FakeUpstream, make_proxy, tmp_path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    proxy = await make_proxy(upstream=fake_upstream.url, record=trace)
+    async with aiohttp.ClientSession() as http:
+        for turn in range(2):
+            headers = {**HEADERS, "x-claude-code-session-id": "s-1"}
+            async with http.post(proxy.url + "/v1/messages", json={**BODY, "max_tokens": turn}, headers=headers) as r:
+                await r.read()
+    await proxy.runner.cleanup()
+    lines = [orjson.loads(line) for line in trace.read_bytes().splitlines()]
+    assert [(x["path"], x["headers"], x["body"]["max_tokens"]) for x in lines] == [
+        ("/v1/messages", {"x-claude-code-session-id": "s-1"}, 0),
+        ("/v1/messages", {"x-claude-code-session-id": "s-1"}, 1),
+    ]
+    assert lines[0]["gap"] == 0.0 and lines[1]["gap"] >= 0.0
+    assert b"sk-ant-secret-value-123" not in trace.read_bytes()

@@ -1,0 +1,55 @@
+"""Trace recording: append every pipeline request a client sends to a JSONL workload trace.
+
+Format (the workload format `promptcache replay` reads): one JSON object per line,
+`{"gap": seconds since the previous recorded request, "path": "/v1/messages", "headers":
+{session headers only}, "body": {the client's request body}}`. Credentials never enter a trace:
+only the headers named in `settings.session_headers` are kept. Lines are written in arrival
+order by one dedicated thread, so the event loop never blocks on the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import orjson
+from multidict import CIMultiDictProxy
+
+
+class TraceRecorder:
+    """Appends requests to `path`; `record()` returns at once, the write happens on a thread."""
+
+    def __init__(self, path: Path, session_headers: tuple[str, ...]) -> None:
+        self.path = path
+        self._headers = tuple(h.lower() for h in session_headers)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-record")
+        self._last: float | None = None
+        self._pending: set[asyncio.Future[None]] = set()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(self, path: str, headers: CIMultiDictProxy[str], raw: bytes) -> None:
+        """Queue one request for the trace; a body that is not JSON is skipped."""
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
+        now = time.time()
+        gap = 0.0 if self._last is None else round(now - self._last, 3)
+        self._last = now
+        kept = {name: headers[name] for name in self._headers if name in headers}
+        line = orjson.dumps({"gap": gap, "path": path, "headers": kept, "body": body}) + b"\n"
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._append, line)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+
+    def _append(self, line: bytes) -> None:
+        with self.path.open("ab") as handle:
+            handle.write(line)
+
+    async def close(self) -> None:
+        """Wait for queued lines, then stop the writer thread."""
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        self._executor.shutdown(wait=True)
