@@ -1,27 +1,42 @@
 """Every Prometheus metric promptcache exports, declared in one place.
 
 Names follow prometheus.io/docs/practices/naming (STYLE.md section 13): prefix `promptcache_`,
-base units (`_seconds`, `_bytes`), `_total` on counters. Labels are bounded sets known in
-advance (provider, outcome, cache, stage, section, cause, action, backend, operation, family)
-and are pre-resolved at start so every series exists with 0 and the request path does no label
-lookups. No label ever carries a session id, key, prompt text or raw model string.
+base units (`_seconds`, `_bytes`; money in `_usd`), `_total` on counters. Labels are bounded
+sets known in advance (provider, outcome, cache, stage, section, cause, action, backend,
+operation, family, reason) and are pre-resolved at start so every series exists with 0 and the
+request path does no label lookups. `family` is a family name from `rules/pricing.yaml` or
+`other`, never a raw model string; `reason` is mapped onto `UPSTREAM_MISS_REASONS`. No label ever
+carries a session id, key, prompt text or raw model string.
 
 Build one `Metrics(registry)` per app; tests pass a fresh `CollectorRegistry`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from proxy import __version__
+from proxy.pricing import OTHER as OTHER_FAMILY
+from proxy.pricing import default_pricing
 
 PROVIDERS: Final = ("anthropic", "openai")
 OUTCOMES: Final = ("ok", "client_error", "upstream_error", "proxy_error")
 CACHE_KINDS: Final = ("read", "write", "none")
-STAGES: Final = ("parse", "canonicalise", "reorder", "replay", "breakpoints", "serialise", "observe")
+STAGES: Final = (
+    "parse",
+    "session",
+    "canonicalise",
+    "reorder",
+    "replay",
+    "diagnostics",
+    "breakpoints",
+    "serialise",
+    "observe",
+)
 SECTIONS: Final = ("tools", "system", "messages", "none")
 CAUSES: Final = (
     "none",
@@ -35,6 +50,35 @@ CAUSES: Final = (
     "history_rewritten",
     "expired",
 )
+DIVERGENCE_LABELS: Final = (
+    ("none", "none"),
+    ("none", "first_request"),
+    ("none", "model_changed"),
+    ("none", "params_changed"),
+    ("none", "expired"),
+    ("tools", "tools_changed"),
+    ("tools", "expired"),
+    ("system", "system_changed"),
+    ("system", "system_volatile_text"),
+    ("system", "expired"),
+    ("messages", "messages_changed"),
+    ("messages", "history_rewritten"),
+    ("messages", "expired"),
+)
+"""Every `(section, cause)` pair `proxy.measure` can produce (pre-resolved at start)."""
+UPSTREAM_MISS_REASONS: Final = (
+    "none",
+    "pending",
+    "model_changed",
+    "system_changed",
+    "tools_changed",
+    "messages_changed",
+    "previous_message_not_found",
+    "unavailable",
+    "other",
+)
+"""Anthropic cache-diagnostics reasons, plus `none` (no divergence), `pending` (comparison not
+finished) and `other` (a type this list does not know yet)."""
 BREAKPOINT_ACTIONS: Final = ("injected", "moved", "dropped", "kept")
 STORE_BACKENDS: Final = ("memory", "sqlite", "redis")
 STORE_OPERATIONS: Final = ("get", "put")
@@ -60,11 +104,37 @@ class ProviderMetrics:
     body_too_large: Counter
 
 
+@dataclass(slots=True)
+class MeasureMetrics:
+    """Label children `proxy.measure` updates for one provider, resolved once at start."""
+
+    prompt_bytes: Counter
+    matched_bytes: Counter
+    divergence_ratio: Histogram
+    divergence_tokens: Histogram
+    predicted_read_tokens: Counter
+    divergences: dict[tuple[str, str], Counter]
+    """By `(section, cause)`, every pair of `DIVERGENCE_LABELS`."""
+    cost: dict[str, Counter]
+    """Actual cost (USD) by model family."""
+    uncached_cost: dict[str, Counter]
+    """Counterfactual cost without caching (USD) by model family."""
+
+
 class Metrics:
     """All metrics of one app, registered in `registry` (a fresh one per app and per test)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        families: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """`families`: provider -> every `family` label value (`other` included); defaults to
+        the packaged `rules/pricing.yaml`."""
         self.registry = registry if registry is not None else CollectorRegistry()
+        if families is None:
+            table = default_pricing()
+            families = {p: table.family_names(p) for p in PROVIDERS}
         r = self.registry
         self.requests = Counter(
             "promptcache_requests_total",
@@ -73,7 +143,10 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge(
-            "promptcache_requests_in_flight", "Requests being served (proxy.forward).", ["provider"], registry=r
+            "promptcache_requests_in_flight",
+            "Requests being served (proxy.forward).",
+            ["provider"],
+            registry=r,
         )
         self.duration = Histogram(
             "promptcache_request_duration_seconds",
@@ -171,6 +244,33 @@ class Metrics:
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
+        self.predicted_read_tokens = Counter(
+            "promptcache_predicted_cache_read_tokens_total",
+            "Estimated prompt tokens the previous request's breakpoints should let this one read "
+            '(compare with promptcache_input_tokens_total{cache="read"}) (proxy.measure).',
+            ["provider"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "promptcache_cost_usd_total",
+            "List-price cost of the upstream usage in USD, by model family (proxy.measure).",
+            ["provider", "family"],
+            registry=r,
+        )
+        self.uncached_cost = Counter(
+            "promptcache_uncached_cost_usd_total",
+            "Counterfactual cost in USD had no prompt token been cached; minus "
+            "promptcache_cost_usd_total = savings (proxy.measure).",
+            ["provider", "family"],
+            registry=r,
+        )
+        self.upstream_miss_reasons = Counter(
+            "promptcache_upstream_cache_miss_reasons_total",
+            "Responses with upstream cache diagnostics, by the upstream's reason and promptcache's "
+            "own cause (proxy.measure).",
+            ["reason", "cause"],
+            registry=r,
+        )
         self.store_duration = Histogram(
             "promptcache_session_store_operation_duration_seconds",
             "Session store operation time (proxy.store).",
@@ -195,7 +295,19 @@ class Metrics:
                 self.store_duration.labels(backend, operation)
                 self.store_errors.labels(backend, operation)
         self.by_provider: dict[str, ProviderMetrics] = {}
+        self.measure: dict[str, MeasureMetrics] = {}
         for provider in PROVIDERS:
+            names = families.get(provider, (OTHER_FAMILY,))
+            self.measure[provider] = MeasureMetrics(
+                prompt_bytes=self.prompt_bytes.labels(provider),
+                matched_bytes=self.prefix_matched_bytes.labels(provider),
+                divergence_ratio=self.divergence_ratio.labels(provider),
+                divergence_tokens=self.divergence_tokens.labels(provider),
+                predicted_read_tokens=self.predicted_read_tokens.labels(provider),
+                divergences={pair: self.divergences.labels(provider, *pair) for pair in DIVERGENCE_LABELS},
+                cost={f: self.cost.labels(provider, f) for f in names},
+                uncached_cost={f: self.uncached_cost.labels(provider, f) for f in names},
+            )
             for action in BREAKPOINT_ACTIONS:
                 self.breakpoints.labels(provider, action)
             self.replayed_messages.labels(provider)

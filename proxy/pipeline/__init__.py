@@ -6,7 +6,8 @@ step and `observe` runs on the response path.
 Stage contract:
 1. A stage only mutates the `Exchange` (copy-on-write on `exchange.body`: never edit the
    client's parsed objects in place after `parse`).
-2. Stages do no network I/O, except `replay` (store read), `forward` and `observe`.
+2. Stages do no network I/O, except `session` (one bounded store read), `forward` and
+   `observe`.
 3. An exception in a stage is logged (without request content) and counted in
    `promptcache_stage_errors_total{stage}`; the remaining stages are skipped and the client's
    original bytes go upstream unchanged.
@@ -23,7 +24,7 @@ import time
 from typing import Final, Protocol
 
 from proxy.exchange import Exchange
-from proxy.pipeline import parse, serialise
+from proxy.pipeline import breakpoints, canonicalise, parse, reorder, replay, serialise, session
 from proxy.services import Services
 
 _log = logging.getLogger("promptcache.pipeline")
@@ -40,6 +41,11 @@ class Stage(Protocol):
 
 REQUEST_STAGES: Final[tuple[Stage, ...]] = (
     parse.STAGE,
+    session.STAGE,
+    canonicalise.STAGE,
+    reorder.STAGE,
+    replay.STAGE,
+    breakpoints.STAGE,
     serialise.STAGE,
 )
 

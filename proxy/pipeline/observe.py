@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 
 from proxy.exchange import Exchange
+from proxy.measure import measure
+from proxy.pipeline.session import after_response
 from proxy.services import Services
 
 _log = logging.getLogger("promptcache.observe")
@@ -31,6 +33,8 @@ async def observe(exchange: Exchange, services: Services) -> None:
     """Response-side measurement; never raises."""
     try:
         record_usage(exchange, services)
+        measure(exchange, services)
     except Exception as exc:  # noqa: BLE001 - fail open
         services.metrics.stage_errors.labels("observe").inc()
         _log.warning("observe failed (%s)", type(exc).__name__)
+    await after_response(exchange, services)

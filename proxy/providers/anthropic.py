@@ -8,16 +8,31 @@ Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-cachi
   (`message.usage`) and then on `message_delta` (`usage`), whose counts are cumulative: the last
   value per field wins, never a sum;
 - `cache_creation_input_tokens` equals `cache_creation.ephemeral_5m_input_tokens +
-  ephemeral_1h_input_tokens`; a response without the split counts all creation as 5m.
+  ephemeral_1h_input_tokens`; a response without the split counts all creation as 5m;
+- the response id is the message's `id` (on `message_start` when streaming) and cache
+  diagnostics are the message's `diagnostics` object (cache-diagnostics guide, PROVIDERS.md 1.12).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
 
-from proxy.providers.base import Block, ErrorKind, JSONObject, LastWins, Usage
+from proxy.providers import anthropic_request
+from proxy.providers.base import (
+    Block,
+    ErrorKind,
+    JSONObject,
+    LastWins,
+    MarkerPolicy,
+    Run,
+    SystemPart,
+    SystemUnit,
+    ToolShape,
+    Usage,
+)
 
 _USAGE_KEYS: Final = (
     "input_tokens",
@@ -46,6 +61,9 @@ class AnthropicUsage:
         self._fields = LastWins()
         self._split = LastWins()
         self._seen = False
+        self._response_id: str | None = None
+        self._miss_reason: str | None = None
+        self._missed_tokens: int | None = None
 
     def _take(self, usage: Any) -> None:
         if self._fields.update(usage, _USAGE_KEYS):
@@ -53,9 +71,30 @@ class AnthropicUsage:
         if isinstance(usage, dict):
             self._split.update(usage.get("cache_creation"), _SPLIT_KEYS)
 
+    def _take_message(self, message: dict[str, Any]) -> None:
+        """The message's `id` and cache `diagnostics` (on the body, or on `message_start`)."""
+        response_id = message.get("id")
+        if isinstance(response_id, str):
+            self._response_id = response_id
+        if "diagnostics" in message:
+            self._take_diagnostics(message["diagnostics"])
+
+    def _take_diagnostics(self, diagnostics: Any) -> None:
+        if not isinstance(diagnostics, dict):
+            return
+        reason = diagnostics.get("cache_miss_reason")
+        if reason is None:
+            self._miss_reason = "pending"
+        elif isinstance(reason, dict) and isinstance(reason.get("type"), str):
+            self._miss_reason = reason["type"]
+            missed = reason.get("cache_missed_input_tokens")
+            if isinstance(missed, int) and not isinstance(missed, bool):
+                self._missed_tokens = missed
+
     def feed_json(self, body: Any) -> None:
         if isinstance(body, dict):
             self._take(body.get("usage"))
+            self._take_message(body)
 
     def feed_event(self, event: str, data: Any) -> None:
         if not isinstance(data, dict):
@@ -65,8 +104,11 @@ class AnthropicUsage:
             message = data.get("message")
             if isinstance(message, dict):
                 self._take(message.get("usage"))
+                self._take_message(message)
         elif kind == "message_delta":
             self._take(data.get("usage"))
+            if "diagnostics" in data:
+                self._take_diagnostics(data["diagnostics"])
 
     def result(self) -> Usage:
         creation = self._fields.get("cache_creation_input_tokens")
@@ -79,6 +121,9 @@ class AnthropicUsage:
             cache_write_1h=one_hour,
             output=self._fields.get("output_tokens"),
             seen=self._seen,
+            response_id=self._response_id,
+            cache_miss_reason=self._miss_reason,
+            cache_missed_tokens=self._missed_tokens,
         )
 
 
@@ -127,6 +172,46 @@ class AnthropicAdapter:
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
         """Prompt-affecting parameters outside the blocks (PROVIDERS.md 1.8)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
+
+    def with_cache_diagnostics(
+        self, path: str, body: JSONObject, previous_id: str | None
+    ) -> JSONObject | None:
+        """A copy of `body` asking for cache diagnostics against response `previous_id`.
+
+        Sends `diagnostics: {"previous_message_id": <id or null>}` (null opts in on a first turn;
+        platform.claude.com/docs/en/build-with-claude/cache-diagnostics, PROVIDERS.md 1.12).
+        `None` (leave the body alone) when the client already sent a `diagnostics` field.
+        """
+        if "diagnostics" in body:
+            return None
+        return {**body, "diagnostics": {"previous_message_id": previous_id}}
+
+    # Request side (pipeline stages); implemented in proxy.providers.anthropic_request.
+
+    def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy:
+        """`cache_control` rules (PROVIDERS.md 1.2-1.5); the same for every model."""
+        return anthropic_request.POLICY
+
+    def layout(self, path: str, body: JSONObject) -> list[Run]:
+        return anthropic_request.layout(body)
+
+    def prefix_keys(self, path: str) -> tuple[str, ...]:
+        return anthropic_request.PREFIX_KEYS
+
+    def tool_shape(self, path: str) -> ToolShape:
+        return anthropic_request.TOOL_SHAPE
+
+    def as_block_list(self, path: str, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+        return anthropic_request.as_block_list(run)
+
+    def system_units(self, path: str, body: JSONObject) -> list[SystemUnit]:
+        return anthropic_request.system_units(body)
+
+    def with_system(self, path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+        return anthropic_request.with_system(body, parts)
+
+    def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+        return anthropic_request.with_user_text(body, texts)
 
 
 def _kind(part: Any) -> str:

@@ -7,13 +7,18 @@ an adapter. An adapter knows:
 - how to render an error body in the provider's own shape (`error_body`),
 - how to read `Usage` from a JSON response body or from decoded SSE events (`UsageReader`),
 - the provider's prefix order (`prefix_blocks`): the list of `Block`s the provider renders, in
-  order, which every digest, divergence and breakpoint position is computed over.
+  order, which every digest, divergence and breakpoint position is computed over;
+- how to ask for the provider's own cache-miss diagnostics, if it has any (`with_cache_diagnostics`);
+- on the request side: its `MarkerPolicy` (where markers may go, how many, their shape), the
+  prefix order again as light `Run`s (`layout`), where tools and the system prompt live and how
+  to rewrite them (`tool_shape`, `system_units` / `with_system`, `with_user_text`).
 
 Invariant: adapters are stateless and pure; the same input gives the same output.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -59,6 +64,16 @@ class Usage:
     output: int = 0
     seen: bool = False
     """True once any usage field was read from the response."""
+    response_id: str | None = None
+    """The response's id (Anthropic `msg_...`, OpenAI `chatcmpl-...` / `resp_...`), when sent."""
+    cache_miss_reason: str | None = None
+    """Anthropic cache diagnostics (platform.claude.com/docs/en/build-with-claude/cache-diagnostics):
+    `diagnostics.cache_miss_reason.type` (`model_changed`, `system_changed`, `tools_changed`,
+    `messages_changed`, `previous_message_not_found`, `unavailable`), `pending` when the response
+    carried `diagnostics` with a null `cache_miss_reason`, `None` when it carried no diagnostics
+    object (`diagnostics: null` means no divergence, or diagnostics not requested)."""
+    cache_missed_tokens: int | None = None
+    """`diagnostics.cache_miss_reason.cache_missed_input_tokens` (tokens), when reported."""
 
     @property
     def cache_write(self) -> int:
@@ -95,6 +110,109 @@ BAD_REQUEST = ErrorKind(400, "invalid_request_error", "invalid_request_error")
 NOT_FOUND = ErrorKind(404, "not_found_error", "invalid_request_error")
 
 
+@dataclass(frozen=True, slots=True)
+class MarkerPolicy:
+    """Where one request may carry cache markers, and how they look (request side).
+
+    Built per request by `ProviderAdapter.marker_policy` (OpenAI's depends on the model).
+    Shared pipeline code decides *where* markers go from these fields only; it never branches
+    on a provider name.
+    """
+
+    key: str
+    """Block key of a marker: `cache_control` (Anthropic) or `prompt_cache_breakpoint`."""
+    max_markers: int
+    """Markers allowed in one request, the client's and a top-level one included (0 = none)."""
+    kinds: frozenset[str]
+    """Block kinds on which the planner may place a new marker."""
+    forbidden_kinds: frozenset[str] = frozenset()
+    """Block kinds on which a marker is rejected (a client marker there is moved)."""
+    roles: frozenset[str] | None = None
+    """Roles whose message blocks may carry a marker; `None` = any role."""
+    text_kinds: frozenset[str] = frozenset({"text"})
+    """Text block kinds: an empty one can carry no marker and is removable."""
+    nested_kinds: frozenset[str] = frozenset()
+    """Kinds whose `content` list may hold markers the API rejects there (moved onto the block)."""
+    tool_kinds: frozenset[str] = frozenset()
+    """Kinds treated as tool messages by the `no_tool_message_markers` capability."""
+    tool_roles: frozenset[str] = frozenset()
+    """Roles treated as tool messages by the `no_tool_message_markers` capability."""
+    lookback: int | None = None
+    """Positions a read walks back from a breakpoint, counting itself; `None` = no limit."""
+    run_kinds: frozenset[str] = frozenset()
+    """Kinds of which a run of consecutive blocks counts as one lookback position."""
+    has_ttl: bool = False
+    """Markers carry their own `ttl` (`5m` / `1h`); bare means `5m`."""
+    template: tuple[tuple[str, str], ...] = ()
+    """Items of a new marker without TTL, e.g. `(("type", "ephemeral"),)`."""
+    top_level_key: str | None = None
+    """Top-level body key of an automatic marker (Anthropic `cache_control`), if any."""
+    cache_key_field: str | None = None
+    """Top-level routing key the proxy sets when the client did not (`prompt_cache_key`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolShape:
+    """Where tool names, schemas and tool-call inputs live (request side)."""
+
+    name_path: tuple[str, ...]
+    """Path to the name inside a tool definition, e.g. `("name",)`."""
+    schema_path: tuple[str, ...]
+    """Path to the JSON schema inside a tool definition, e.g. `("input_schema",)`."""
+    call_kinds: frozenset[str] = frozenset()
+    """Message block kinds that are tool calls carrying a JSON object input."""
+    call_name_key: str = "name"
+    call_input_key: str = "input"
+
+
+@dataclass(slots=True)
+class Run:
+    """Consecutive blocks of the prefix order that live in one place of the body.
+
+    The request-side, allocation-light twin of `prefix_blocks`: flattening an adapter's runs
+    gives exactly its `prefix_blocks` (same order, kinds, values and paths; a test holds it).
+    """
+
+    section: Section
+    key: tuple[str | int, ...]
+    """Where `value` sits in the body, e.g. `("messages", 3, "content")`."""
+    value: Any
+    """A list of blocks (`is_list`), or one whole block (a string content, an item)."""
+    is_list: bool
+    kind: str | None = None
+    """The kind of every block of the run; `None` = each block's own `type`."""
+    role: str | None = None
+    message: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.value) if self.is_list else 1
+
+
+@dataclass(frozen=True, slots=True)
+class SystemUnit:
+    """One splittable unit of the system prompt: a system text block or string."""
+
+    text: str | None
+    """The text, or `None` for a unit that is not plain text (kept whole)."""
+    marker: Any = None
+    """The unit's marker value (`cache_control` ...), `None` when unmarked."""
+    splittable: bool = True
+    """False: the unit stays one block (Responses `instructions`); its segments are sorted
+    inside its text instead of becoming separate blocks."""
+
+
+@dataclass(frozen=True, slots=True)
+class SystemPart:
+    """A system block to write back: unit `source` whole, or a piece of its text."""
+
+    source: int
+    """Index into the `system_units` list the part comes from."""
+    text: str
+    marker: Any = None
+    whole: bool = False
+    """True: write the source unit back unchanged (`text`/`marker` are the unit's)."""
+
+
 class ProviderAdapter(Protocol):
     """The provider-specific half of promptcache. See the module docstring."""
 
@@ -110,6 +228,46 @@ class ProviderAdapter(Protocol):
     def prefix_blocks(self, path: str, body: JSONObject) -> list[Block]: ...
 
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject: ...
+
+    # Request side, used by the pipeline stages (canonicalise, reorder, breakpoints). Every
+    # rewriter is copy-on-write: it returns new containers and never mutates its arguments.
+
+    def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy: ...
+
+    def layout(self, path: str, body: JSONObject) -> list[Run]:
+        """The prefix order as `Run`s; flattened, exactly `prefix_blocks(path, body)`. The runs
+        of one prefix key depend on that key's value only: `layout(path, {key: body[key]})` is
+        its share (the pipeline's `LayoutCache` relies on it)."""
+        ...
+
+    def prefix_keys(self, path: str) -> tuple[str, ...]:
+        """Top-level keys that hold the prefix, in render order (canonical key order)."""
+        ...
+
+    def tool_shape(self, path: str) -> ToolShape: ...
+
+    def as_block_list(self, path: str, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+        """A whole-string run rewritten as a list of one text block: `(value for run.key,
+        relative path of the block)`; `None` when the run cannot carry a block marker."""
+        ...
+
+    def system_units(self, path: str, body: JSONObject) -> list[SystemUnit]: ...
+
+    def with_system(self, path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+        """`body` with its system prompt rebuilt from `parts` (in that order)."""
+        ...
+
+    def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+        """`body` with `texts` as leading text blocks of the newest user message, or `None`
+        when the request has no user message that can take them."""
+        ...
+
+    def with_cache_diagnostics(
+        self, path: str, body: JSONObject, previous_id: str | None
+    ) -> JSONObject | None:
+        """A copy of `body` asking the provider to diagnose cache misses against the response
+        `previous_id`, or `None` when the provider has no such feature (body unchanged)."""
+        ...
 
 
 @dataclass(slots=True)

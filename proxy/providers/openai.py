@@ -9,16 +9,31 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
 - usage totals include cached tokens: `prompt_tokens` / `input_tokens` minus
   `cached_tokens` minus `cache_write_tokens` is the uncached part;
 - streamed Chat usage is one final chunk (only with `stream_options.include_usage`); streamed
-  Responses usage is on `response.completed` (also read from `response.incomplete` / `.failed`).
+  Responses usage is on `response.completed` (also read from `response.incomplete` / `.failed`);
+- the response id is `id` (Chat: the body or any chunk; Responses: the body or `response.id` on
+  any streamed event).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
 
-from proxy.providers.base import Block, ErrorKind, JSONObject, LastWins, Usage
+from proxy.providers import openai_request
+from proxy.providers.base import (
+    Block,
+    ErrorKind,
+    JSONObject,
+    LastWins,
+    MarkerPolicy,
+    Run,
+    SystemPart,
+    SystemUnit,
+    ToolShape,
+    Usage,
+)
 
 CHAT_PATH: Final = "/v1/chat/completions"
 RESPONSES_PATH: Final = "/v1/responses"
@@ -36,6 +51,7 @@ class OpenAIUsage:
         self._fields = LastWins()
         self._details = LastWins()
         self._seen = False
+        self._response_id: str | None = None
 
     def _take(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -48,23 +64,28 @@ class OpenAIUsage:
             self._seen = True
         self._details.update(usage.get(details_key), ("cached_tokens", "cache_write_tokens"))
 
+    def _take_id(self, container: dict[str, Any]) -> None:
+        response_id = container.get("id")
+        if isinstance(response_id, str):
+            self._response_id = response_id
+
     def feed_json(self, body: Any) -> None:
         if isinstance(body, dict):
             self._take(body.get("usage"))
+            self._take_id(body)
 
     def feed_event(self, event: str, data: Any) -> None:
         if not isinstance(data, dict):
             return
         if self._is_chat:
             self._take(data.get("usage"))
+            self._take_id(data)
             return
         response = data.get("response")
-        if isinstance(response, dict) and data.get("type", event) in (
-            "response.completed",
-            "response.incomplete",
-            "response.failed",
-        ):
-            self._take(response.get("usage"))
+        if isinstance(response, dict):
+            self._take_id(response)
+            if data.get("type", event) in ("response.completed", "response.incomplete", "response.failed"):
+                self._take(response.get("usage"))
 
     def result(self) -> Usage:
         prompt_key, output_key = (
@@ -79,6 +100,7 @@ class OpenAIUsage:
             cache_write_5m=written,
             output=self._fields.get(output_key),
             seen=self._seen,
+            response_id=self._response_id,
         )
 
 
@@ -148,6 +170,39 @@ class OpenAIAdapter:
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
         """Prompt-affecting parameters outside the messages (PROVIDERS.md 2.1)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
+
+    def with_cache_diagnostics(
+        self, path: str, body: JSONObject, previous_id: str | None
+    ) -> JSONObject | None:
+        """OpenAI has no request-level cache diagnostics: always `None` (body unchanged)."""
+        return None
+
+    # Request side (pipeline stages); implemented in proxy.providers.openai_request.
+
+    def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy:
+        """`prompt_cache_breakpoint` on GPT-5.6+, none before (PROVIDERS.md 2.3)."""
+        return openai_request.marker_policy(path, body)
+
+    def layout(self, path: str, body: JSONObject) -> list[Run]:
+        return openai_request.layout(path, body)
+
+    def prefix_keys(self, path: str) -> tuple[str, ...]:
+        return openai_request.prefix_keys(path)
+
+    def tool_shape(self, path: str) -> ToolShape:
+        return openai_request.tool_shape(path)
+
+    def as_block_list(self, path: str, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+        return openai_request.as_block_list(path, run)
+
+    def system_units(self, path: str, body: JSONObject) -> list[SystemUnit]:
+        return openai_request.system_units(path, body)
+
+    def with_system(self, path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+        return openai_request.with_system(path, body, parts)
+
+    def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+        return openai_request.with_user_text(path, body, texts)
 
 
 def _kind(part: Any) -> str:

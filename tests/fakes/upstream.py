@@ -4,6 +4,7 @@ Not a simulator: answers are fixed per path (see `ANTHROPIC_MESSAGE`, `CHAT_COMP
 `RESPONSE`), enough to check that bytes, headers and usage pass through the proxy unchanged.
 Behaviour switches (`mode`): `normal`, `gzip` (gzip-encoded JSON), `stall` (never answers),
 `hang_stream` (sends the first SSE event, then waits until the client goes away).
+`anthropic_script` scripts per-response ids, usage and diagnostics for multi-turn tests.
 """
 
 from __future__ import annotations
@@ -85,10 +86,12 @@ def _sse(event: str | None, data: Any) -> bytes:
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def anthropic_stream() -> list[bytes]:
+def anthropic_stream(base: dict[str, Any] | None = None) -> list[bytes]:
     """The event sequence of a streamed Messages response; usage cumulative on message_delta."""
-    start_usage = {**ANTHROPIC_USAGE, "output_tokens": 1}
-    message = {**ANTHROPIC_MESSAGE, "content": [], "stop_reason": None, "usage": start_usage}
+    base = ANTHROPIC_MESSAGE if base is None else base
+    usage = base["usage"]
+    start_usage = {**usage, "output_tokens": 1}
+    message = {**base, "content": [], "stop_reason": None, "usage": start_usage}
     return [
         _sse("message_start", {"type": "message_start", "message": message}),
         _sse(
@@ -105,7 +108,7 @@ def anthropic_stream() -> list[bytes]:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {"output_tokens": 7},
+                "usage": {"output_tokens": usage["output_tokens"]},
             },
         ),
         _sse("message_stop", {"type": "message_stop"}),
@@ -158,6 +161,10 @@ class Received:
 class FakeUpstream:
     mode: str = "normal"
     received: list[Received] = field(default_factory=list)
+    anthropic_script: list[dict[str, Any]] = field(default_factory=list)
+    """Per-response overrides for `/v1/messages`, used first-in first-out: each one's top-level
+    keys (`id`, `usage`, `diagnostics` ...) replace `ANTHROPIC_MESSAGE`'s, streamed or not.
+    Empty: every answer is `ANTHROPIC_MESSAGE`."""
     client_gone: asyncio.Event = field(default_factory=asyncio.Event)
     runner: web.AppRunner | None = None
     url: str = ""
@@ -187,9 +194,12 @@ class FakeUpstream:
         payload: Any = orjson.loads(body) if body and request.method == "POST" else {}
         is_stream = isinstance(payload, dict) and payload.get("stream") is True
         if request.path.endswith("/v1/messages"):
+            message = ANTHROPIC_MESSAGE
+            if self.anthropic_script:
+                message = {**ANTHROPIC_MESSAGE, **self.anthropic_script.pop(0)}
             if is_stream:
-                return await self._stream(request, anthropic_stream())
-            return self._json(ANTHROPIC_MESSAGE)
+                return await self._stream(request, anthropic_stream(message))
+            return self._json(message)
         if request.path.endswith("/v1/chat/completions"):
             if is_stream:
                 include = bool((payload.get("stream_options") or {}).get("include_usage"))

@@ -1,0 +1,234 @@
+"""breakpoints: plan at most `MarkerPolicy.max_markers` cache markers (DESIGN.md section 4).
+
+Pure core `place_breakpoints(adapter, path, body, ...)` -> `(body, Plan)` (its planning parts
+live in `proxy.pipeline.planner`); `STAGE` adapts it to the `Exchange`.
+
+Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
+- Client markers that are legal stay. Illegal ones move to the nearest block that may carry a
+  marker (ties: the earlier block): from thinking blocks and empty text (PROVIDERS.md 1.3), from
+  tool messages when the upstream has `no_tool_message_markers`; markers inside
+  `tool_result.content` move onto the `tool_result` (section 7). A top-level automatic marker
+  (1.1) becomes an explicit one on the last eligible block. Two markers on one block merge
+  (the longer TTL wins). With no legal block a marker is dropped.
+- More than `max_markers` (4: 1.4, 2.3): the last and the earliest ones are kept.
+- Free slots get candidates, in priority order, each snapped back to the nearest block at or
+  before it that may take a marker: the last eligible block; the end of tools + stable system
+  (TTL `ttl_shared`: shared across the tenant's sessions); a bridge at most `lookback - 1`
+  positions after the previous request's last breakpoint when the last marker cannot reach it
+  (1.5: 20 positions, a run of tool_use or of tool_result blocks counting as one); the last
+  message block before the newest user message (the end of the previous turn: still
+  byte-identical next turn when volatile text was moved onto the newest user message); the end
+  of the session-stable system. A candidate whose prefix is under the model's minimum
+  (`rules/models.yaml`, 1.6) is skipped. The estimate is the proxy's own: UTF-8 bytes of the
+  blocks up to it / 4, rounded up (text blocks count their text, other blocks their JSON
+  without markers), deliberately independent of the simulator's tokenizer.
+- TTLs (1.7): a 1h marker may not follow a 5m one, so every marker before the last 1h marker
+  becomes 1h (billing charges 1h writes up to the highest 1h breakpoint anyway: no extra cost).
+  Capabilities strip `ttl` / `scope` from every marker. Injected markers before a client marker
+  with a `scope` take the same scope (1.2: `global` only after global blocks).
+- Providers without markers (`max_markers` 0: OpenAI before GPT-5.6) keep their markers as
+  sent. When the policy names a `cache_key_field` (`prompt_cache_key`) the client did not set,
+  it is set to a digest of tools + stable system (sessions sharing that prefix share a key;
+  never derived from a credential).
+- Pure and idempotent: planning its own output changes nothing; `body` is never mutated.
+
+Notes: reads `plan_context` (`PlanContext`, from the session engineer) and `system_tiers`
+(from reorder); writes `plan` (`Plan`: final marker positions and TTLs, counts, cache key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from proxy.exchange import Exchange
+from proxy.pipeline.blocks import (
+    BlockView,
+    Editor,
+    marker_ttl,
+    order_top_keys,
+    write_marker,
+)
+from proxy.pipeline.layout import LayoutCache
+from proxy.pipeline.planner import Planner, first_cacheable, prefix_cache_key, system_ends
+from proxy.pipeline.support import (
+    NO_CAPABILITY_LIMITS,
+    capabilities_for,
+    count_markers,
+    layout_cache,
+    rules_for,
+)
+from proxy.providers.base import JSONObject, ProviderAdapter
+from proxy.services import Services
+from proxy.settings import UpstreamCapabilities
+
+
+def _ttl(value: Any) -> str:
+    return "1h" if value == "1h" else "5m"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanContext:
+    """What the session knows for planning (`exchange.notes["plan_context"]`)."""
+
+    previous_breakpoints: tuple[int, ...] = ()
+    """Positions (prefix-block indices) of the markers the session's previous request wrote."""
+    ttl_shared: str = "5m"
+    """TTL of the marker ending tools + stable system (shared across sessions): `5m` or `1h`."""
+    ttl_session: str = "5m"
+    """TTL of every other marker the planner adds."""
+
+    @classmethod
+    def coerce(cls, value: Any) -> PlanContext | None:
+        """Accepts `PlanContext` or a mapping with its field names (`shared_ttl` /
+        `session_ttl` also accepted; other keys ignored)."""
+        if value is None or isinstance(value, PlanContext):
+            return value
+        if isinstance(value, Mapping):
+            return cls(
+                tuple(value.get("previous_breakpoints", ())),
+                _ttl(value.get("ttl_shared", value.get("shared_ttl"))),
+                _ttl(value.get("ttl_session", value.get("session_ttl"))),
+            )
+        raise TypeError(f"plan_context must be PlanContext or a mapping, not {type(value).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedMarker:
+    index: int
+    """Prefix-block index the marker is on."""
+    ttl: str | None
+    """`5m` / `1h`; `None` where markers have no TTL of their own (OpenAI)."""
+    origin: str
+    """`client` (kept in place), `moved` or `injected`."""
+    reason: str
+    """Why it is there: `client`, `last`, `shared`, `bridge`, `turn` or `session`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    markers: tuple[PlannedMarker, ...] = ()
+    """Final markers in prefix order."""
+    cache_key: str | None = None
+    """The `prompt_cache_key` the proxy set, if it set one."""
+    injected: int = 0
+    moved: int = 0
+    dropped: int = 0
+    kept: int = 0
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return tuple(m.index for m in self.markers)
+
+
+def place_breakpoints(
+    adapter: ProviderAdapter,
+    path: str,
+    body: JSONObject,
+    *,
+    min_tokens: int = 0,
+    system_tiers: Sequence[str] | None = None,
+    context: PlanContext | None = None,
+    caps: UpstreamCapabilities = NO_CAPABILITY_LIMITS,
+    cache: LayoutCache | None = None,
+) -> tuple[JSONObject, Plan]:
+    """`body` with its markers planned (see the module docstring), and the plan (pure).
+
+    `cache` reuses layout and scan results of earlier stages of the same request."""
+    policy = adapter.marker_policy(path, body)
+    cache = cache if cache is not None else LayoutCache()
+    view, marks, nested = cache.view(adapter, path, body, policy, adapter.tool_shape(path).call_kinds)
+    stable_end, session_end = system_ends(view, system_tiers)
+    editor = Editor(body)
+    cache_key = None
+    if policy.cache_key_field is not None and policy.cache_key_field not in body:
+        cache_key = prefix_cache_key(view, policy.key, stable_end)
+        if cache_key is not None:
+            editor.set((policy.cache_key_field,), cache_key)
+    if policy.max_markers <= 0:
+        return _finish(editor, adapter, path, cache_key), Plan(cache_key=cache_key)
+    planner = Planner(adapter, path, policy, view, caps, context or PlanContext())
+    top_key = policy.top_level_key
+    top = body.get(top_key) if top_key is not None else None
+    planner.resolve(marks, nested, top)
+    injected = planner.candidates(stable_end, session_end, first_cacheable(view, policy, min_tokens))
+    final = planner.finish()
+    _apply(editor, adapter, path, view, policy.key, marks, nested, final)
+    if top is not None:
+        editor.delete((top_key,))
+    markers = tuple(
+        PlannedMarker(i, marker_ttl(m) if policy.has_ttl else None, origin, reason)
+        for i, (m, origin, reason) in final.items()
+    )
+    kept = sum(1 for m in markers if m.origin == "client")
+    plan = Plan(markers, cache_key, injected, planner.moved, planner.dropped, kept)
+    return _finish(editor, adapter, path, cache_key), plan
+
+
+def _finish(editor: Editor, adapter: ProviderAdapter, path: str, cache_key: str | None) -> JSONObject:
+    """The edited body; an added top-level key goes before the prefix keys (canonical order)."""
+    result = editor.result()
+    return order_top_keys(result, adapter.prefix_keys(path)) if cache_key is not None else result
+
+
+def _apply(
+    editor: Editor,
+    adapter: ProviderAdapter,
+    path: str,
+    view: BlockView,
+    key: str,
+    marks: dict[int, Any],
+    nested: list[int],
+    final: dict[int, tuple[Any, str, str]],
+) -> None:
+    strip = set(nested)
+    for index in sorted(set(marks) | set(final) | strip):
+        desired = final[index][0] if index in final else None
+        if desired is marks.get(index) and index not in strip:
+            continue
+        run, pos = view.locate(index)
+        if not run.is_list:
+            write_marker(editor, adapter, path, view, key, index, desired)
+            continue
+        value = run.value[pos]
+        new = {k: v for k, v in value.items() if k != key}
+        if desired is not None:
+            new[key] = desired
+        if index in strip:
+            new["content"] = [
+                {k: v for k, v in p.items() if k != key} if isinstance(p, dict) and key in p else p
+                for p in value["content"]
+            ]
+        editor.set(run.key + (pos,), new)
+
+
+class BreakpointsStage:
+    name: Final = "breakpoints"
+    rewrites: Final = True
+
+    async def run(self, exchange: Exchange, services: Services) -> None:
+        body = exchange.body
+        if body is None:
+            return
+        rules = rules_for(services)
+        new_body, plan = place_breakpoints(
+            exchange.adapter,
+            exchange.path,
+            body,
+            min_tokens=rules.min_tokens(body.get("model")),
+            system_tiers=exchange.notes.get("system_tiers"),
+            context=PlanContext.coerce(exchange.notes.get("plan_context")),
+            caps=capabilities_for(services, exchange.adapter),
+            cache=layout_cache(exchange),
+        )
+        exchange.notes["plan"] = plan
+        count_markers(
+            exchange, services, injected=plan.injected, moved=plan.moved, dropped=plan.dropped, kept=plan.kept
+        )
+        if new_body is not body:
+            exchange.body = new_body
+            exchange.notes["dirty"] = True
+
+
+STAGE: Final = BreakpointsStage()

@@ -1,0 +1,293 @@
+"""canonicalise: make what the provider renders deterministic (DESIGN.md section 4).
+
+Pure core `canonicalise_body(adapter, path, body, pins, caps)`; `STAGE` adapts it to the
+`Exchange`.
+
+Contract:
+- Tool definitions in a pinned order: the names of `SessionPins.pinned_tool_order` (first-seen
+  order in the session, fed by the session engineer through `notes["session_pins"]`) first,
+  then every other tool in client order. Without pins the client's order is kept.
+- Key order of tool schemas and tool-call inputs (Anthropic `tool_use.input`) follows pinned
+  first-seen values per tool name (`pinned_schemas`, `pinned_inputs`): keys of the pinned value
+  come in its order, recursively; new keys follow in client order. Keys are never sorted: the
+  model reads schemas and its own earlier calls in key order, and the first-seen order is the
+  one it already saw, so pinning cannot change behaviour while sorting could (PROVIDERS.md 1.8:
+  `tool_use.input` key order must be stable). Without pins the client's order is kept.
+  OpenAI tool-call arguments are JSON strings and are never edited.
+- An empty text block is removed when that loses nothing: no keys but `type`, `text` and a
+  marker, and its list keeps another block. Its marker moves to the nearest block that may carry
+  one (ties: the earlier), else it is dropped (counted as `moved` / `dropped`).
+- A marker key with a `null` value (`cache_control: null`) is removed, on blocks, inside
+  `tool_result.content` and at the top level.
+- Top-level keys: the client's other keys first in their order, then the prefix keys in render
+  order (`adapter.prefix_keys`: tools, system, messages).
+- String content is never edited. Idempotent; `body` and everything in it is never mutated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from proxy.exchange import Exchange
+from proxy.pipeline.blocks import BlockView, Editor, Legality, order_top_keys, stronger, write_marker
+from proxy.pipeline.layout import LayoutCache, scan, view_of
+from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, layout_cache
+from proxy.providers.base import JSONObject, ProviderAdapter, Run, ToolShape
+from proxy.services import Services
+from proxy.settings import UpstreamCapabilities
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPins:
+    """First-seen shapes of one session (`exchange.notes["session_pins"]`)."""
+
+    pinned_tool_order: tuple[str, ...] = ()
+    """Tool names in first-seen order."""
+    pinned_schemas: Mapping[str, Any] = field(default_factory=dict)
+    """Tool name -> its first-seen schema (a key-order reference)."""
+    pinned_inputs: Mapping[str, Any] = field(default_factory=dict)
+    """Tool name -> the first-seen input of a call to it (a key-order reference)."""
+
+    @classmethod
+    def coerce(cls, value: Any) -> SessionPins | None:
+        """Accepts `SessionPins`, a mapping with its field names, or a list of tool names."""
+        if value is None or isinstance(value, SessionPins):
+            return value
+        if isinstance(value, Mapping):
+            return cls(
+                tuple(value.get("pinned_tool_order", ())),
+                dict(value.get("pinned_schemas", {})),
+                dict(value.get("pinned_inputs", {})),
+            )
+        if isinstance(value, list | tuple):
+            return cls(tuple(value))
+        raise TypeError(f"session_pins must be SessionPins, a mapping or a list, not {type(value).__name__}")
+
+
+@dataclass(slots=True)
+class CanonicalReport:
+    tools_reordered: bool = False
+    keys_pinned: int = 0
+    """Schemas and tool-call inputs whose key order changed."""
+    empty_removed: int = 0
+    nulls_removed: int = 0
+    markers_moved: int = 0
+    markers_dropped: int = 0
+    top_keys_reordered: bool = False
+
+
+def _dig(value: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _replace_at(value: JSONObject, path: Sequence[str], new: Any) -> JSONObject:
+    if len(path) == 1:
+        return {**value, path[0]: new}
+    return {**value, path[0]: _replace_at(value[path[0]], path[1:], new)}
+
+
+def order_like(value: Any, reference: Any) -> Any:
+    """`value` with dict keys in `reference`'s order (recursively; extra keys after, in their
+    order). Lists keep their order (it means something); their items are matched by index.
+    Returns `value` itself when nothing changes."""
+    if isinstance(value, dict) and isinstance(reference, dict):
+        out = {k: value[k] for k in reference if k in value}
+        if len(out) != len(value):
+            out.update((k, v) for k, v in value.items() if k not in out)
+        changed = list(out) != list(value)
+        for k, v in out.items():
+            if isinstance(v, dict | list) and k in reference:
+                ordered = order_like(v, reference[k])
+                if ordered is not v:
+                    out[k] = ordered
+                    changed = True
+        return out if changed else value
+    if isinstance(value, list) and isinstance(reference, list):
+        new: list[Any] | None = None
+        for i in range(min(len(value), len(reference))):
+            ordered = order_like(value[i], reference[i])
+            if ordered is not value[i]:
+                new = new if new is not None else list(value)
+                new[i] = ordered
+        return new if new is not None else value
+    return value
+
+
+def _pin_tools(shape: ToolShape, tools: list[Any], pins: SessionPins, report: CanonicalReport) -> list[Any]:
+    rank = {name: i for i, name in enumerate(pins.pinned_tool_order)}
+    names = [_dig(tool, shape.name_path) for tool in tools]
+    order = sorted(range(len(tools)), key=lambda i: (0, rank[names[i]]) if names[i] in rank else (1, i))
+    new = [tools[i] for i in order]
+    report.tools_reordered = order != list(range(len(tools)))
+    for i, tool in enumerate(new):
+        name = _dig(tool, shape.name_path)
+        schema = _dig(tool, shape.schema_path)
+        if isinstance(name, str) and name in pins.pinned_schemas and schema is not None:
+            ordered = order_like(schema, pins.pinned_schemas[name])
+            if ordered is not schema:
+                new[i] = _replace_at(tool, shape.schema_path, ordered)
+                report.keys_pinned += 1
+    changed = report.tools_reordered or any(a is not b for a, b in zip(new, tools, strict=True))
+    return new if changed else tools
+
+
+def _without_null(value: JSONObject, key: str) -> JSONObject:
+    return {k: v for k, v in value.items() if k != key}
+
+
+def _clean_block(
+    value: JSONObject, kind: Any, key: str, nested: frozenset[str], report: CanonicalReport
+) -> JSONObject:
+    new = value
+    if key in value and value[key] is None:
+        new = _without_null(value, key)
+        report.nulls_removed += 1
+    inner = new.get("content") if kind in nested else None
+    if isinstance(inner, list) and any(isinstance(p, dict) and key in p and p[key] is None for p in inner):
+        cleaned = []
+        for part in inner:
+            if isinstance(part, dict) and key in part and part[key] is None:
+                part = _without_null(part, key)
+                report.nulls_removed += 1
+            cleaned.append(part)
+        new = {**new, "content": cleaned}
+    return new
+
+
+def canonicalise_body(
+    adapter: ProviderAdapter,
+    path: str,
+    body: JSONObject,
+    pins: SessionPins | None = None,
+    caps: UpstreamCapabilities = NO_CAPABILITY_LIMITS,
+    cache: LayoutCache | None = None,
+) -> tuple[JSONObject, CanonicalReport]:
+    """The canonical form of `body` (see the module docstring) and what changed (pure).
+
+    `cache` shares layout and scan results with later stages of the same request."""
+    report = CanonicalReport()
+    cache = cache if cache is not None else LayoutCache()
+    policy = adapter.marker_policy(path, body)
+    key = policy.key
+    shape = adapter.tool_shape(path)
+    scans = cache.scans(adapter, path, body, policy, shape.call_kinds)
+    editor = Editor(body)
+    if pins is not None and scans and scans[0][0] == "tools" and scans[0][1].runs:
+        tools_run = scans[0][1].runs[0]
+        tools = _pin_tools(shape, tools_run.value, pins, report)
+        if tools is not tools_run.value:
+            editor.set(tools_run.key, tools)
+            pinned = scan([dataclasses.replace(tools_run, value=tools)], policy, shape.call_kinds)
+            scans = [("tools", pinned), *scans[1:]]
+    inputs = pins.pinned_inputs if pins is not None else {}
+    removed: list[int] = []
+    stranded: list[tuple[int, Any]] = []
+    offset = 0
+    for _, part in scans:
+        runs = part.runs
+        for r in sorted({*part.nulls, *(part.calls if inputs else ())}):
+            _clean_run(runs[r], editor, key, shape, inputs, policy.nested_kinds, report)
+        by_run: dict[int, list[int]] = {}
+        for r, pos in part.empties:
+            by_run.setdefault(r, []).append(pos)
+        for r, positions in by_run.items():
+            run = runs[r]
+            if len(positions) == len(run.value):
+                continue
+            for pos in positions:
+                editor.delete(run.key + (pos,))
+                removed.append(offset + part.starts[r] + pos)
+                if run.value[pos].get(key) is not None:
+                    stranded.append((removed[-1], run.value[pos][key]))
+        offset += part.size
+    report.empty_removed = len(removed)
+    if stranded:
+        view = view_of([part for _, part in scans])
+        _rehome(adapter, path, view, editor, caps, policy, frozenset(removed), stranded, report)
+    top_key = policy.top_level_key
+    if top_key is not None and top_key in body and body[top_key] is None:
+        editor.delete((top_key,))
+        report.nulls_removed += 1
+    result = editor.result()
+    ordered = order_top_keys(result, adapter.prefix_keys(path))
+    report.top_keys_reordered = ordered is not result
+    return ordered, report
+
+
+def _clean_run(
+    run: Run,
+    editor: Editor,
+    key: str,
+    shape: ToolShape,
+    inputs: Mapping[str, Any],
+    nested: frozenset[str],
+    report: CanonicalReport,
+) -> None:
+    """Remove null markers and pin tool-call input key order in one list run (via `editor`)."""
+    for c, value in enumerate(run.value):
+        if not isinstance(value, dict):
+            continue
+        kind = run.kind or value.get("type")
+        new = _clean_block(value, kind, key, nested, report)
+        if inputs and kind in shape.call_kinds:
+            name = value.get(shape.call_name_key)
+            call_input = new.get(shape.call_input_key)
+            if name in inputs and isinstance(call_input, dict):
+                ordered = order_like(call_input, inputs[name])
+                if ordered is not call_input:
+                    new = {**new, shape.call_input_key: ordered}
+                    report.keys_pinned += 1
+        if new is not value:
+            editor.set(run.key + (c,), new)
+
+
+def _rehome(
+    adapter: ProviderAdapter,
+    path: str,
+    view: BlockView,
+    editor: Editor,
+    caps: UpstreamCapabilities,
+    policy: Any,
+    removed: frozenset[int],
+    stranded: list[tuple[int, Any]],
+    report: CanonicalReport,
+) -> None:
+    """Move the markers of removed empty text blocks to the nearest block that may carry one."""
+    legal = Legality(adapter, path, policy, caps, view)
+    for index, marker in stranded:
+        target = legal.nearest(index, removed)
+        if target is None:
+            report.markers_dropped += 1
+            continue
+        current = editor.get(view.path(target))
+        current_marker = current.get(policy.key) if isinstance(current, dict) else None
+        write_marker(editor, adapter, path, view, policy.key, target, stronger(current_marker, marker))
+        report.markers_moved += 1
+
+
+class CanonicaliseStage:
+    name: Final = "canonicalise"
+    rewrites: Final = True
+
+    async def run(self, exchange: Exchange, services: Services) -> None:
+        body = exchange.body
+        if body is None:
+            return
+        pins = SessionPins.coerce(exchange.notes.get("session_pins"))
+        caps = capabilities_for(services, exchange.adapter)
+        cache = layout_cache(exchange)
+        new_body, report = canonicalise_body(exchange.adapter, exchange.path, body, pins, caps, cache)
+        count_markers(exchange, services, moved=report.markers_moved, dropped=report.markers_dropped)
+        if new_body is not body:
+            exchange.body = new_body
+            exchange.notes["dirty"] = True
+
+
+STAGE: Final = CanonicaliseStage()

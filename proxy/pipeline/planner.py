@@ -1,0 +1,222 @@
+"""The breakpoint planner's pure parts: size estimate, system ends, prefix key, `Planner`.
+
+Used by `proxy.pipeline.breakpoints` (which holds the contract); see its docstring for the
+rules. Everything here works on a `BlockView` of one request and never touches the body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+import xxhash
+
+from proxy.pipeline.blocks import BlockView, Legality, marker_ttl, stronger
+from proxy.providers.base import JSONObject, MarkerPolicy, ProviderAdapter
+from proxy.settings import UpstreamCapabilities
+
+if TYPE_CHECKING:
+    from proxy.pipeline.breakpoints import PlanContext
+
+BYTES_PER_TOKEN: Final = 4
+"""The planner's size estimate: one token per 4 UTF-8 bytes, rounded up."""
+
+
+def _block_bytes(value: Any, key: str, text_kinds: frozenset[str]) -> int:
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, dict):
+        text = value.get("text")
+        if isinstance(text, str) and value.get("type") in text_kinds:
+            return len(text.encode())
+        if key in value:
+            value = {k: v for k, v in value.items() if k != key}
+    return len(orjson.dumps(value))
+
+
+def first_cacheable(view: BlockView, policy: MarkerPolicy, min_tokens: int) -> int:
+    """The first block index whose prefix reaches `min_tokens` (estimate: bytes / 4, rounded
+    up); `view.size` when none does."""
+    need = BYTES_PER_TOKEN * (min_tokens - 1) + 1
+    total = 0
+    index = 0
+    for run in view.runs:
+        for value in run.value if run.is_list else (run.value,):
+            total += _block_bytes(value, policy.key, policy.text_kinds)
+            if total >= need:
+                return index
+            index += 1
+    return view.size
+
+
+def system_ends(view: BlockView, tiers: Sequence[str] | None) -> tuple[int, int]:
+    """Last block of tools + stable system, and of tools + stable/session system."""
+    first, end = view.span("system")
+    if tiers is None or len(tiers) != end - first:
+        return end - 1, end - 1
+    stable = session = 0
+    while stable < len(tiers) and tiers[stable] == "stable":
+        stable += 1
+    while session < len(tiers) and tiers[session] in ("stable", "session"):
+        session += 1
+    return first + stable - 1, first + session - 1
+
+
+def prefix_cache_key(view: BlockView, key: str, end: int) -> str | None:
+    """`pc-` + xxh3-128 of blocks 0..`end` (markers removed); `None` for an empty prefix."""
+    if end < 0:
+        return None
+    digest = xxhash.xxh3_128()
+    for i in range(end + 1):
+        value = view.value(i)
+        if isinstance(value, dict) and key in value:
+            value = {k: v for k, v in value.items() if k != key}
+        digest.update(orjson.dumps(value))
+    return "pc-" + digest.hexdigest()
+
+
+class Planner:
+    def __init__(
+        self,
+        adapter: ProviderAdapter,
+        path: str,
+        policy: MarkerPolicy,
+        view: BlockView,
+        caps: UpstreamCapabilities,
+        context: PlanContext,
+    ) -> None:
+        self.adapter, self.path, self.policy, self.view, self.caps = adapter, path, policy, view, caps
+        self.context = context
+        self.legal = Legality(adapter, path, policy, caps, view)
+        self.final: dict[int, tuple[Any, str, str]] = {}
+        self.moved = self.dropped = 0
+
+    def put(self, index: int | None, marker: Any, origin: str, reason: str) -> None:
+        if index is None:
+            self.dropped += 1
+            return
+        if origin == "moved":
+            self.moved += 1
+        current = self.final.get(index)
+        if current is None or stronger(current[0], marker) is not current[0]:
+            self.final[index] = (marker, origin, reason)
+
+    def resolve(self, marks: dict[int, Any], nested: list[int], top: Any) -> None:
+        for index, marker in sorted(marks.items()):
+            if self.legal(index):
+                self.put(index, marker, "client", "client")
+            else:
+                self.put(self.legal.nearest(index), marker, "moved", "client")
+        for index in nested:
+            target = index if self.legal(index) else self.legal.nearest(index)
+            content = self.view.value(index)["content"]
+            for part in content:
+                if isinstance(part, dict) and part.get(self.policy.key) is not None:
+                    self.put(target, part[self.policy.key], "moved", "client")
+        if top is not None:
+            self.put(self.legal.at_or_before(self.view.size - 1), top, "moved", "client")
+        excess = len(self.final) - self.policy.max_markers
+        if excess > 0:
+            order = sorted(self.final)
+            for index in order[self.policy.max_markers - 1 : -1]:
+                del self.final[index]
+            self.dropped += excess
+
+    def candidates(self, stable_end: int, session_end: int, cacheable_from: int) -> int:
+        """Fill free slots; returns how many markers were injected."""
+        ctx = self.context
+        injected = 0
+        last = self.legal.at_or_before(self.view.size - 1)
+        steps: list[tuple[str, str]] = [
+            ("last", ctx.ttl_session),
+            ("shared", ctx.ttl_shared),
+            ("bridge", ctx.ttl_session),
+            ("turn", ctx.ttl_session),
+            ("session", ctx.ttl_session),
+        ]
+        for reason, ttl in steps:
+            if len(self.final) >= self.policy.max_markers:
+                break
+            if reason == "last":
+                index = last
+            elif reason == "shared":
+                index = self.legal.at_or_before(stable_end) if stable_end >= 0 else None
+            elif reason == "bridge":
+                index = self._bridge(max(self.final)) if self.final else None
+            elif reason == "turn":
+                index = self._turn_boundary()
+            else:
+                index = self.legal.at_or_before(session_end) if session_end >= 0 else None
+            if index is None or index in self.final or index < cacheable_from:
+                continue
+            self.final[index] = (self._new_marker(ttl), "injected", reason)
+            injected += 1
+        return injected
+
+    def _new_marker(self, ttl: str) -> JSONObject:
+        marker = dict(self.policy.template)
+        if self.policy.has_ttl and ttl == "1h":
+            marker["ttl"] = "1h"
+        return marker
+
+    def _bridge(self, last: int) -> int | None:
+        lookback = self.policy.lookback
+        previous = [i for i in self.context.previous_breakpoints if 0 <= i < last]
+        if lookback is None or not previous:
+            return None
+        start = max(previous)
+        run_kinds = self.policy.run_kinds
+        position, best, before = 0, None, self.view.kind(start)
+        for i in range(start + 1, last + 1):
+            kind = self.view.kind(i)
+            if not (kind == before and kind in run_kinds):
+                position += 1
+            before = kind
+            if position > lookback - 1:
+                return best
+            if i == last:
+                return None
+            if self.legal(i, new=True):
+                best = i
+        return None
+
+    def _turn_boundary(self) -> int | None:
+        runs, starts = self.view.runs, self.view.starts
+        for r in range(len(runs) - 1, -1, -1):
+            run = runs[r]
+            if run.section == "messages" and run.role == "user":
+                message = run.message
+                first = starts[r]
+                while r > 0 and runs[r - 1].message == message and runs[r - 1].section == "messages":
+                    r -= 1
+                    first = starts[r]
+                index = self.legal.at_or_before(first - 1) if first > 0 else None
+                return index if index is not None and index >= self.view.span("messages")[0] else None
+        return None
+
+    def finish(self) -> dict[int, tuple[Any, str, str]]:
+        """Capabilities, scope and TTL order applied to the final markers."""
+        caps, policy = self.caps, self.policy
+        out: dict[int, tuple[Any, str, str]] = {}
+        scope: Any = None
+        for index in sorted(self.final, reverse=True):
+            marker, origin, reason = self.final[index]
+            if isinstance(marker, dict):
+                if caps.strip_ttl and "ttl" in marker or caps.strip_scope and "scope" in marker:
+                    drop = {"ttl"} if caps.strip_ttl else set()
+                    drop |= {"scope"} if caps.strip_scope else set()
+                    marker = {k: v for k, v in marker.items() if k not in drop}
+                if "scope" in marker:
+                    scope = marker["scope"]
+                elif origin == "injected" and scope is not None:
+                    marker = {**marker, "scope": scope}
+            out[index] = (marker, origin, reason)
+        if policy.has_ttl:
+            one_hour = [i for i, (m, _, _) in out.items() if marker_ttl(m) == "1h"]
+            if one_hour:
+                for index in [i for i in out if i < max(one_hour)]:
+                    marker, origin, reason = out[index]
+                    if marker_ttl(marker) != "1h":
+                        out[index] = ({**marker, "ttl": "1h"}, origin, reason)
+        return dict(sorted(out.items()))

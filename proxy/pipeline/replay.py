@@ -1,0 +1,299 @@
+"""replay: send earlier messages with the exact value sent before (sidecars).
+
+Pure core:
+- `Masker.digest(value)`: xxh3-128 of orjson(value, OPT_SORT_KEYS) after removing cache
+  markers (`cache_control`, `prompt_cache_breakpoint`: not part of the provider's cache key)
+  and replacing by `MASK` the text the rules' volatile patterns match inside string values,
+  each match extended to the end of its token (`span_pattern`). Only that span is masked, never
+  the rest of its line: an edit next to a timestamp is still an edit. Sorted keys make a client
+  that reorders JSON keys (Go/Swift maps) send "the same" message; masking makes a client
+  that re-renders a timestamp send "the same" message.
+- `view_messages(...)`: per request, the masked digest of each element of the message array
+  (`messages` or `input`: whichever array the adapter's `prefix_blocks` point into), the head
+  digest (tools, top-level system and system-section messages) and the identity boundaries
+  `c_k = xxh3(c_{k-1} || d_k)` with `c_{-1}` the head (session inference, `proxy.sessions`).
+  Computed once, by the `session` stage, on the client's body.
+- `first_mismatch(...)`: the first earlier message whose digest differs from its stored
+  sidecar: the client rewrote history there (`notes["history_rewritten"]`).
+- `splice(...)`: earlier messages (never the newest) whose digest matches their sidecar, up to
+  the first mismatch, are replaced by the stored value (parsed with orjson, so key order and
+  content are exactly what was sent before); a message whose bytes already equal the stored
+  value is left as is. Copy-on-write: returns a new list, never edits the input.
+
+DESIGN.md section 4 says `orjson.Fragment`; spliced values are parsed instead, so the
+breakpoints stage can still place markers on replayed messages (a Fragment is opaque).
+
+Stage (`STAGE`, after `reorder`, before `breakpoints`): applies `splice` to `exchange.body`
+using `notes["previous"]` (a `SessionRecord`) and `notes["message_view"]` (both from the
+session stage), counts `promptcache_replayed_messages_total{provider}`, sets
+`notes["replayed"]` (count) and `notes["dirty"]` when anything changed. Skips itself when an
+earlier stage changed the number of messages (positions would not line up).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+import xxhash
+
+from proxy.exchange import Exchange
+from proxy.prefix import MARKER_KEYS
+from proxy.providers.base import JSONObject, ProviderAdapter
+from proxy.services import Services
+from proxy.store.record import Sidecar
+
+MASK: Final = "\x00volatile\x00"
+"""What a volatile span becomes before digesting (never sent anywhere)."""
+MEMO_SIZE: Final = 65_536
+_GLOBAL_FLAGS: Final = re.compile(r"^\(\?[aiLmsux]+\)")
+
+Patterns = Sequence[re.Pattern[str]]
+
+
+def strip_markers(message: Any) -> Any:
+    """`message` without marker keys on itself, its content parts and their nested `content`
+    parts (a `tool_result`'s); copy-on-write: unchanged parts are the same objects."""
+    if not isinstance(message, dict):
+        return message
+    out = {k: v for k, v in message.items() if k not in MARKER_KEYS}
+    content = out.get("content")
+    if isinstance(content, list):
+        out["content"] = [_strip_part(part) for part in content]
+    return out
+
+
+def _strip_part(part: Any) -> Any:
+    if not isinstance(part, dict):
+        return part
+    if not MARKER_KEYS.isdisjoint(part.keys()):
+        part = {k: v for k, v in part.items() if k not in MARKER_KEYS}
+    nested = part.get("content")
+    if isinstance(nested, list) and any(
+        isinstance(p, dict) and not MARKER_KEYS.isdisjoint(p) for p in nested
+    ):
+        part = {
+            **part,
+            "content": [
+                {k: v for k, v in p.items() if k not in MARKER_KEYS} if isinstance(p, dict) else p
+                for p in nested
+            ],
+        }
+    return part
+
+
+def span_pattern(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    """`pattern` extended to the end of the token it ends in (`(?:pattern)\\S*`), in MULTILINE
+    mode so `^` / `$` anchor at line starts and ends as when the rules match single lines.
+
+    The extension takes a timestamp's seconds and zone along (`2026-11-29T20:09` + `:13Z`) and
+    never reaches past the next whitespace.
+    """
+    source = _GLOBAL_FLAGS.sub("", pattern.pattern, count=1)
+    return re.compile(rf"(?:{source})\S*", pattern.flags | re.MULTILINE)
+
+
+def mask_strings(value: Any, spans: Patterns) -> Any:
+    """`value` with every match of `spans` inside its string values replaced by `MASK`; keys
+    and non-strings are kept."""
+    if isinstance(value, str):
+        for pattern in spans:
+            value = pattern.sub(MASK, value)
+        return value
+    if isinstance(value, dict):
+        return {k: mask_strings(v, spans) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_strings(v, spans) for v in value]
+    return value
+
+
+class Masker:
+    """Masked canonical digests (16 bytes) of messages and blocks: markers removed, text that a
+    volatile pattern matches masked, keys sorted.
+
+    Memoised by the digest of the exact (unmasked, sorted) bytes, at most `memo_size` entries
+    (LRU), and seeded from stored sidecars (`seed`): each turn only new or edited messages are
+    walked, also after a restart or on another replica (the packaged rules scan about 6 MB/s
+    with Python's `re`). The memo maps digests to digests and holds no content.
+    """
+
+    def __init__(self, patterns: Patterns = (), memo_size: int = MEMO_SIZE) -> None:
+        self.spans = tuple(span_pattern(p) for p in patterns)
+        self.memo_size = memo_size
+        self._memo: OrderedDict[bytes, bytes] = OrderedDict()
+
+    def digests(self, value: Any) -> tuple[bytes, bytes]:
+        """`(exact, masked)` digests of `value` (16 bytes each; equal without patterns)."""
+        stripped = strip_markers(value)
+        exact = xxhash.xxh3_128_digest(orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS))
+        if not self.spans:
+            return exact, exact
+        masked = self._memo.get(exact)
+        if masked is not None:
+            self._memo.move_to_end(exact)
+            return exact, masked
+        masked = xxhash.xxh3_128_digest(
+            orjson.dumps(mask_strings(stripped, self.spans), option=orjson.OPT_SORT_KEYS)
+        )
+        self._remember(exact, masked)
+        return exact, masked
+
+    def digest(self, value: Any) -> bytes:
+        """The masked digest of `value`."""
+        return self.digests(value)[1]
+
+    def seed(self, sidecars: Sequence[Sidecar]) -> None:
+        """Remember the `(exact, masked)` pairs of stored sidecars (computed when they were sent).
+        A pair describes one exact message, so it is valid for any session holding it."""
+        if not self.spans:
+            return
+        for sidecar in sidecars:
+            if sidecar.exact and sidecar.exact not in self._memo:
+                self._remember(sidecar.exact, sidecar.digest)
+
+    def _remember(self, exact: bytes, masked: bytes) -> None:
+        self._memo[exact] = masked
+        if len(self._memo) > self.memo_size:
+            self._memo.popitem(last=False)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """Masked digests of one request as the client sent it."""
+
+    array_key: str | None
+    """Body key of the message array (`messages`, `input`), `None` without messages."""
+    head: bytes
+    """Digest of tools, top-level system and system-section messages (16 bytes)."""
+    digests: tuple[bytes, ...]
+    """Masked digest per element of the message array (one for a string `input`)."""
+    exact: tuple[bytes, ...]
+    """Unmasked digest per element (stored with sidecars to seed `Masker`)."""
+    system_positions: frozenset[int]
+    """Array positions in the system section (OpenAI leading system/developer messages)."""
+    boundaries: tuple[bytes, ...]
+    """Identity chain digest after each element (see module docstring)."""
+    is_list: bool = True
+    """False when the array is a single string (`input: "..."`): nothing to replay."""
+
+
+def view_messages(adapter: ProviderAdapter, path: str, body: JSONObject, masker: Masker) -> MessageView:
+    """Compute the `MessageView` of `body` (the client's parsed request)."""
+    head = xxhash.xxh3_128()
+    array_key: str | None = None
+    system_positions: set[int] = set()
+    for block in adapter.prefix_blocks(path, body):
+        if block.message_index is None:
+            head.update(block.section.encode() + b"\x00" + masker.digest(block.value))
+            continue
+        if array_key is None:
+            array_key = block.path.split("[", 1)[0].split(".", 1)[0]
+        if block.section == "system":
+            system_positions.add(block.message_index)
+    items = body.get(array_key) if array_key is not None else None
+    is_list = isinstance(items, list)
+    elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
+    pairs = [masker.digests(item) for item in elements]
+    exact = tuple(pair[0] for pair in pairs)
+    digests = tuple(pair[1] for pair in pairs)
+    for position in sorted(system_positions):
+        head.update(b"system-message\x00" + digests[position])
+    head_digest = head.digest()
+    boundaries = []
+    previous = head_digest
+    for digest in digests:
+        previous = xxhash.xxh3_128_digest(previous + digest)
+        boundaries.append(previous)
+    return MessageView(
+        array_key, head_digest, digests, exact, frozenset(system_positions), tuple(boundaries), is_list
+    )
+
+
+def first_mismatch(digests: Sequence[bytes], sidecars: Sequence[Sidecar], skip: frozenset[int]) -> int | None:
+    """First earlier position (never the last element) whose digest differs from its sidecar's;
+    positions in `skip` (system section) and past the stored history are not compared."""
+    stored = {s.position: s.digest for s in sidecars}
+    for i in range(len(digests) - 1):
+        if i in skip:
+            continue
+        digest = stored.get(i)
+        if digest is None:
+            return None
+        if digest != digests[i]:
+            return i
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SpliceResult:
+    items: list[Any] | None
+    """The new message array, `None` when nothing changed."""
+    replayed: int
+    """Messages replaced by their stored value."""
+
+
+def splice(
+    items: Sequence[Any],
+    digests: Sequence[bytes],
+    sidecars: Sequence[Sidecar],
+    skip: frozenset[int],
+    limit: int | None = None,
+) -> SpliceResult:
+    """Replay matching earlier messages (module docstring); positions `>= limit` are left alone.
+
+    `digests` are the client's masked digests, aligned with `items`.
+    """
+    stored = {s.position: s for s in sidecars}
+    end = len(items) - 1 if limit is None else min(limit, len(items) - 1)
+    out: list[Any] | None = None
+    replayed = 0
+    for i in range(end):
+        if i in skip:
+            continue
+        sidecar = stored.get(i)
+        if sidecar is None or sidecar.digest != digests[i]:
+            break
+        if orjson.dumps(strip_markers(items[i])) == sidecar.value:
+            continue
+        if out is None:
+            out = list(items)
+        out[i] = orjson.loads(sidecar.value)
+        replayed += 1
+    return SpliceResult(out, replayed)
+
+
+class ReplayStage:
+    name: Final = "replay"
+    rewrites: Final = True
+
+    async def run(self, exchange: Exchange, services: Services) -> None:
+        record = exchange.notes.get("previous")
+        view = exchange.notes.get("message_view")
+        body = exchange.body
+        if record is None or not record.sidecars or not isinstance(view, MessageView) or body is None:
+            return
+        if view.array_key is None or not view.is_list:
+            return
+        items = body.get(view.array_key)
+        if not isinstance(items, list) or len(items) != len(view.digests):
+            return
+        result = splice(
+            items,
+            view.digests,
+            record.sidecars,
+            view.system_positions,
+            exchange.notes.get("history_rewritten"),
+        )
+        exchange.notes["replayed"] = result.replayed
+        if result.items is None:
+            return
+        exchange.body = {**body, view.array_key: result.items}
+        exchange.notes["dirty"] = True
+        services.metrics.replayed_messages.labels(exchange.provider).inc(result.replayed)
+
+
+STAGE: Final = ReplayStage()

@@ -1,0 +1,237 @@
+"""session: who sent this request, which conversation it continues, and what was sent before.
+
+Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also runs in
+`observe` mode). With `Services.sessions` set (by `proxy.store.store_ctx`) and a JSON body:
+1. `exchange.tenant`: keyed hash of the credential and upstream host (`proxy.tenant`);
+2. the session (`proxy.sessions`), `exchange.session_id` and `notes["session_inference"]`
+   (`Inference`: kind `explicit` / `append` / `fork` / `new`, parent, shared messages), and
+   ONE bounded store read that never fails the request: `notes["previous"]`, the
+   `SessionRecord` of the session's last 2xx request (of the parent session for a fork), or
+   `None`. An explicit id is read first and its sidecars seed the masking memo; an inferred
+   one needs the message view first;
+3. `notes["message_view"]`: masked digests of the client's messages
+   (`proxy.pipeline.replay.view_messages`, volatile patterns of the rules in use);
+4. `notes["history_rewritten"]` = the first earlier message whose real content changed
+   (absent when none); `notes["arrivals"]` (epoch seconds, this request included);
+5. `notes["session_pins"]` (the previous record's pins: the mapping form of
+   `proxy.pipeline.canonicalise.SessionPins`, `None` without one) and `notes["plan_context"]`
+   (`proxy.pipeline.breakpoints.PlanContext`: previous marker positions, TTLs from pacing).
+
+Response side: `after_response(exchange, services)` runs after the last byte went to the
+client, for 2xx responses only (a 4xx or 5xx never updates state). It builds the new
+`SessionRecord` from what was SENT (chain, markers and their TTLs, model, params, sidecars,
+pins), writes it (bounded, failing soft) and registers the request in the inference index.
+It never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+
+from proxy.exchange import Exchange
+from proxy.measure import marker_positions, params_digest, request_model, sent_body
+from proxy.pacing import MAX_ARRIVALS, plan_ttls
+from proxy.pipeline.blocks import marker_ttl
+from proxy.pipeline.breakpoints import PlanContext
+from proxy.pipeline.replay import Masker, MessageView, first_mismatch, strip_markers, view_messages
+from proxy.pipeline.support import rules_for
+from proxy.prefix import MARKER_KEYS, PrefixChain, chain_blocks
+from proxy.providers.base import Block, JSONObject, ToolShape
+from proxy.rules import RuleSet, volatile_patterns
+from proxy.services import Services
+from proxy.sessions import Inference, SessionState, explicit_id, explicit_session
+from proxy.store.record import SessionRecord, Sidecar
+
+_log = logging.getLogger("promptcache.session")
+MAX_PINNED_TOOLS: Final = 512
+
+
+def masker_for(state: SessionState, services: Services) -> Masker:
+    """The `Masker` of the rules in use (`support.rules_for`), built once per `RuleSet` (a reload
+    swaps the object). Unloadable rules mask nothing (replay then needs identical text)."""
+    try:
+        rules: RuleSet | None = rules_for(services)
+    except ValueError:
+        rules = None
+    cached = state.masker
+    if cached is not None and cached[0] is rules:
+        return cached[1]
+    masker = Masker(volatile_patterns(rules) if rules is not None else ())
+    state.masker = (rules, masker)
+    return masker
+
+
+class SessionStage:
+    name: Final = "session"
+    rewrites: Final = False
+
+    async def run(self, exchange: Exchange, services: Services) -> None:
+        state: SessionState | None = services.sessions
+        body = exchange.body
+        if state is None or body is None:
+            return
+        tenant = state.tenant_of(exchange.provider, exchange.headers)
+        exchange.tenant = tenant
+        now = state.clock()
+        masker = masker_for(state, services)
+        store = services.store
+        explicit = explicit_session(exchange.headers, body, state.header_names)
+        previous: SessionRecord | None = None
+        if explicit is not None:
+            sid = explicit_id(explicit[1])
+            inference = Inference(sid, "explicit", sid)
+            previous = await store.load(tenant, sid) if store is not None else None
+            if previous is not None:
+                masker.seed(previous.sidecars)
+            view = view_messages(exchange.adapter, exchange.path, body, masker)
+        else:
+            view = view_messages(exchange.adapter, exchange.path, body, masker)
+            inference = state.index.infer(tenant, view.boundaries)
+            source = inference.parent if inference.kind == "fork" else inference.session_id
+            if source is not None and store is not None:
+                previous = await store.load(tenant, source)
+        exchange.notes["message_view"] = view
+        exchange.notes["session_inference"] = inference
+        if inference.session_id is None:
+            return
+        exchange.session_id = inference.session_id
+        exchange.notes["previous"] = previous
+        arrivals = ((previous.arrivals if previous is not None else ()) + (now,))[-MAX_ARRIVALS:]
+        exchange.notes["arrivals"] = arrivals
+        shared_arrivals = state.heads.observe(tenant, view.head, now)
+        if previous is not None:
+            rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions)
+            if rewritten is not None:
+                exchange.notes["history_rewritten"] = rewritten
+        exchange.notes["session_pins"] = previous.pins if previous is not None and previous.pins else None
+        shared_ttl, session_ttl = plan_ttls(arrivals, shared_arrivals)
+        exchange.notes["plan_context"] = make_plan_context(previous, shared_ttl, session_ttl)
+
+
+def make_plan_context(previous: SessionRecord | None, shared_ttl: str, session_ttl: str) -> PlanContext:
+    """What the breakpoints stage needs from the session: the previous request's marker
+    positions (bridge breakpoints) and the TTLs pacing chose."""
+    return PlanContext(previous.breakpoints if previous is not None else (), shared_ttl, session_ttl)
+
+
+def sent_markers(blocks: list[Block], body: JSONObject) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Marker positions of the body as sent (`proxy.measure.marker_positions`) and the TTL of
+    each (a top-level automatic marker lends its TTL to the last block)."""
+    positions = marker_positions(blocks, body)
+    ttls = []
+    for i in positions:
+        value = blocks[i].value
+        own = [value[k] for k in MARKER_KEYS if isinstance(value, dict) and value.get(k) is not None]
+        top = [body[k] for k in MARKER_KEYS if body.get(k) is not None]
+        ttls.append(marker_ttl(own[0] if own else top[0] if top else None))
+    return positions, tuple(ttls)
+
+
+def _dig(value: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def update_pins(previous: Mapping[str, Any] | None, blocks: list[Block], shape: ToolShape) -> dict[str, Any]:
+    """Pins after a request was sent as `blocks`: first seen wins (pure; `previous` kept as is).
+
+    Keys are those of `proxy.pipeline.canonicalise.SessionPins`: `pinned_tool_order` (names,
+    first-seen order, new names appended in sent order), `pinned_schemas` (name -> first-seen
+    schema) and `pinned_inputs` (name -> first-seen tool-call input); at most `MAX_PINNED_TOOLS`
+    names each.
+    """
+    previous = previous or {}
+    order = list(previous.get("pinned_tool_order", ()))
+    schemas = dict(previous.get("pinned_schemas", {}))
+    inputs = dict(previous.get("pinned_inputs", {}))
+    known = set(order)
+    for block in blocks:
+        value = block.value
+        if block.section == "tools":
+            name = _dig(value, shape.name_path)
+            if not isinstance(name, str):
+                continue
+            if name not in known and len(order) < MAX_PINNED_TOOLS:
+                order.append(name)
+                known.add(name)
+            schema = _dig(value, shape.schema_path)
+            if schema is not None and name not in schemas and len(schemas) < MAX_PINNED_TOOLS:
+                schemas[name] = schema
+        elif block.kind in shape.call_kinds and isinstance(value, dict):
+            name = value.get(shape.call_name_key)
+            call_input = value.get(shape.call_input_key)
+            if isinstance(name, str) and isinstance(call_input, dict) and name not in inputs:
+                if len(inputs) < MAX_PINNED_TOOLS:
+                    inputs[name] = call_input
+    return {"pinned_tool_order": order, "pinned_schemas": schemas, "pinned_inputs": inputs}
+
+
+def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None) -> SessionRecord:
+    """The session's new record from the body as sent (module docstring)."""
+    adapter = exchange.adapter
+    notes = exchange.notes
+    blocks = adapter.prefix_blocks(exchange.path, body)
+    chain = notes.get("sent_chain")
+    if not isinstance(chain, PrefixChain) or len(chain) != len(blocks):
+        chain = chain_blocks(blocks)
+    breakpoints, ttls = sent_markers(blocks, body)
+    previous: SessionRecord | None = notes.get("previous")
+    sidecars: tuple[Sidecar, ...] = ()
+    if view is not None and view.array_key is not None and view.is_list:
+        items = body.get(view.array_key)
+        if isinstance(items, list) and len(items) == len(view.digests):
+            sidecars = tuple(
+                Sidecar(i, view.digests[i], orjson.dumps(strip_markers(item)), view.exact[i])
+                for i, item in enumerate(items)
+                if i not in view.system_positions
+            )
+    usage = exchange.usage
+    return SessionRecord(
+        chain=chain.chain,
+        ends=chain.ends,
+        model=request_model(body),
+        params_digest=params_digest(adapter, exchange.path, body),
+        breakpoints=breakpoints,
+        ttls=ttls,
+        arrivals=tuple(notes.get("arrivals", ())),
+        last_response_id=usage.response_id if usage is not None else None,
+        sidecars=sidecars,
+        pins=update_pins(notes.get("session_pins"), blocks, adapter.tool_shape(exchange.path)),
+        turns=(previous.turns if previous is not None else 0) + 1,
+        head=view.head if view is not None else b"",
+    )
+
+
+async def after_response(exchange: Exchange, services: Services) -> None:
+    """Write the session's record after a 2xx response (module docstring); never raises."""
+    state: SessionState | None = services.sessions
+    store = services.store
+    tenant, session = exchange.tenant, exchange.session_id
+    if state is None or store is None or tenant is None or session is None:
+        return
+    if not 200 <= exchange.status < 300:
+        return
+    try:
+        body = sent_body(exchange)
+        if body is None:
+            return
+        view = exchange.notes.get("message_view")
+        view = view if isinstance(view, MessageView) else None
+        record = build_record(exchange, body, view)
+    except Exception as exc:  # noqa: BLE001 - the response is already out; never fail it
+        services.metrics.stage_errors.labels("session").inc()
+        _log.warning("session record not built (%s)", type(exc).__name__)
+        return
+    await store.save(tenant, session, record)
+    if view is not None:
+        state.index.register(tenant, session, view.boundaries)
+
+
+STAGE: Final = SessionStage()

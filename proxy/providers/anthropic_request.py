@@ -1,0 +1,183 @@
+"""Anthropic Messages, request side: marker policy, layout, and system/tool rewriters.
+
+The pure functions behind `AnthropicAdapter`'s request-side methods (the adapter delegates
+here). Every rewriter is copy-on-write: new containers along the changed path, the caller's
+objects untouched.
+
+Provider rules (platform.claude.com/docs/en/build-with-claude/prompt-caching; PROVIDERS.md):
+
+- a marker is `cache_control: {"type": "ephemeral"}`, optionally with `ttl` `5m` | `1h`; a bare
+  marker is 5m (1.2). At most 4 per request, the top-level automatic one included (1.1, 1.4);
+- markers are allowed on tool definitions, system text blocks and message content blocks (1.3),
+  rejected on `thinking` / `redacted_thinking`, on empty text, and inside `tool_result.content`
+  (1.3, section 7: the fix is the `tool_result` block itself);
+- a read walks back 20 positions from a breakpoint, counting the breakpoint; a run of consecutive
+  `tool_use` blocks is one position, and so is a run of `tool_result` blocks (1.5);
+- `system` is a string or a list of text blocks; only list blocks carry markers (1.2);
+- in a user message answering tool calls the `tool_result` blocks come first (tool-use guide:
+  "tool_result blocks must come FIRST in the content array"), so inserted text goes after them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from proxy.providers.base import JSONObject, MarkerPolicy, Run, SystemPart, SystemUnit, ToolShape
+
+MARKER_KEY: Final = "cache_control"
+
+POLICY: Final = MarkerPolicy(
+    key=MARKER_KEY,
+    max_markers=4,
+    kinds=frozenset(
+        {
+            "tool",
+            "text",
+            "image",
+            "document",
+            "search_result",
+            "tool_use",
+            "tool_result",
+            "server_tool_use",
+            "web_search_tool_result",
+            "web_fetch_tool_result",
+            "code_execution_tool_result",
+            "bash_code_execution_tool_result",
+            "text_editor_code_execution_tool_result",
+            "container_upload",
+            "tool_reference",
+            "mcp_tool_use",
+            "mcp_tool_result",
+        }
+    ),
+    forbidden_kinds=frozenset({"thinking", "redacted_thinking"}),
+    text_kinds=frozenset({"text"}),
+    nested_kinds=frozenset({"tool_result"}),
+    tool_kinds=frozenset({"tool_result"}),
+    lookback=20,
+    run_kinds=frozenset({"tool_use", "tool_result"}),
+    has_ttl=True,
+    template=(("type", "ephemeral"),),
+    top_level_key=MARKER_KEY,
+)
+
+TOOL_SHAPE: Final = ToolShape(
+    name_path=("name",), schema_path=("input_schema",), call_kinds=frozenset({"tool_use"})
+)
+PREFIX_KEYS: Final = ("tools", "system", "messages")
+
+
+def layout(body: JSONObject) -> list[Run]:
+    """Runs in render order; flattened they are `AnthropicAdapter.prefix_blocks`."""
+    runs: list[Run] = []
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        runs.append(Run("tools", ("tools",), tools, True, "tool"))
+    system = body.get("system")
+    if isinstance(system, str):
+        runs.append(Run("system", ("system",), system, False, "text"))
+    elif isinstance(system, list):
+        runs.append(Run("system", ("system",), system, True))
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        append = runs.append
+        for m, message in enumerate(messages):
+            if type(message) is not dict and not isinstance(message, dict):
+                continue
+            role = message.get("role")
+            if type(role) is not str:
+                role = role if isinstance(role, str) else None
+            content = message.get("content")
+            if type(content) is list or isinstance(content, list):
+                append(Run("messages", ("messages", m, "content"), content, True, None, role, m))
+            else:
+                append(Run("messages", ("messages", m, "content"), content, False, "text", role, m))
+    return runs
+
+
+def as_block_list(run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+    """A string `system` or string message content as `[{"type": "text", "text": ...}]`."""
+    if run.is_list or not isinstance(run.value, str):
+        return None
+    return [{"type": "text", "text": run.value}], (0,)
+
+
+def system_units(body: JSONObject) -> list[SystemUnit]:
+    """One unit per system block: the string, or each element of the list."""
+    system = body.get("system")
+    if isinstance(system, str):
+        return [SystemUnit(system)]
+    if not isinstance(system, list):
+        return []
+    units = []
+    for part in system:
+        if isinstance(part, dict):
+            text = part.get("text")
+            is_text = part.get("type") == "text" and isinstance(text, str)
+            units.append(SystemUnit(text if is_text else None, part.get(MARKER_KEY)))
+        else:
+            units.append(SystemUnit(None))
+    return units
+
+
+def _text_block(text: str, marker: Any) -> JSONObject:
+    block: JSONObject = {"type": "text", "text": text}
+    if marker is not None:
+        block[MARKER_KEY] = marker
+    return block
+
+
+def _piece(source: Any, part: SystemPart) -> Any:
+    if part.whole:
+        return source
+    block = {k: v for k, v in source.items() if k != MARKER_KEY}
+    block["text"] = part.text
+    if part.marker is not None:
+        block[MARKER_KEY] = part.marker
+    return block
+
+
+def with_system(body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+    """`body` with `system` rebuilt from `parts`; a string stays a string when it stays one
+    unmarked piece; no part left removes the key."""
+    system = body.get("system")
+    if not parts:
+        return {k: v for k, v in body.items() if k != "system"}
+    if isinstance(system, str):
+        if len(parts) == 1 and parts[0].marker is None:
+            return {**body, "system": parts[0].text}
+        return {**body, "system": [_text_block(p.text, p.marker) for p in parts]}
+    if not isinstance(system, list):
+        return body
+    return {**body, "system": [_piece(system[p.source], p) for p in parts]}
+
+
+def with_user_text(body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+    """`texts` as text blocks at the head of the newest user message, after its leading
+    `tool_result` blocks; `None` without a user message."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    for m in range(len(messages) - 1, -1, -1):
+        message = messages[m]
+        if isinstance(message, dict) and message.get("role") == "user":
+            break
+    else:
+        return None
+    blocks = [{"type": "text", "text": text} for text in texts]
+    content = message.get("content")
+    if isinstance(content, str):
+        new_content = [*blocks, {"type": "text", "text": content}] if content else blocks
+    elif isinstance(content, list):
+        head = 0
+        while head < len(content) and isinstance(content[head], dict):
+            if content[head].get("type") != "tool_result":
+                break
+            head += 1
+        new_content = [*content[:head], *blocks, *content[head:]]
+    else:
+        return None
+    new_messages = list(messages)
+    new_messages[m] = {**message, "content": new_content}
+    return {**body, "messages": new_messages}

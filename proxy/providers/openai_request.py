@@ -1,0 +1,286 @@
+"""OpenAI Chat Completions and Responses, request side: marker policy, layout, rewriters.
+
+The pure functions behind `OpenAIAdapter`'s request-side methods (the adapter delegates here).
+Copy-on-write like every rewriter: the caller's objects are never changed.
+
+Provider rules (developers.openai.com/api/docs/guides/prompt-caching; SDK types
+`chat_completion_content_part_text_param.py`, `response_create_params.py`; PROVIDERS.md 2.1-2.3):
+
+- caching is automatic and prefix based; `prompt_cache_key` is combined with the routing hash of
+  the first ~256 tokens (2.1), so requests sharing a prefix should share a key;
+- GPT-5.6 and later accept `prompt_cache_breakpoint: {"mode": "explicit"}` on content parts
+  (Chat: text, image_url, input_audio, file; Responses: input_text, input_image, input_file),
+  honoured on user / system / developer / tool messages, not on assistant output (2.3). Up to 4
+  breakpoint writes; `implicit` mode (the default) adds one automatic breakpoint and writes the
+  latest 3 explicit ones, `explicit` mode the latest 4. No lookback limit; markers inherit the
+  request TTL (`prompt_cache_options.ttl`), so they have none of their own;
+- older models take no markers: the proxy sets only `prompt_cache_key`;
+- the system prompt is the head of the array: leading `system` / `developer` messages, and for
+  Responses also `instructions` (a string, which can hold no marker and stays one block).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Final
+
+from proxy.providers.base import JSONObject, MarkerPolicy, Run, SystemPart, SystemUnit, ToolShape
+
+CHAT_PATH: Final = "/v1/chat/completions"
+RESPONSES_PATH: Final = "/v1/responses"
+MARKER_KEY: Final = "prompt_cache_breakpoint"
+SYSTEM_ROLES: Final = frozenset({"system", "developer"})
+_MODEL_VERSION: Final = re.compile(r"gpt-(\d+)(?:\.(\d+))?")
+_BREAKPOINTS_SINCE: Final = (5, 6)
+
+_COMMON: Final = {
+    "key": MARKER_KEY,
+    "forbidden_kinds": frozenset({"tool", "tool_call"}),
+    "roles": frozenset({"user", "system", "developer", "tool"}),
+    "tool_roles": frozenset({"tool"}),
+    "tool_kinds": frozenset({"function_call_output"}),
+    "template": (("mode", "explicit"),),
+    "cache_key_field": "prompt_cache_key",
+}
+_CHAT_KINDS: Final = frozenset({"text", "image_url", "input_audio", "file"})
+_RESPONSES_KINDS: Final = frozenset({"text", "input_text", "input_image", "input_file"})
+
+
+def has_breakpoints(model: Any) -> bool:
+    """True for GPT-5.6 and later (`gpt-5.6`, `gpt-5.6-mini`, `gpt-6` ...), PROVIDERS.md 2.3."""
+    if not isinstance(model, str):
+        return False
+    match = _MODEL_VERSION.match(model)
+    if match is None:
+        return False
+    version = (int(match.group(1)), int(match.group(2) or 0))
+    return version >= _BREAKPOINTS_SINCE
+
+
+def marker_policy(path: str, body: JSONObject) -> MarkerPolicy:
+    """The policy for this request's model; `max_markers` 0 before GPT-5.6."""
+    is_responses = path == RESPONSES_PATH
+    kinds = _RESPONSES_KINDS if is_responses else _CHAT_KINDS
+    text_kinds = frozenset({"text", "input_text"}) if is_responses else frozenset({"text"})
+    if not has_breakpoints(body.get("model")):
+        return MarkerPolicy(max_markers=0, kinds=kinds, text_kinds=text_kinds, **_COMMON)
+    options = body.get("prompt_cache_options")
+    mode = options.get("mode") if isinstance(options, dict) else None
+    return MarkerPolicy(
+        max_markers=4 if mode == "explicit" else 3, kinds=kinds, text_kinds=text_kinds, **_COMMON
+    )
+
+
+def tool_shape(path: str) -> ToolShape:
+    """Chat tools nest the function (`function.parameters`); Responses tools are flat."""
+    if path == RESPONSES_PATH:
+        return ToolShape(name_path=("name",), schema_path=("parameters",))
+    return ToolShape(name_path=("function", "name"), schema_path=("function", "parameters"))
+
+
+def prefix_keys(path: str) -> tuple[str, ...]:
+    return ("tools", "instructions", "input") if path == RESPONSES_PATH else ("tools", "messages")
+
+
+def layout(path: str, body: JSONObject) -> list[Run]:
+    """Runs in render order; flattened they are `OpenAIAdapter.prefix_blocks`."""
+    runs: list[Run] = []
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        runs.append(Run("tools", ("tools",), tools, True, "tool"))
+    if path == RESPONSES_PATH:
+        instructions = body.get("instructions")
+        if isinstance(instructions, str):
+            runs.append(Run("system", ("instructions",), instructions, False, "text"))
+        items = body.get("input")
+        if isinstance(items, str):
+            runs.append(Run("messages", ("input",), items, False, "text", "user", 0))
+            return runs
+        array_key = "input"
+    else:
+        items = body.get("messages")
+        array_key = "messages"
+    if not isinstance(items, list):
+        return runs
+    in_head = True
+    for m, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        role = item.get("role")
+        role = role if isinstance(role, str) else None
+        in_head = in_head and role in SYSTEM_ROLES
+        section = "system" if in_head else "messages"
+        item_type = item.get("type")
+        if role is None and isinstance(item_type, str):
+            runs.append(Run(section, (array_key, m), item, False, item_type, None, m))
+            continue
+        content = item.get("content")
+        if isinstance(content, list):
+            runs.append(Run(section, (array_key, m, "content"), content, True, None, role, m))
+        elif content is not None:
+            runs.append(Run(section, (array_key, m, "content"), content, False, "text", role, m))
+        tool_calls = item.get("tool_calls")
+        if isinstance(tool_calls, list):
+            runs.append(Run(section, (array_key, m, "tool_calls"), tool_calls, True, "tool_call", role, m))
+    return runs
+
+
+def _text_type(path: str) -> str:
+    return "input_text" if path == RESPONSES_PATH else "text"
+
+
+def as_block_list(path: str, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+    """String content as one text part; a string Responses `input` as one user message."""
+    if run.is_list or not isinstance(run.value, str) or run.key == ("instructions",):
+        return None
+    part = {"type": _text_type(path), "text": run.value}
+    if run.key == ("input",):
+        return [{"role": "user", "content": [part]}], (0, "content", 0)
+    return [part], (0,)
+
+
+def _array(path: str, body: JSONObject) -> tuple[str, Any]:
+    key = "input" if path == RESPONSES_PATH else "messages"
+    return key, body.get(key)
+
+
+def _head(items: Any) -> int | None:
+    """End of the leading system/developer messages; `None` if a non-object sits inside it."""
+    if not isinstance(items, list):
+        return 0
+    for m, item in enumerate(items):
+        if not isinstance(item, dict):
+            return None
+        if item.get("role") not in SYSTEM_ROLES:
+            return m
+    return len(items)
+
+
+def _unit_sources(path: str, body: JSONObject) -> list[tuple[int, int | None]] | None:
+    """Per system unit: `(message index, part index)`; `(-1, None)` is `instructions`."""
+    sources: list[tuple[int, int | None]] = []
+    if path == RESPONSES_PATH and isinstance(body.get("instructions"), str):
+        sources.append((-1, None))
+    _, items = _array(path, body)
+    head = _head(items)
+    if head is None:
+        return None
+    for m in range(head):
+        content = items[m].get("content")
+        if isinstance(content, list):
+            sources.extend((m, c) for c in range(len(content)))
+        elif content is not None:
+            sources.append((m, None))
+    return sources
+
+
+def system_units(path: str, body: JSONObject) -> list[SystemUnit]:
+    """`instructions` (not splittable), then each part of the head messages."""
+    sources = _unit_sources(path, body)
+    if sources is None:
+        return []
+    _, items = _array(path, body)
+    text_kinds = ("text", "input_text")
+    units = []
+    for m, c in sources:
+        if m < 0:
+            units.append(SystemUnit(body["instructions"], splittable=False))
+            continue
+        content = items[m]["content"]
+        if c is None:
+            units.append(SystemUnit(content if isinstance(content, str) else None))
+            continue
+        part = content[c]
+        if isinstance(part, dict):
+            text = part.get("text")
+            is_text = part.get("type") in text_kinds and isinstance(text, str)
+            units.append(SystemUnit(text if is_text else None, part.get(MARKER_KEY)))
+        else:
+            units.append(SystemUnit(None))
+    return units
+
+
+def _part(path: str, items: list[Any], source: tuple[int, int | None], part: SystemPart) -> Any:
+    m, c = source
+    if c is None:
+        block: JSONObject = {"type": _text_type(path), "text": part.text}
+    else:
+        original = items[m]["content"][c]
+        if part.whole:
+            return original
+        block = {k: v for k, v in original.items() if k != MARKER_KEY}
+        block["text"] = part.text
+    if part.marker is not None:
+        block[MARKER_KEY] = part.marker
+    return block
+
+
+def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+    """Head messages rebuilt from `parts`: consecutive parts of one message form one message
+    (string content stays a string only when it is one whole unmarked part); parts of
+    `instructions` are joined back into it."""
+    sources = _unit_sources(path, body)
+    if sources is None:
+        return body
+    array_key, items = _array(path, body)
+    head = _head(items) or 0
+    instructions: list[str] = []
+    messages: list[Any] = []
+    group: list[SystemPart] = []
+
+    def flush() -> None:
+        if not group:
+            return
+        m = sources[group[0].source][0]
+        original = items[m]
+        if len(group) == 1 and group[0].whole and sources[group[0].source][1] is None:
+            messages.append(original)
+        else:
+            content = [_part(path, items, sources[p.source], p) for p in group]
+            messages.append({**original, "content": content})
+        group.clear()
+
+    for part in parts:
+        m = sources[part.source][0]
+        if m < 0:
+            instructions.append(part.text)
+            continue
+        if group and sources[group[0].source][0] != m:
+            flush()
+        group.append(part)
+    flush()
+    new_body = dict(body)
+    if path == RESPONSES_PATH and isinstance(body.get("instructions"), str):
+        if instructions:
+            new_body["instructions"] = "".join(instructions)
+        else:
+            del new_body["instructions"]
+    if isinstance(items, list):
+        new_body[array_key] = [*messages, *items[head:]]
+    return new_body
+
+
+def with_user_text(path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+    """`texts` as the first parts of the last item when it is a user message (a string
+    Responses `input` becomes one user message); `None` otherwise (a tool or assistant turn is
+    last: inserting into an older message would rewrite history every turn)."""
+    text_type = _text_type(path)
+    parts = [{"type": text_type, "text": text} for text in texts]
+    array_key, items = _array(path, body)
+    if isinstance(items, str) and array_key == "input":
+        original = [{"type": text_type, "text": items}] if items else []
+        return {**body, "input": [{"role": "user", "content": [*parts, *original]}]}
+    if not isinstance(items, list) or not items:
+        return None
+    last = items[-1]
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return None
+    content = last.get("content")
+    if isinstance(content, str):
+        new_content = [*parts, {"type": text_type, "text": content}] if content else parts
+    elif isinstance(content, list):
+        new_content = [*parts, *content]
+    else:
+        return None
+    return {**body, array_key: [*items[:-1], {**last, "content": new_content}]}

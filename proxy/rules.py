@@ -1,0 +1,315 @@
+"""Rule files: loading, validation and `promptcache check-rules`.
+
+A rules folder (the packaged one is `rules/` at the repository root, next to `proxy/`) holds:
+
+- `default.yaml` and any `*.rules.yaml`: segment rules that classify system-prompt text as
+  `stable`, `session` or `volatile` (schema and one example per kind: `rules/README.md`). Files
+  are merged in file-name order; rule names are unique across them.
+- `models.yaml`: the minimum cacheable prefix per model-id prefix (tokens), read by the
+  breakpoint planner. A folder without one uses the packaged table.
+- anything else (`simulator.yaml`, `pricing.yaml` ...) belongs to other components; not read here.
+
+`load_rules(dir)` returns a frozen `RuleSet` or raises `RuleError` listing every problem at once.
+Each problem names the file, the key path and the line (`default.yaml:12: rules[3].tier: ...`).
+Files are parsed with PyYAML's safe loader (node by node, to keep line numbers); unknown keys,
+duplicate keys, bad regular expressions and a missing or unknown `version` are errors. A
+`RuleSet` is never edited: a reload builds a new one.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+PACKAGED_DIR: Final = Path(__file__).resolve().parent.parent / "rules"
+TIERS: Final = ("stable", "session", "volatile")
+KINDS: Final = ("block", "section", "paragraph", "line")
+VERSION: Final = 1
+MODELS_FILE: Final = "models.yaml"
+
+_RULE_KEYS: Final = frozenset(
+    {"name", "kind", "pattern", "tier", "end", "until", "move_to_user", "description"}
+)
+_RULES_TOP: Final = frozenset({"version", "description", "rules"})
+_MODELS_TOP: Final = frozenset({"version", "description", "default_min_tokens", "min_tokens"})
+
+
+class RuleError(ValueError):
+    """Invalid rule files; `errors` holds one message per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One segment rule. Patterns are matched against single lines (no newline)."""
+
+    name: str
+    kind: str
+    """`block`, `section`, `paragraph` or `line` (see rules/README.md)."""
+    pattern: re.Pattern[str]
+    tier: str
+    end: re.Pattern[str] | None = None
+    """`section` only: the section ends with the first later line matching it (included)."""
+    until: re.Pattern[str] | None = None
+    """`section` only: the section ends before the first later line matching it."""
+    move_to_user: bool = False
+    """`volatile` only: move the segment onto the newest user message instead of sorting it
+    to the end of the system prompt."""
+    source: str = ""
+    """`file:line` where the rule is written."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+    min_tokens_by_prefix: tuple[tuple[str, int], ...]
+    """`(model-id prefix, minimum cacheable tokens)`, longest prefix first."""
+    default_min_tokens: int
+    sources: tuple[str, ...] = ()
+
+    def min_tokens(self, model: Any) -> int:
+        """Minimum cacheable prefix of `model` in tokens (longest matching prefix wins)."""
+        if isinstance(model, str):
+            for prefix, tokens in self.min_tokens_by_prefix:
+                if model.startswith(prefix):
+                    return tokens
+        return self.default_min_tokens
+
+
+class _Doc:
+    """A YAML document as plain values plus the line of every key path."""
+
+    def __init__(self, path: Path, errors: list[str]) -> None:
+        self.name = str(path)
+        self.lines: dict[tuple[Any, ...], int] = {}
+        self.errors = errors
+        self.value: Any = None
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            errors.append(f"{self.name}: cannot read: {exc.strerror}")
+            return
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                self.value = self._build(loader, node, ())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            errors.append(f"{self.name}{line}: invalid YAML: {problem}")
+        finally:
+            loader.dispose()
+
+    def _build(self, loader: yaml.SafeLoader, node: yaml.Node, path: tuple[Any, ...]) -> Any:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = loader.construct_object(key_node, deep=True)
+                if key in out:
+                    self.error(path + (key,), "duplicate key", key_node.start_mark.line + 1)
+                out[key] = self._build(loader, value_node, path + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._build(loader, item, path + (i,)) for i, item in enumerate(node.value)]
+        return loader.construct_object(node, deep=True)
+
+    def error(self, path: tuple[Any, ...], message: str, line: int | None = None) -> None:
+        if line is None:
+            probe = path
+            while probe not in self.lines and probe:
+                probe = probe[:-1]
+            line = self.lines.get(probe, 1)
+        self.errors.append(f"{self.name}:{line}: {_dotted(path) or '(top)'}: {message}")
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _top(doc: _Doc, allowed: frozenset[str]) -> dict[str, Any] | None:
+    if not isinstance(doc.value, dict):
+        if doc.value is not None or not doc.errors:
+            doc.error((), "the file must be a mapping with a `version` key")
+        return None
+    for key in doc.value:
+        if key not in allowed:
+            doc.error((key,), f"unknown key (allowed: {', '.join(sorted(allowed))})")
+    if "version" not in doc.value:
+        doc.error((), f"missing `version: {VERSION}`")
+    elif doc.value["version"] != VERSION:
+        doc.error(("version",), f"unsupported version {doc.value['version']!r} (supported: {VERSION})")
+    return doc.value
+
+
+def _regex(doc: _Doc, path: tuple[Any, ...], value: Any) -> re.Pattern[str] | None:
+    if not isinstance(value, str) or not value:
+        doc.error(path, "must be a non-empty regular expression string")
+        return None
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        doc.error(path, f"invalid regular expression: {exc}")
+        return None
+
+
+def _rule(doc: _Doc, i: int, raw: Any, names: dict[str, str]) -> Rule | None:
+    at = ("rules", i)
+    if not isinstance(raw, dict):
+        doc.error(at, "each rule must be a mapping")
+        return None
+    count = len(doc.errors)
+    for key in raw:
+        if key not in _RULE_KEYS:
+            doc.error(at + (key,), f"unknown key (allowed: {', '.join(sorted(_RULE_KEYS))})")
+    for key in ("name", "kind", "pattern", "tier"):
+        if key not in raw:
+            doc.error(at, f"missing `{key}`")
+    name, kind, tier = raw.get("name"), raw.get("kind"), raw.get("tier")
+    if "name" in raw and (not isinstance(name, str) or not name):
+        doc.error(at + ("name",), "must be a non-empty string")
+    elif isinstance(name, str) and name in names:
+        doc.error(at + ("name",), f"duplicate rule name {name!r} (first at {names[name]})")
+    elif isinstance(name, str):
+        names[name] = f"{doc.name}:{doc.lines.get(at, 1)}"
+    if "kind" in raw and kind not in KINDS:
+        doc.error(at + ("kind",), f"must be one of {', '.join(KINDS)} (got {kind!r})")
+    if "tier" in raw and tier not in TIERS:
+        doc.error(at + ("tier",), f"must be one of {', '.join(TIERS)} (got {tier!r})")
+    pattern = _regex(doc, at + ("pattern",), raw.get("pattern")) if "pattern" in raw else None
+    end = until = None
+    for key in ("end", "until"):
+        if key in raw:
+            if kind != "section":
+                doc.error(at + (key,), "only a `section` rule has an end")
+            compiled = _regex(doc, at + (key,), raw[key])
+            end, until = (compiled, until) if key == "end" else (end, compiled)
+    if "end" in raw and "until" in raw:
+        doc.error(at + ("until",), "give `end` or `until`, not both")
+    move = raw.get("move_to_user", False)
+    if not isinstance(move, bool):
+        doc.error(at + ("move_to_user",), "must be true or false")
+    elif move and tier != "volatile":
+        doc.error(at + ("move_to_user",), "only a `volatile` segment can move to the user message")
+    if "description" in raw and not isinstance(raw["description"], str):
+        doc.error(at + ("description",), "must be a string")
+    if len(doc.errors) != count or pattern is None:
+        return None
+    return Rule(name, kind, pattern, tier, end, until, bool(move), names[name])
+
+
+def _rules_file(path: Path, errors: list[str], names: dict[str, str]) -> list[Rule]:
+    doc = _Doc(path, errors)
+    top = _top(doc, _RULES_TOP)
+    if top is None:
+        return []
+    raw_rules = top.get("rules", [])
+    if not isinstance(raw_rules, list):
+        doc.error(("rules",), "must be a list of rules")
+        return []
+    return [r for i, raw in enumerate(raw_rules) if (r := _rule(doc, i, raw, names)) is not None]
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _models_file(path: Path, errors: list[str]) -> tuple[tuple[tuple[str, int], ...], int]:
+    doc = _Doc(path, errors)
+    top = _top(doc, _MODELS_TOP)
+    if top is None:
+        return (), 0
+    default = top.get("default_min_tokens")
+    if not _is_count(default):
+        doc.error(("default_min_tokens",), "must be a whole number of tokens >= 0")
+        default = 0
+    table = top.get("min_tokens", {})
+    pairs: list[tuple[str, int]] = []
+    if not isinstance(table, dict):
+        doc.error(("min_tokens",), "must map model-id prefixes to token counts")
+        table = {}
+    for prefix, tokens in table.items():
+        if not isinstance(prefix, str) or not prefix:
+            doc.error(("min_tokens", prefix), "a model-id prefix must be a non-empty string")
+        elif not _is_count(tokens):
+            doc.error(("min_tokens", prefix), "must be a whole number of tokens >= 0")
+        else:
+            pairs.append((prefix, tokens))
+    pairs.sort(key=lambda pair: (-len(pair[0]), pair[0]))
+    return tuple(pairs), default
+
+
+def _rule_files(folder: Path) -> list[Path]:
+    files = [folder / "default.yaml"] if (folder / "default.yaml").is_file() else []
+    return files + sorted(folder.glob("*.rules.yaml"))
+
+
+def _load(folder: Path) -> tuple[RuleSet | None, list[str]]:
+    errors: list[str] = []
+    if not folder.is_dir():
+        return None, [f"{folder}: not a folder"]
+    files = _rule_files(folder)
+    if not files:
+        errors.append(f"{folder}: no rule files (default.yaml or *.rules.yaml)")
+    names: dict[str, str] = {}
+    rules = [rule for path in files for rule in _rules_file(path, errors, names)]
+    models = folder / MODELS_FILE
+    if not models.is_file():
+        models = PACKAGED_DIR / MODELS_FILE
+    table, default = _models_file(models, errors)
+    sources = tuple(str(p) for p in [*files, models])
+    if errors:
+        return None, errors
+    return RuleSet(tuple(rules), table, default, sources), []
+
+
+def load_rules(dir: Path | str | None = None) -> RuleSet:
+    """The rules of `dir` (default: the packaged `rules/`); raises `RuleError`."""
+    ruleset, errors = _load(Path(dir) if dir is not None else PACKAGED_DIR)
+    if ruleset is None:
+        raise RuleError(errors)
+    return ruleset
+
+
+@functools.lru_cache(maxsize=8)
+def cached_rules(dir: Path | None = None) -> RuleSet:
+    """`load_rules(dir)`, loaded once per folder (for stages running before the app wires
+    `services.rules`)."""
+    return load_rules(dir)
+
+
+def check_rules(dir: Path | str | None = None) -> list[str]:
+    """Every problem in the rule files of `dir` (default: the packaged `rules/`); empty when
+    they load."""
+    return _load(Path(dir) if dir is not None else PACKAGED_DIR)[1]
+
+
+def check_rules_command(dir: str | None = None) -> int:
+    """`promptcache check-rules [DIR]`: print the problems (exit 1) or a summary (exit 0)."""
+    errors = check_rules(dir)
+    if errors:
+        for line in errors:
+            print(line, file=sys.stderr)
+        return 1
+    ruleset = load_rules(dir)
+    print(f"ok: {len(ruleset.rules)} rules, {len(ruleset.min_tokens_by_prefix)} model minimums")
+    return 0
+
+
+def volatile_patterns(ruleset: RuleSet) -> tuple[re.Pattern[str], ...]:
+    """Patterns of the `volatile` rules, in rule order (read-only; replay masks with them)."""
+    return tuple(rule.pattern for rule in ruleset.rules if rule.tier == "volatile")

@@ -1,0 +1,283 @@
+"""Session identity: which conversation a request continues, per tenant.
+
+First match wins (`explicit_session`):
+1. a configured header (`settings.session_headers`, e.g. `x-claude-code-session-id`);
+2. a session id inside `metadata.user_id`: Claude Code's JSON (`{"session_id": ...}`) or its
+   string form `user_<h>_account_<uuid>_session_<uuid>`;
+3. `prompt_cache_key`, then `user` (OpenAI);
+4. inference (`SessionIndex.infer`): the tenant's recent request sharing the longest prefix,
+   compared on identity boundaries (chain digests, one per message, over masked canonical
+   digests: see `proxy.pipeline.replay.view_messages`). When the match is the matched
+   session's whole last request, this request appends to it: same session. A shorter match is a
+   fork: a new session id derived from the parent's, and the parent's record serves as the
+   previous request. No match: a new session whose id derives from the first boundary, so the
+   same conversation gets the same id after a restart or on another replica.
+
+Session ids are hashes (`x...` explicit, `r...` root, `f...` fork), never a client's raw string,
+and safe as store keys. The index is bounded (LRU over sessions, a cap on boundaries held, a
+TTL) and partitioned by tenant. `SessionState` bundles the per-process parts: tenant secret,
+upstream hosts, index, shared-prefix pacing statistics and the clock used for arrivals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+from urllib.parse import urlsplit
+
+import orjson
+import xxhash
+
+from proxy.pacing import MAX_ARRIVALS
+from proxy.settings import Settings
+from proxy.tenant import credential_of, load_secret, tenant_id
+
+INDEX_TTL: Final = 4200.0
+"""Seconds an index entry stays usable (as long as a stored record)."""
+MAX_INDEX_SESSIONS: Final = 16_384
+MAX_INDEX_BOUNDARIES: Final = 262_144
+"""Boundaries held over all tenants (16 bytes each plus dict overhead: about 40 MB)."""
+MAX_BOUNDARIES_PER_SESSION: Final = 4096
+MAX_HEADS: Final = 16_384
+"""Shared-prefix pacing entries held over all tenants."""
+
+_USER_ID_SESSION: Final = re.compile(r"(?:^|_)session_([A-Za-z0-9-]{8,})$")
+_BODY_KEYS: Final = ("prompt_cache_key", "user")
+
+InferenceKind = Literal["explicit", "append", "fork", "new"]
+
+_log = logging.getLogger("promptcache.sessions")
+
+
+def hashed_id(prefix: str, raw: bytes) -> str:
+    """`prefix` + 32 hex characters of xxh3-128 of `raw`."""
+    return prefix + xxhash.xxh3_128_hexdigest(raw)
+
+
+def session_in_user_id(user_id: str) -> str | None:
+    """The session id Claude Code puts in `metadata.user_id`, if any (JSON or string form)."""
+    text = user_id.strip()
+    if text.startswith("{"):
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
+        sid = value.get("session_id") if isinstance(value, dict) else None
+        return sid if isinstance(sid, str) and sid else None
+    match = _USER_ID_SESSION.search(text)
+    return match.group(1) if match else None
+
+
+def explicit_session(
+    headers: Mapping[str, str], body: Mapping[str, Any], header_names: Sequence[str]
+) -> tuple[str, str] | None:
+    """`(source, raw id)` from headers or body fields (rules 1-3), else `None`."""
+    for name in header_names:
+        value = headers.get(name)
+        if value:
+            return "header", value
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        user_id = metadata.get("user_id")
+        if isinstance(user_id, str):
+            sid = session_in_user_id(user_id)
+            if sid:
+                return "metadata", sid
+    for key in _BODY_KEYS:
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            return key, value
+    return None
+
+
+def explicit_id(raw: str) -> str:
+    """Store-safe id of a client-provided session id (same raw id, same session, any source)."""
+    return hashed_id("x", raw.encode())
+
+
+def root_id(first_boundary: bytes) -> str:
+    return hashed_id("r", first_boundary)
+
+
+def fork_id(parent: str, boundary: bytes) -> str:
+    return hashed_id("f", parent.encode() + b"\x00" + boundary)
+
+
+@dataclass(frozen=True, slots=True)
+class Inference:
+    """How a request's session was decided."""
+
+    session_id: str | None
+    kind: InferenceKind
+    parent: str | None = None
+    """For `append`, the same id; for `fork`, the session whose record is the previous request."""
+    shared_messages: int = 0
+    """Leading messages identical (masked) to the matched session's."""
+
+
+@dataclass(slots=True)
+class _Entry:
+    last: bytes
+    owned: deque[bytes]
+    seen: float
+
+
+class SessionIndex:
+    """Recent requests per tenant, for inference (module docstring, rule 4). Bounded: at most
+    `max_sessions` sessions and `max_boundaries` boundaries over all tenants (LRU), each usable
+    for `ttl` seconds after its last registration."""
+
+    def __init__(
+        self,
+        max_sessions: int = MAX_INDEX_SESSIONS,
+        max_boundaries: int = MAX_INDEX_BOUNDARIES,
+        ttl: float = INDEX_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_sessions = max_sessions
+        self.max_boundaries = max_boundaries
+        self.ttl = ttl
+        self._clock = clock
+        self._owner: dict[str, dict[bytes, str]] = {}
+        self._sessions: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._count = 0
+
+    @property
+    def boundaries_held(self) -> int:
+        return self._count
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def infer(self, tenant: str, boundaries: Sequence[bytes]) -> Inference:
+        """The session `boundaries` (one per message, in order) continues or forks."""
+        if not boundaries:
+            return Inference(None, "new")
+        owner = self._owner.get(tenant)
+        if owner:
+            now = self._clock()
+            for k in range(len(boundaries) - 1, -1, -1):
+                sid = owner.get(boundaries[k])
+                if sid is None:
+                    continue
+                entry = self._sessions.get((tenant, sid))
+                if entry is None or entry.seen + self.ttl <= now:
+                    continue
+                if entry.last == boundaries[k]:
+                    return Inference(sid, "append", sid, k + 1)
+                return Inference(fork_id(sid, boundaries[k]), "fork", sid, k + 1)
+        return Inference(root_id(boundaries[0]), "new")
+
+    def register(self, tenant: str, session: str, boundaries: Sequence[bytes]) -> None:
+        """Record that `session`'s latest request had `boundaries`."""
+        if not boundaries:
+            return
+        key = (tenant, session)
+        entry = self._sessions.get(key)
+        if entry is None:
+            entry = _Entry(boundaries[-1], deque(), 0.0)
+            self._sessions[key] = entry
+        else:
+            self._sessions.move_to_end(key)
+        entry.last = boundaries[-1]
+        entry.seen = self._clock()
+        owner = self._owner.setdefault(tenant, {})
+        for digest in boundaries[-MAX_BOUNDARIES_PER_SESSION:]:
+            if digest not in owner:
+                owner[digest] = session
+                entry.owned.append(digest)
+                self._count += 1
+        while len(entry.owned) > MAX_BOUNDARIES_PER_SESSION:
+            self._release(owner, session, entry.owned.popleft())
+        while len(self._sessions) > self.max_sessions or self._count > self.max_boundaries:
+            (old_tenant, old_session), old = self._sessions.popitem(last=False)
+            old_owner = self._owner[old_tenant]
+            for digest in old.owned:
+                self._release(old_owner, old_session, digest)
+            if not old_owner:
+                del self._owner[old_tenant]
+
+    def _release(self, owner: dict[bytes, str], session: str, digest: bytes) -> None:
+        if owner.get(digest) == session:
+            del owner[digest]
+        self._count -= 1
+
+
+class HeadStats:
+    """Arrival times of requests per (tenant, shared-prefix digest), for shared-prefix pacing.
+    Bounded: `max_heads` entries (LRU), `MAX_ARRIVALS` times each."""
+
+    def __init__(self, max_heads: int = MAX_HEADS) -> None:
+        self.max_heads = max_heads
+        self._arrivals: OrderedDict[tuple[str, bytes], deque[float]] = OrderedDict()
+
+    def observe(self, tenant: str, head: bytes, now: float) -> tuple[float, ...]:
+        """Add an arrival (epoch seconds); returns the arrivals held, oldest first."""
+        key = (tenant, head)
+        times = self._arrivals.get(key)
+        if times is None:
+            times = deque(maxlen=MAX_ARRIVALS)
+            self._arrivals[key] = times
+            if len(self._arrivals) > self.max_heads:
+                self._arrivals.popitem(last=False)
+        else:
+            self._arrivals.move_to_end(key)
+        times.append(now)
+        return tuple(times)
+
+
+def upstream_hosts(settings: Settings) -> dict[str, str]:
+    """Provider -> upstream `host[:port]` as configured (the simulator's port is not part of it)."""
+    urls = {"anthropic": settings.anthropic_upstream, "openai": settings.openai_upstream}
+    if settings.upstream.startswith(("http://", "https://")):
+        urls = dict.fromkeys(urls, settings.upstream)
+    return {name: urlsplit(url).netloc.lower() for name, url in urls.items()}
+
+
+@dataclass(slots=True)
+class SessionState:
+    """Per-process session machinery (`Services.sessions`), built by `proxy.store.store_ctx`."""
+
+    secret: bytes
+    header_names: tuple[str, ...]
+    hosts: dict[str, str]
+    index: SessionIndex = field(default_factory=SessionIndex)
+    heads: HeadStats = field(default_factory=HeadStats)
+    clock: Callable[[], float] = time.time
+    """Epoch seconds for arrivals (pacing); tests share the simulator's manual clock."""
+    masker: tuple[Any, Any] | None = None
+    """`(RuleSet, proxy.pipeline.replay.Masker)` of the rules in use (`session.masker_for`)."""
+
+    @classmethod
+    async def start(cls, settings: Settings, is_persistent: bool = True) -> SessionState:
+        """Load (or create) the tenant secret off the loop.
+
+        `is_persistent` false (a `memory://` store: nothing outlives the process) uses a
+        per-process secret unless `settings.secret` is set, and writes no file. An unusable
+        state directory also gives a per-process secret (tenants then change at restart) and a
+        warning. Replicas sharing Redis must share `settings.secret` (or the secret file).
+        """
+        if not is_persistent and not settings.secret:
+            secret = secrets.token_hex(32).encode()
+            return cls(secret, tuple(h.lower() for h in settings.session_headers), upstream_hosts(settings))
+        try:
+            secret = await asyncio.to_thread(load_secret, settings.secret, settings.state_dir)
+        except OSError as exc:
+            _log.warning(
+                "cannot keep the tenant secret in %s (%s); using a per-process secret",
+                settings.state_dir,
+                type(exc).__name__,
+            )
+            secret = secrets.token_hex(32).encode()
+        return cls(secret, tuple(h.lower() for h in settings.session_headers), upstream_hosts(settings))
+
+    def tenant_of(self, provider: str, headers: Mapping[str, str]) -> str:
+        """The request's tenant (keyed hash of credential and upstream host)."""
+        return tenant_id(self.secret, credential_of(headers), self.hosts.get(provider, provider))

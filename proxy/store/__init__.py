@@ -1,0 +1,171 @@
+"""Session state storage: `open_store(url)`, the guarded `RecordStore`, and `store_ctx(app)`.
+
+- `open_store(url)` builds a `SessionStore` backend from a URL, importing it lazily:
+  `memory://`, `sqlite:///abs/path.db` (`sqlite:////abs/path.db` too; `sqlite://relative.db`
+  is relative to the working directory), `redis://host:port/db`
+  (`rediss://` for TLS). It connects lazily, so a dead server at start is not fatal.
+- `RecordStore` is what the pipeline uses (`Services.store`): it encodes `SessionRecord`s, times
+  every backend call into `promptcache_session_store_operation_duration_seconds{backend,
+  operation}`, bounds it (reads `GET_TIMEOUT`, writes `PUT_TIMEOUT` seconds) and turns every
+  failure (timeout, refused connection, locked or corrupt file, unreadable record) into
+  `promptcache_session_store_errors_total{backend, operation}` and a `None` / `False` result. It
+  never raises, so the request is forwarded without replay.
+- `store_ctx(app)` is the `cleanup_ctx` entry: it opens the store (`settings.store`, default
+  SQLite at `state_dir/sessions.db`) and the per-process session state (tenant secret, session
+  inference index, pacing statistics: `proxy.sessions.SessionState`) and closes them on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from proxy.store.base import SessionStore
+from proxy.store.record import RecordError, SessionRecord, Sidecar, decode_record, encode_record
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from proxy.metrics import Metrics
+
+__all__ = [
+    "GET_TIMEOUT",
+    "PUT_TIMEOUT",
+    "RECORD_TTL",
+    "RecordStore",
+    "SessionRecord",
+    "SessionStore",
+    "Sidecar",
+    "default_store_url",
+    "open_store",
+    "store_ctx",
+]
+
+GET_TIMEOUT: Final = 0.05
+"""Seconds a request waits for its session record before going on without it."""
+PUT_TIMEOUT: Final = 1.0
+"""Seconds a record write may take (after the response went to the client)."""
+RECORD_TTL: Final = 3600.0 + 600.0
+"""Seconds a record lives: the longest provider cache TTL in use (1 h) plus a margin. Past it
+the provider's cache is gone anyway, so replay would buy at most one cache write."""
+
+_log = logging.getLogger("promptcache.store")
+
+
+def default_store_url(state_dir: Path) -> str:
+    """The SQLite file in the state directory."""
+    return f"sqlite://{Path(state_dir).expanduser().resolve() / 'sessions.db'}"
+
+
+def open_store(url: str) -> SessionStore:
+    """A backend for `url`; raises `ValueError` for an unknown scheme or an empty path."""
+    if url.startswith("memory://"):
+        from proxy.store.memory import MemoryStore
+
+        return MemoryStore()
+    if url.startswith("sqlite://"):
+        from proxy.store.sqlite import SqliteStore
+
+        path = url[len("sqlite://") :]
+        if path.startswith("//"):
+            path = path[1:]
+        if not path:
+            raise ValueError("sqlite:// needs a file path, e.g. sqlite:///var/lib/promptcache/sessions.db")
+        return SqliteStore(path)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from proxy.store.redis import RedisStore
+
+        return RedisStore(url)
+    raise ValueError("store URL must start with memory://, sqlite:// or redis://")
+
+
+class RecordStore:
+    """`SessionRecord`s over a backend, timed, bounded and failing soft (module docstring)."""
+
+    def __init__(
+        self,
+        backend: SessionStore,
+        metrics: Metrics,
+        get_timeout: float = GET_TIMEOUT,
+        put_timeout: float = PUT_TIMEOUT,
+    ) -> None:
+        self.backend = backend
+        self.get_timeout = get_timeout
+        self.put_timeout = put_timeout
+        name = backend.backend
+        self._get_time = metrics.store_duration.labels(name, "get")
+        self._put_time = metrics.store_duration.labels(name, "put")
+        self._get_errors = metrics.store_errors.labels(name, "get")
+        self._put_errors = metrics.store_errors.labels(name, "put")
+
+    async def load(self, tenant: str, session: str) -> SessionRecord | None:
+        """The session's record, or `None` when absent, expired, unreadable or the store failed."""
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.get_timeout):
+                data = await self.backend.get(tenant, session)
+        except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
+            self._get_errors.inc()
+            _log.warning("session store %s get failed (%s)", self.backend.backend, type(exc).__name__)
+            return None
+        finally:
+            self._get_time.observe(time.perf_counter() - started)
+        if data is None:
+            return None
+        try:
+            return decode_record(data)
+        except RecordError as exc:
+            self._get_errors.inc()
+            _log.warning("session store %s holds an unreadable record (%s)", self.backend.backend, exc)
+            return None
+
+    async def save(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
+        """Write `record` for `ttl` seconds; `False` when the store failed (counted, logged)."""
+        data = encode_record(record)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.put_timeout):
+                await self.backend.put(tenant, session, data, ttl)
+        except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
+            self._put_errors.inc()
+            _log.warning("session store %s put failed (%s)", self.backend.backend, type(exc).__name__)
+            return False
+        finally:
+            self._put_time.observe(time.perf_counter() - started)
+        return True
+
+    async def close(self) -> None:
+        try:
+            await self.backend.close()
+        except Exception as exc:  # noqa: BLE001 - closing must not mask the shutdown
+            _log.warning("session store %s close failed (%s)", self.backend.backend, type(exc).__name__)
+
+
+async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+    """`app.cleanup_ctx` entry: sets `app[SERVICES].store` and `.sessions`, closes them on exit."""
+    from proxy.appkeys import SERVICES
+    from proxy.sessions import SessionState
+
+    services = app[SERVICES]
+    settings = services.settings
+    url = settings.store or default_store_url(settings.state_dir)
+    backend = open_store(url)
+    if backend.backend == "redis" and not settings.secret:
+        _log.warning(
+            "redis session store without a configured secret: replicas share sessions only if they "
+            "share %s (set `secret` on every replica)",
+            Path(settings.state_dir) / "secret",
+        )
+    store = RecordStore(backend, services.metrics)
+    services.store = store
+    services.sessions = await SessionState.start(settings, is_persistent=backend.backend != "memory")
+    try:
+        yield
+    finally:
+        services.store = None
+        services.sessions = None
+        await store.close()

@@ -1,0 +1,42 @@
+"""`SessionStore`: the byte-level key-value protocol every session backend implements.
+
+Contract (checked by `tests/store/test_contract.py` against every backend):
+- Keys are `(tenant, session)` pairs; a tenant never reads another tenant's value, whatever the
+  session ids. Both parts are non-empty strings of `[A-Za-z0-9_.-]` (`check_key`).
+- `put(tenant, session, value, ttl)` stores `value` for at most `ttl` seconds (a backend may
+  drop it earlier: LRU caps, eviction; `ttl <= 0` stores nothing and removes the old value);
+  `get` returns the last value put, or `None` when absent or expired; `delete` removes it
+  (absent is fine); `close` releases connections and threads (idempotent).
+- Backends raise on failure (connection refused, locked or corrupt file ...): the caller
+  (`proxy.store.RecordStore`) times, counts and absorbs errors, so a request never fails on
+  the store.
+- No method blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Protocol
+
+_KEY_PART: Final = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+
+
+class SessionStore(Protocol):
+    """A tenant-partitioned key-value store with per-entry TTLs (bytes in, bytes out)."""
+
+    backend: str
+    """Metric label: `memory`, `sqlite` or `redis`."""
+
+    async def get(self, tenant: str, session: str) -> bytes | None: ...
+
+    async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None: ...
+
+    async def delete(self, tenant: str, session: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def check_key(tenant: str, session: str) -> None:
+    """Raise `ValueError` unless both key parts are safe, non-empty identifiers."""
+    if not _KEY_PART.fullmatch(tenant) or not _KEY_PART.fullmatch(session):
+        raise ValueError("store keys must be 1-200 characters of [A-Za-z0-9_.-]")

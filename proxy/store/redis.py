@@ -1,0 +1,68 @@
+"""`RedisStore`: a shared `SessionStore` for several replicas (redis-py asyncio + hiredis).
+
+- Key: `promptcache:{<tenant>}:<session>`. The tenant is a hash tag, so a tenant's sessions
+  share a Redis Cluster slot, and no key of one tenant is a key of another.
+- Value: the record bytes, `SET ... PX <ttl ms>`: Redis expires entries itself; the caller
+  bounds the TTL by the longest provider cache TTL in use (`proxy.store.RECORD_TTL`).
+- Failures raise `redis.exceptions.RedisError` (or `OSError`) at once: no client-side retries
+  (a request must not wait on a dead server; `RecordStore` bounds every call with a timeout and
+  counts the error). The client reconnects by itself once the server is back.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from proxy.store.base import check_key
+
+KEY_PREFIX: Final = "promptcache"
+CONNECT_TIMEOUT: Final = 0.25
+"""Seconds to open a connection."""
+SOCKET_TIMEOUT: Final = 2.0
+"""Seconds to wait on a reply (`RecordStore` usually gives up sooner)."""
+
+
+class RedisStore:
+    """See the module docstring; `url` is `redis://host:port/db` (or `rediss://`)."""
+
+    backend: Final = "redis"
+
+    def __init__(self, url: str, key_prefix: str = KEY_PREFIX) -> None:
+        self._prefix = key_prefix
+        self._client = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+
+    def key(self, tenant: str, session: str) -> str:
+        check_key(tenant, session)
+        return f"{self._prefix}:{{{tenant}}}:{session}"
+
+    async def get(self, tenant: str, session: str) -> bytes | None:
+        value = await self._client.get(self.key(tenant, session))
+        return None if value is None else bytes(value)
+
+    async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
+        key = self.key(tenant, session)
+        milliseconds = round(ttl * 1000)
+        if milliseconds <= 0:
+            await self._client.delete(key)
+            return
+        await self._client.set(key, value, px=milliseconds)
+
+    async def delete(self, tenant: str, session: str) -> None:
+        await self._client.delete(self.key(tenant, session))
+
+    async def ping(self) -> bool:
+        return bool(await self._client.ping())
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,175 @@
+"""`SqliteStore`: the embedded default `SessionStore`, one file, survives restarts.
+
+- All sqlite3 calls run on ONE dedicated worker thread that owns the connection (NOTES.md:
+  aiosqlite was no faster); the event loop only awaits futures.
+- New files get `page_size=65536` (NOTES.md: 600 KB write/read 2.8/1.6 ms -> 0.9/0.4 ms), WAL,
+  `synchronous=NORMAL`. Schema version in `PRAGMA user_version` (`SCHEMA_VERSION`).
+- Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
+  invisible to `get` and purged at most once a minute during `put`.
+- A locked file fails fast (`busy_timeout` 20 ms) with `sqlite3.OperationalError`; the caller
+  counts it and the request goes on without replay. A file that is not a database (corrupt) is
+  moved aside to `<name>.corrupt-<epoch>` when the connection is (re)opened, and a fresh file is
+  started: losing state costs one cache write, never a wrong byte. Every failed operation drops
+  the connection, so the next one reopens it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from proxy.store.base import check_key
+
+SCHEMA_VERSION: Final = 1
+BUSY_TIMEOUT_MS: Final = 20
+PURGE_INTERVAL: Final = 60.0
+"""Seconds between purges of expired rows."""
+
+_log = logging.getLogger("promptcache.store.sqlite")
+_T = TypeVar("_T")
+
+_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS sessions ("
+    " tenant TEXT NOT NULL, session TEXT NOT NULL, expires REAL NOT NULL, value BLOB NOT NULL,"
+    " PRIMARY KEY (tenant, session))",
+    "CREATE INDEX IF NOT EXISTS sessions_expires ON sessions (expires)",
+)
+_GET: Final = "SELECT value FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
+_PUT: Final = (
+    "INSERT INTO sessions (tenant, session, expires, value) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (tenant, session) DO UPDATE SET expires = excluded.expires, value = excluded.value"
+)
+_DELETE: Final = "DELETE FROM sessions WHERE tenant = ? AND session = ?"
+_PURGE: Final = "DELETE FROM sessions WHERE expires <= ?"
+
+
+class SqliteStore:
+    """See the module docstring. `path` may be `:memory:` (benchmarks)."""
+
+    backend: Final = "sqlite"
+
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
+        """`clock`: epoch seconds for expiry (tests pass a manual one)."""
+        self.path = str(path)
+        self._clock = clock
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        self._next_purge = 0.0
+        self._closed = False
+
+    async def open(self) -> None:
+        """Open the file now (else on first use); raises what sqlite3 raises."""
+        await self._call(self._connection)
+
+    async def get(self, tenant: str, session: str) -> bytes | None:
+        check_key(tenant, session)
+        return await self._call(self._get, tenant, session)
+
+    async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
+        check_key(tenant, session)
+        await self._call(self._put, tenant, session, value, ttl)
+
+    async def delete(self, tenant: str, session: str) -> None:
+        check_key(tenant, session)
+        await self._call(self._delete, tenant, session)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._call(self._disconnect, allow_closed=True)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    async def _call(self, fn: Any, *args: Any, allow_closed: bool = False) -> Any:
+        if self._closed and not allow_closed:
+            raise RuntimeError("store closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._guarded, fn, args)
+
+    # Everything below runs on the worker thread.
+
+    def _guarded(self, fn: Any, args: tuple[Any, ...]) -> Any:
+        try:
+            return fn(*args)
+        except sqlite3.Error:
+            self._disconnect()
+            raise
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
+        try:
+            self._conn = self._connect()
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) or self.path == ":memory:":
+                raise
+            self._move_aside()
+            self._conn = self._connect()
+        return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                conn.execute("PRAGMA page_size = 65536")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            if version == 0:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"unknown schema version {version}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _move_aside(self) -> None:
+        stamp = int(time.time())
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path + suffix
+            if os.path.exists(source):
+                os.replace(source, f"{self.path}.corrupt-{stamp}{suffix}")
+        _log.warning(
+            "session store %s is not a readable database; moved aside to %s.corrupt-%d, starting empty",
+            self.path,
+            self.path,
+            stamp,
+        )
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _get(self, tenant: str, session: str) -> bytes | None:
+        row = self._connection().execute(_GET, (tenant, session, self._clock())).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
+        conn = self._connection()
+        now = self._clock()
+        if ttl <= 0:
+            conn.execute(_DELETE, (tenant, session))
+            return
+        conn.execute(_PUT, (tenant, session, now + ttl, value))
+        if now >= self._next_purge:
+            self._next_purge = now + PURGE_INTERVAL
+            conn.execute(_PURGE, (now,))
+
+    def _delete(self, tenant: str, session: str) -> None:
+        self._connection().execute(_DELETE, (tenant, session))

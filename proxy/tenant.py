@@ -1,0 +1,84 @@
+"""Tenants: who a request belongs to, as a keyed hash; never the credential itself.
+
+- `tenant_id(secret, credential, host)` = first 16 bytes (hex) of HMAC-SHA256(secret, host NUL
+  credential). The credential is the `x-api-key` header, else `Authorization` (`credential_of`);
+  a request with neither is the anonymous tenant of that host (empty credential).
+- The secret is `settings.secret` when set, else the content of `state_dir/secret`, generated
+  once (32 random bytes, hex) with mode 0600 on first start (`load_secret`). Several processes
+  starting together agree on one file (a complete temp file is hard-linked into place, which
+  fails when the file exists; the loser reads the winner's file).
+- Raw keys are never stored, logged or returned by anything here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+SECRET_FILE: Final = "secret"
+MIN_SECRET_CHARS: Final = 32
+TENANT_HEX_CHARS: Final = 32
+
+_log = logging.getLogger("promptcache.tenant")
+
+
+def credential_of(headers: Mapping[str, str]) -> str:
+    """The upstream credential a request carries: `x-api-key`, else `Authorization`, else ``."""
+    return headers.get("x-api-key") or headers.get("authorization") or ""
+
+
+def tenant_id(secret: bytes, credential: str, host: str) -> str:
+    """Keyed hash of (upstream host, credential): 32 lowercase hex characters."""
+    mac = hmac.new(secret, host.encode() + b"\x00" + credential.encode(), hashlib.sha256)
+    return mac.hexdigest()[:TENANT_HEX_CHARS]
+
+
+def load_secret(configured: str, state_dir: Path) -> bytes:
+    """The HMAC key: `configured` when non-empty, else `state_dir/secret` (created if absent).
+
+    Blocking file I/O: call it off the event loop (`asyncio.to_thread`). Raises `OSError` when the
+    state directory cannot be created or the file cannot be read or written.
+    """
+    if configured:
+        return configured.encode()
+    path = Path(state_dir).expanduser() / SECRET_FILE
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for _ in range(2):
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            _create(path)
+            continue
+        if len(text) < MIN_SECRET_CHARS:
+            _log.warning("%s is shorter than %d characters; generating a new secret", path, MIN_SECRET_CHARS)
+            path.unlink()
+            _create(path)
+            continue
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            _log.warning("%s was readable by others (mode %o); setting 0600", path, mode)
+            path.chmod(0o600)
+        return text.encode()
+    return path.read_text(encoding="ascii").strip().encode()
+
+
+def _create(path: Path) -> None:
+    """Create `path` with a new secret unless it exists; atomic (link of a complete temp file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as file:
+            file.write(secrets.token_hex(32) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)

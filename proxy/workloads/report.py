@@ -1,0 +1,233 @@
+"""Replay results: per-strategy tallies per trace and in total, and their text / markdown / JSON.
+
+Units: tokens for every count, USD for every cost. Costs are **input side only** (uncached
+input, cache writes by TTL, cache reads, priced per model by `rules/pricing.yaml` through
+`proxy.pricing`); output tokens are the same under every strategy and are left out so savings
+compare caching alone. `uncached_cost` prices every input token at the plain input price (no
+caching at all); savings are `uncached_cost - cost` (negative when writes cost more than
+reads saved). Hit ratio = read / all input tokens. Attainment = a strategy's read tokens / the
+oracle's optimum read tokens (`oracle.py`).
+
+An errored request (non-2xx) is counted in `errors` and charged as uncached input of the
+client's prompt (the oracle's token count): the client would have to send it again without
+whatever broke it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from proxy.workloads.strategies import STRATEGIES
+
+
+@dataclass(slots=True)
+class Tally:
+    """Token and cost totals of one strategy over some requests."""
+
+    requests: int = 0
+    errors: int = 0
+    read: int = 0
+    write_5m: int = 0
+    write_1h: int = 0
+    none: int = 0
+    """Input tokens neither read nor written."""
+    cost: float = 0.0
+    uncached_cost: float = 0.0
+
+    def add(self, other: Tally) -> None:
+        for name in ("requests", "errors", "read", "write_5m", "write_1h", "none"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.cost += other.cost
+        self.uncached_cost += other.uncached_cost
+
+    @property
+    def write(self) -> int:
+        return self.write_5m + self.write_1h
+
+    @property
+    def input(self) -> int:
+        return self.read + self.write + self.none
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.read / self.input if self.input else 0.0
+
+    @property
+    def savings(self) -> float:
+        """USD saved against no caching at all."""
+        return self.uncached_cost - self.cost
+
+    @property
+    def savings_ratio(self) -> float:
+        return self.savings / self.uncached_cost if self.uncached_cost else 0.0
+
+
+@dataclass(slots=True)
+class RequestOutcome:
+    """One request under one strategy."""
+
+    status: int
+    read: int
+    write_5m: int
+    write_1h: int
+    none: int
+    cost: float
+    uncached_cost: float
+    error: str = ""
+
+
+@dataclass(slots=True)
+class TraceResult:
+    name: str
+    requests: int
+    optimum_read: int
+    optimum_total: int
+    """Client prompt tokens over the trace (the oracle's raw-form count)."""
+    limit_binding: int = 0
+    """Requests whose ideal plan needed more than 4 markers (optimum may be unattainable)."""
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    outcomes: dict[str, list[RequestOutcome]] = field(default_factory=dict)
+    stage_errors: int = 0
+    """Pipeline stage failures (fail-open passthroughs) counted by the promptcache proxy."""
+    optimum_reads: list[int] = field(default_factory=list)
+    """The oracle's read bound of each request (tokens)."""
+    client_totals: list[int] = field(default_factory=list)
+    """Prompt tokens of each request as the client sent it (the oracle's raw-form count)."""
+
+    @property
+    def optimum_share(self) -> float:
+        return self.optimum_read / self.optimum_total if self.optimum_total else 0.0
+
+    def attainment(self, strategy: str) -> float:
+        """Read tokens / optimum read tokens (1.0 when the optimum is 0)."""
+        read = self.tallies[strategy].read
+        return read / self.optimum_read if self.optimum_read else 1.0
+
+
+@dataclass(slots=True)
+class Report:
+    traces: list[TraceResult] = field(default_factory=list)
+
+    @property
+    def strategies(self) -> list[str]:
+        seen = {s for t in self.traces for s in t.tallies}
+        return [s for s in STRATEGIES if s in seen]
+
+    def total(self, strategy: str) -> Tally:
+        out = Tally()
+        for trace in self.traces:
+            if strategy in trace.tallies:
+                out.add(trace.tallies[strategy])
+        return out
+
+    @property
+    def optimum_read(self) -> int:
+        return sum(t.optimum_read for t in self.traces)
+
+    @property
+    def optimum_total(self) -> int:
+        return sum(t.optimum_total for t in self.traces)
+
+    def attainment(self, strategy: str) -> float:
+        return self.total(strategy).read / self.optimum_read if self.optimum_read else 1.0
+
+
+# --- output -------------------------------------------------------------------------------
+
+_HEAD = (
+    f"{'trace':<26} {'strategy':<11} {'reqs':>4} {'err':>3} {'read':>9} {'write':>9} {'none':>9} "
+    f"{'hit':>6} {'cost $':>9} {'saved':>7} {'attain':>6}"
+)
+
+
+def _row(name: str, strategy: str, tally: Tally, attainment: float) -> str:
+    return (
+        f"{name:<26} {strategy:<11} {tally.requests:>4} {tally.errors:>3} {tally.read:>9} {tally.write:>9} "
+        f"{tally.none:>9} {tally.hit_ratio:>6.1%} {tally.cost:>9.4f} {tally.savings_ratio:>7.1%} "
+        f"{attainment:>6.3f}"
+    )
+
+
+def format_requests(trace: TraceResult) -> list[str]:
+    """One line per request: read / written / neither tokens per strategy, and the optimum."""
+    strategies = list(trace.outcomes)
+    head = (
+        f"{trace.name}: request" + "".join(f"  {s + ' r/w/n':>24}" for s in strategies) + f"  {'optimum':>9}"
+    )
+    lines = [head]
+    for i, bound in enumerate(trace.optimum_reads):
+        cells = []
+        for s in strategies:
+            o = trace.outcomes[s][i]
+            cell = "error" if o.status >= 300 else f"{o.read}/{o.write_5m + o.write_1h}/{o.none}"
+            cells.append(f"  {cell:>24}")
+        lines.append(f"{'':<{len(trace.name)}}  {i:>7}" + "".join(cells) + f"  {bound:>9}")
+    return lines
+
+
+def format_text(report: Report, per_request: bool = False) -> str:
+    """Per trace and strategy, then totals; one optimum line per trace (and, when asked, one
+    line per request before each trace's rows)."""
+    lines = [_HEAD, "-" * len(_HEAD)]
+    for trace in report.traces:
+        if per_request:
+            lines.extend(format_requests(trace))
+        for strategy in report.strategies:
+            if strategy in trace.tallies:
+                lines.append(_row(trace.name, strategy, trace.tallies[strategy], trace.attainment(strategy)))
+        note = f"  ({trace.limit_binding} requests need > 4 markers)" if trace.limit_binding else ""
+        errors = f"; {trace.stage_errors} pipeline stage errors" if trace.stage_errors else ""
+        lines.append(
+            f"{trace.name:<26} {'optimum':<11} {trace.requests:>4} {'':>3} {trace.optimum_read:>9} {'':>9} "
+            f"{'':>9} {trace.optimum_share:>6.1%}{note}{errors}"
+        )
+    lines.append("-" * len(_HEAD))
+    for strategy in report.strategies:
+        lines.append(_row("TOTAL", strategy, report.total(strategy), report.attainment(strategy)))
+    share = report.optimum_read / report.optimum_total if report.optimum_total else 0.0
+    lines.append(
+        f"{'TOTAL':<26} {'optimum':<11} {'':>4} {'':>3} {report.optimum_read:>9} {'':>9} {'':>9} "
+        f"{share:>6.1%}"
+    )
+    return "\n".join(lines)
+
+
+def to_json(report: Report, per_request: bool = False) -> dict[str, Any]:
+    """A JSON-ready dict: per trace, per strategy tallies (and outcomes when asked), totals."""
+
+    def tally(t: Tally) -> dict[str, Any]:
+        return {
+            **asdict(t),
+            "write": t.write,
+            "input": t.input,
+            "hit_ratio": t.hit_ratio,
+            "savings": t.savings,
+            "savings_ratio": t.savings_ratio,
+        }
+
+    traces = []
+    for trace in report.traces:
+        item: dict[str, Any] = {
+            "trace": trace.name,
+            "requests": trace.requests,
+            "optimum": {
+                "read": trace.optimum_read,
+                "input": trace.optimum_total,
+                "share": trace.optimum_share,
+                "limit_binding": trace.limit_binding,
+            },
+            "stage_errors": trace.stage_errors,
+            "strategies": {
+                s: {**tally(t), "attainment": trace.attainment(s)} for s, t in trace.tallies.items()
+            },
+        }
+        if per_request:
+            item["outcomes"] = {s: [asdict(o) for o in outs] for s, outs in trace.outcomes.items()}
+        traces.append(item)
+    totals = {s: {**tally(report.total(s)), "attainment": report.attainment(s)} for s in report.strategies}
+    return {
+        "traces": traces,
+        "total": totals,
+        "optimum": {"read": report.optimum_read, "input": report.optimum_total},
+    }

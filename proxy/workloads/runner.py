@@ -1,0 +1,260 @@
+"""The replay engine: run traces under each strategy against the simulator and tally usage.
+
+Contract (`replay_traces`):
+- The upstream is the promptcache simulator: started in-process with a manual clock
+  (`upstream="sim"`), or an already running one at a URL (it must run `--clock manual`).
+- Per trace and strategy, in that order: the simulator's cache is flushed (`DELETE
+  /_sim/cache`, which also clears OpenAI routing windows), then each request is sent after
+  moving the simulator's clock by the request's `gap` (`POST /_sim/clock`), one at a time, each
+  response read to the end. Strategies never share entries: the cache is flushed between them
+  and each uses its own API key (`sk-replay-<strategy>`, so its own tenant).
+- `promptcache` runs through a fresh proxy per trace (`memory://` store) in front of the same
+  simulator; its session clock follows the trace's time (the simulator's epoch plus the gaps),
+  so pacing-based TTL choices see the gaps the simulator sees.
+- Usage is read from each response (`usage.py`), priced with `proxy.pricing`, and tallied
+  (`report.py`); the optimum comes from `oracle.py`, computed before the trace runs.
+Nothing is retried; a non-2xx answer is recorded as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final, TextIO
+
+import aiohttp
+import orjson
+from prometheus_client import CollectorRegistry
+
+from proxy.pricing import PricingTable, default_pricing
+from proxy.providers.base import Usage
+from proxy.sim.clock import MANUAL_START, Clock
+from proxy.sim.config import SimConfig
+from proxy.sim.tokens import TokenCounter, load_o200k
+from proxy.workloads.oracle import optimum
+from proxy.workloads.report import Report, RequestOutcome, Tally, TraceResult
+from proxy.workloads.strategies import upstream_body
+from proxy.workloads.trace import Trace, TraceRequest
+from proxy.workloads.usage import read_usage
+
+ANTHROPIC_VERSION: Final = "2023-06-01"
+TIMEOUT: Final = aiohttp.ClientTimeout(total=600)
+
+
+class TraceClock:
+    """Trace time on the simulator's epoch (seconds); what the proxy's sessions see as now."""
+
+    def __init__(self, start: float) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+
+class Progress:
+    """A one-line text progress bar on a stream (a finished line per run when not a TTY)."""
+
+    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.is_tty = enabled and self.stream.isatty()
+        self.label = ""
+        self.total = 0
+
+    def start(self, label: str, total: int) -> None:
+        self.label, self.total = label, total
+        self.step(0)
+
+    def step(self, done: int) -> None:
+        if self.is_tty:
+            filled = 24 * done // max(1, self.total)
+            bar = "#" * filled + "." * (24 - filled)
+            self.stream.write(f"\r{self.label:<40} [{bar}] {done}/{self.total}")
+            self.stream.flush()
+
+    def finish(self, note: str = "") -> None:
+        if self.is_tty:
+            self.stream.write(f"\r{self.label:<40} [{'#' * 24}] {self.total}/{self.total} {note}\n")
+        elif self.enabled:
+            self.stream.write(f"{self.label:<40} {self.total} requests {note}\n")
+        self.stream.flush()
+
+
+def _headers(request: TraceRequest, key: str) -> dict[str, str]:
+    headers = {"content-type": "application/json", **request.headers}
+    if request.provider == "anthropic":
+        headers["x-api-key"] = key
+        headers["anthropic-version"] = ANTHROPIC_VERSION
+    else:
+        headers["authorization"] = f"Bearer {key}"
+    return headers
+
+
+def _cost(pricing: PricingTable, request: TraceRequest, usage: Usage) -> tuple[float, float]:
+    prices = pricing.prices(request.provider, str(request.body.get("model", "")))
+    if prices is None:
+        return 0.0, 0.0
+    inputs = Usage(usage.input_none, usage.cache_read, usage.cache_write_5m, usage.cache_write_1h, 0, True)
+    return prices.cost(inputs), prices.uncached_cost(inputs)
+
+
+async def _send(
+    http: aiohttp.ClientSession,
+    base: str,
+    strategy: str,
+    request: TraceRequest,
+    pricing: PricingTable,
+    client_tokens: int,
+) -> RequestOutcome:
+    body = upstream_body(strategy, request.path, request.body)
+    async with http.post(
+        base + request.path, data=orjson.dumps(body), headers=_headers(request, f"sk-replay-{strategy}")
+    ) as response:
+        data = await response.read()
+        status = response.status
+        content_type = response.headers.get("content-type", "")
+    if not 200 <= status < 300:
+        usage = Usage(input_none=client_tokens, seen=True)
+        cost, uncached = _cost(pricing, request, usage)
+        return RequestOutcome(
+            status, 0, 0, 0, client_tokens, cost, uncached, data[:300].decode("utf-8", "replace")
+        )
+    usage = read_usage(request.path, content_type, data)
+    cost, uncached = _cost(pricing, request, usage)
+    error = "" if usage.seen else "no usage in the response"
+    return RequestOutcome(
+        status,
+        usage.cache_read,
+        usage.cache_write_5m,
+        usage.cache_write_1h,
+        usage.input_none,
+        cost,
+        uncached,
+        error,
+    )
+
+
+async def _admin(http: aiohttp.ClientSession, method: str, url: str, payload: Any = None) -> Any:
+    async with http.request(method, url, json=payload) as response:
+        data = await response.read()
+        if response.status != 200:
+            raise RuntimeError(
+                f"{method} {url}: {response.status} {data[:200].decode('utf-8', 'replace')} "
+                "(the upstream must be a promptcache simulator with --clock manual)"
+            )
+        return orjson.loads(data) if data else None
+
+
+@contextlib.asynccontextmanager
+async def _proxy(upstream: str, clock: TraceClock) -> AsyncIterator[tuple[str, CollectorRegistry]]:
+    from proxy.app import start_proxy
+    from proxy.appkeys import SERVICES
+    from proxy.settings import Settings
+
+    registry = CollectorRegistry()
+    runner, url = await start_proxy(Settings(upstream=upstream, store="memory://", port=0), registry)
+    try:
+        sessions = runner.app[SERVICES].sessions
+        if sessions is not None:
+            sessions.clock = clock.now
+        yield url, registry
+    finally:
+        await runner.cleanup()
+
+
+def _stage_errors(registry: CollectorRegistry) -> int:
+    total = 0.0
+    for metric in registry.collect():
+        if metric.name == "promptcache_stage_errors":
+            total += sum(s.value for s in metric.samples if s.name.endswith("_total"))
+    return int(total)
+
+
+async def _run_strategy(
+    http: aiohttp.ClientSession,
+    sim_url: str,
+    clock: TraceClock,
+    trace: Trace,
+    strategy: str,
+    totals: list[int],
+    pricing: PricingTable,
+    progress: Progress,
+) -> tuple[Tally, list[RequestOutcome], int]:
+    await _admin(http, "DELETE", f"{sim_url}/_sim/cache")
+    stack = contextlib.AsyncExitStack()
+    async with stack:
+        target, registry = sim_url, None
+        if strategy == "promptcache":
+            target, registry = await stack.enter_async_context(_proxy(sim_url, clock))
+        tally = Tally()
+        outcomes = []
+        progress.start(f"{trace.name} {strategy}", len(trace.requests))
+        for i, request in enumerate(trace.requests):
+            if request.gap:
+                await _admin(http, "POST", f"{sim_url}/_sim/clock", {"advance": request.gap})
+                clock.advance(request.gap)
+            outcome = await _send(http, target, strategy, request, pricing, totals[i])
+            outcomes.append(outcome)
+            tally.add(
+                Tally(
+                    1,
+                    1 if outcome.status >= 300 else 0,
+                    outcome.read,
+                    outcome.write_5m,
+                    outcome.write_1h,
+                    outcome.none,
+                    outcome.cost,
+                    outcome.uncached_cost,
+                )
+            )
+            progress.step(i + 1)
+        stage_errors = _stage_errors(registry) if registry is not None else 0
+    progress.finish(f"hit {tally.hit_ratio:.1%}" + (f", {tally.errors} errors" if tally.errors else ""))
+    return tally, outcomes, stage_errors
+
+
+async def replay_traces(
+    traces: Sequence[Trace],
+    strategies: Sequence[str],
+    upstream: str = "sim",
+    progress: Progress | None = None,
+) -> Report:
+    """Replay every trace under every strategy (module docstring); returns the report."""
+    progress = progress if progress is not None else Progress(enabled=False)
+    config = await asyncio.to_thread(SimConfig.load)
+    counter = TokenCounter(await asyncio.to_thread(load_o200k))
+    pricing = await asyncio.to_thread(default_pricing)
+    report = Report()
+    async with contextlib.AsyncExitStack() as stack:
+        if upstream == "sim":
+            from proxy.sim.app import start_sim
+
+            runner, sim_url = await start_sim(
+                "127.0.0.1", 0, config=config, clock=Clock.manual_at(MANUAL_START)
+            )
+            stack.push_async_callback(runner.cleanup)
+        else:
+            sim_url = upstream.rstrip("/")
+        http = await stack.enter_async_context(aiohttp.ClientSession(timeout=TIMEOUT))
+        now = await _admin(http, "GET", f"{sim_url}/_sim/clock")
+        clock = TraceClock(float(now["now"]))
+        for trace in traces:
+            best = await asyncio.to_thread(optimum, trace, config, counter)
+            totals = [b.total for b in best.requests]
+            result = TraceResult(trace.name, len(trace.requests), best.read, best.total, best.limit_binding)
+            result.optimum_reads = [b.read for b in best.requests]
+            result.client_totals = totals
+            for strategy in strategies:
+                tally, outcomes, stage_errors = await _run_strategy(
+                    http, sim_url, clock, trace, strategy, totals, pricing, progress
+                )
+                result.tallies[strategy] = tally
+                result.outcomes[strategy] = outcomes
+                result.stage_errors += stage_errors
+            report.traces.append(result)
+    return report

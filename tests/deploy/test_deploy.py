@@ -1,0 +1,150 @@
+"""deploy/: Prometheus config and alert rules pass `promtool`, alerts use only promptcache's
+metrics, and the Dockerfile, compose file and Kubernetes manifests hold together."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from proxy.metrics import Metrics
+from proxy.rules import check_rules
+from tests.deploy.promql import exposed_names, metric_names
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+PROMETHEUS = DEPLOY / "prometheus"
+KUBERNETES = DEPLOY / "kubernetes"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (Debian package `prometheus`); CI installs it"
+)
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+@needs_promtool
+@pytest.mark.parametrize("config", ["prometheus.yml", "prometheus-kubernetes.yml"])
+def test_promtool_check_config(config: str) -> None:
+    result = _promtool("check", "config", str(PROMETHEUS / config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 1 rule files found" in result.stdout
+
+
+@needs_promtool
+def test_promtool_check_and_test_rules() -> None:
+    check = _promtool("check", "rules", str(PROMETHEUS / "alerts.yml"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 6 rules found" in check.stdout
+    unit = _promtool("test", "rules", str(PROMETHEUS / "alerts_test.yml"))
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+
+
+def _alerts() -> list[dict[str, Any]]:
+    doc = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def test_alerts_cover_the_issue_and_use_declared_metrics() -> None:
+    declared = exposed_names(generate_latest(Metrics(CollectorRegistry()).registry).decode())
+    alerts = {rule["alert"]: rule for rule in _alerts()}
+    assert {
+        "PromptcacheHitRatioDrop",
+        "PromptcacheUnexpectedMisses",
+        "PromptcacheFailOpen",
+        "PromptcacheUpstreamErrors",
+    } <= set(alerts)
+    for name, rule in alerts.items():
+        used = metric_names(rule["expr"])
+        assert used - declared <= {"up"}, f"{name} uses {sorted(used - declared - {'up'})}"
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"]
+
+
+def test_compose_runs_two_replicas_redis_prometheus_grafana() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"proxy-1", "proxy-2", "redis", "prometheus", "grafana"}
+    for name in ("proxy-1", "proxy-2"):
+        proxy = services[name]
+        assert proxy["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+        assert proxy["environment"]["PROMPTCACHE_STORE"] == "redis://redis:6379/0"
+        assert proxy["environment"]["PROMPTCACHE_ADMIN_PORT"] == "9464"
+        assert "PROMPTCACHE_SECRET" in proxy["environment"]
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            assert (DEPLOY / source).exists(), volume
+    scrape = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    targets = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
+    assert targets == ["proxy-1:9464", "proxy-2:9464"]
+
+
+def test_dockerfile_runs_unprivileged_with_a_healthcheck() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    lines = [line.strip() for line in text.splitlines()]
+    user = [line for line in lines if line.startswith("USER ")]
+    assert user == ["USER 10001"]
+    assert any(line.startswith("HEALTHCHECK ") for line in lines)
+    assert "http://127.0.0.1:8080/healthz" in text
+    for line in lines:
+        if line.startswith("COPY ") and "--from" not in line:
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), source
+    assert lines.index("USER 10001") > max(i for i, line in enumerate(lines) if line.startswith("RUN "))
+
+
+def _manifests() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+    docs = []
+    for name in kustomization["resources"]:
+        docs += [doc for doc in yaml.safe_load_all((KUBERNETES / name).read_text()) if doc]
+    return docs
+
+
+def test_kubernetes_manifests() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _manifests()}
+    deployment = docs["Deployment", "promptcache"]
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    [container] = pod["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["PROMPTCACHE_STORE"] == "redis://redis:6379/0"
+    assert env["PROMPTCACHE_SECRET"] == {"secretKeyRef": {"name": "promptcache", "key": "secret"}}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8080, "metrics": 9464}
+    labels = spec["template"]["metadata"]["labels"]
+    for name in ("promptcache", "promptcache-metrics"):
+        service = docs["Service", name]
+        assert service["spec"]["selector"].items() <= labels.items()
+    assert docs["Service", "promptcache-metrics"]["spec"]["clusterIP"] == "None"
+    assert docs["Service", "redis"]["spec"]["ports"][0]["port"] == 6379
+    assert docs["Deployment", "redis"]["spec"]["template"]["metadata"]["labels"].items() >= (
+        docs["Service", "redis"]["spec"]["selector"].items()
+    )
+    rules = docs["ConfigMap", "promptcache-rules"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "rules"]
+    assert mount["subPath"] in rules["data"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "rules"]
+    assert volume["configMap"]["name"] == "promptcache-rules"
+
+
+def test_configmap_rules_load_with_the_packaged_ones(tmp_path: Path) -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _manifests()}
+    folder = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", folder)
+    for name, text in docs["ConfigMap", "promptcache-rules"]["data"].items():
+        (folder / name).write_text(text)
+    assert check_rules(folder) == []

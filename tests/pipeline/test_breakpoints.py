@@ -1,0 +1,166 @@
+"""The breakpoint planner: candidates, lookback bridge, minimums, TTLs, capabilities, OpenAI."""
+
+from __future__ import annotations
+
+from proxy.pipeline.breakpoints import PlanContext, place_breakpoints
+from proxy.providers import ANTHROPIC, OPENAI
+from proxy.settings import UpstreamCapabilities
+from tests.pipeline.helpers import optimise
+
+MESSAGES = "/v1/messages"
+CHAT = "/v1/chat/completions"
+EPH = {"type": "ephemeral"}
+
+
+def _chat(n: int) -> list[dict]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(n)]
+
+
+def _marked(body: dict, key: str = "cache_control") -> list[int]:
+    blocks = (
+        ANTHROPIC.prefix_blocks(MESSAGES, body)
+        if key == "cache_control"
+        else OPENAI.prefix_blocks(CHAT, body)
+    )
+    return [i for i, b in enumerate(blocks) if isinstance(b.value, dict) and b.value.get(key) is not None]
+
+
+def test_bridge_within_twenty_positions_of_the_previous_breakpoint() -> None:
+    body = {"model": "claude-sonnet-4-6", "messages": _chat(41)}
+    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(previous_breakpoints=(5,)))
+    assert [(m.index, m.reason) for m in plan.markers] == [(24, "bridge"), (39, "turn"), (40, "last")]
+    assert _marked(out) == [24, 39, 40]
+    near, near_plan = place_breakpoints(
+        ANTHROPIC, MESSAGES, body, context=PlanContext(previous_breakpoints=(25,))
+    )
+    assert "bridge" not in [m.reason for m in near_plan.markers]
+
+
+def test_runs_of_tool_use_and_tool_result_count_as_one_lookback_position() -> None:
+    calls = [{"type": "tool_use", "id": f"t{i}", "name": "read", "input": {}} for i in range(25)]
+    results = [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok"} for i in range(25)]
+    messages = [*_chat(3), {"role": "assistant", "content": calls}, {"role": "user", "content": results}]
+    body = {"model": "claude-sonnet-4-6", "messages": messages}
+    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(previous_breakpoints=(2,)))
+    assert [m.reason for m in plan.markers] == ["turn", "last"]
+    texts = [{"type": "text", "text": f"part {i}"} for i in range(25)]
+    flat = {
+        "model": "claude-sonnet-4-6",
+        "messages": [*_chat(3), {"role": "assistant", "content": texts}, {"role": "user", "content": "next"}],
+    }
+    _, flat_plan = place_breakpoints(
+        ANTHROPIC, MESSAGES, flat, context=PlanContext(previous_breakpoints=(2,))
+    )
+    assert [(m.index, m.reason) for m in flat_plan.markers] == [(21, "bridge"), (27, "turn"), (28, "last")]
+
+
+def test_no_new_marker_under_the_model_minimum() -> None:
+    body = {"model": "claude-opus-4-6", "system": "Short prompt.", "messages": _chat(3)}
+    out, plan = optimise(ANTHROPIC, MESSAGES, body)
+    assert plan.markers == () and out == body
+    long_body = {**body, "system": "word " * 4000}
+    _, long_plan = optimise(ANTHROPIC, MESSAGES, long_body)
+    assert [m.reason for m in long_plan.markers] == ["shared", "turn", "last"]
+
+
+def test_ttls_from_the_plan_context_keep_one_hour_first() -> None:
+    body = {"model": "m", "system": "word " * 2000, "messages": _chat(3)}
+    context = PlanContext(ttl_shared="1h", ttl_session="5m")
+    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=context)
+    assert [(m.index, m.ttl) for m in plan.markers] == [(0, "1h"), (2, "5m"), (3, "5m")]
+    assert out["system"] == [
+        {"type": "text", "text": "word " * 2000, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    ]
+    upgraded, plan2 = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(ttl_session="1h"))
+    assert [m.ttl for m in plan2.markers] == ["1h", "1h", "1h"]
+    mapping = PlanContext.coerce({"previous_breakpoints": [1], "shared_ttl": "1h", "session_ttl": "7d"})
+    assert mapping == PlanContext((1,), "1h", "5m")
+
+
+def test_capabilities_strip_ttl_and_scope_and_keep_markers_off_tool_results() -> None:
+    results = [{"type": "tool_result", "tool_use_id": "t", "content": "ok", "cache_control": EPH}]
+    body = {
+        "model": "m",
+        "system": [
+            {
+                "type": "text",
+                "text": "Rules.",
+                "cache_control": {"type": "ephemeral", "ttl": "1h", "scope": "global"},
+            }
+        ],
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "x", "input": {}}]},
+            {"role": "user", "content": results},
+        ],
+    }
+    caps = UpstreamCapabilities(strip_ttl=True, strip_scope=True, no_tool_message_markers=True)
+    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, caps=caps)
+    assert out["system"][0]["cache_control"] == EPH
+    assert out["messages"][1]["content"][0]["cache_control"] == EPH
+    assert "cache_control" not in out["messages"][2]["content"][0]
+    assert [(m.index, m.origin) for m in plan.markers] == [(0, "client"), (2, "moved")]
+
+
+def test_injected_markers_before_a_scoped_client_marker_take_its_scope() -> None:
+    scoped = {"type": "ephemeral", "scope": "global"}
+    body = {
+        "model": "m",
+        "tools": [{"name": "read", "input_schema": {"type": "object"}}],
+        "system": [{"type": "text", "text": "Rules.", "cache_control": scoped}],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    out, _ = place_breakpoints(ANTHROPIC, MESSAGES, body, system_tiers=("session",))
+    assert out["tools"][0]["cache_control"] == scoped
+    assert out["messages"][0]["content"] == [{"type": "text", "text": "hi", "cache_control": EPH}]
+
+
+def test_openai_before_gpt_5_6_gets_a_prefix_key_and_no_markers() -> None:
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+    first = {
+        "model": "gpt-5.1",
+        "tools": tools,
+        "messages": [{"role": "system", "content": "Be brief."}, *_chat(1)],
+    }
+    second = {**first, "messages": [{"role": "system", "content": "Be brief."}, *_chat(3)]}
+    other = {**first, "tools": []}
+    out1, plan1 = optimise(OPENAI, CHAT, first)
+    out2, _ = optimise(OPENAI, CHAT, second)
+    out3, _ = optimise(OPENAI, CHAT, other)
+    assert plan1.cache_key is not None and plan1.cache_key.startswith("pc-")
+    assert out1["prompt_cache_key"] == out2["prompt_cache_key"] != out3["prompt_cache_key"]
+    assert list(out1) == ["model", "prompt_cache_key", "tools", "messages"]
+    assert _marked(out1, "prompt_cache_breakpoint") == []
+    kept, plan = optimise(OPENAI, CHAT, {**first, "prompt_cache_key": "client-key"})
+    assert kept["prompt_cache_key"] == "client-key" and plan.cache_key is None
+
+
+def test_openai_breakpoints_on_gpt_5_6_only_on_user_system_tool_parts() -> None:
+    body = {
+        "model": "gpt-5.6",
+        "messages": [
+            {"role": "system", "content": "word " * 2000},
+            {"role": "user", "content": "question"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "answer", "prompt_cache_breakpoint": {"mode": "explicit"}}
+                ],
+            },
+            {"role": "user", "content": "more"},
+        ],
+    }
+    out, plan = optimise(OPENAI, CHAT, body)
+    marker = {"mode": "explicit"}
+    assert out["messages"][0]["content"] == [
+        {"type": "text", "text": "word " * 2000, "prompt_cache_breakpoint": marker}
+    ]
+    assert out["messages"][1]["content"] == [
+        {"type": "text", "text": "question", "prompt_cache_breakpoint": marker}
+    ]
+    assert out["messages"][2]["content"] == [{"type": "text", "text": "answer"}]
+    assert out["messages"][3]["content"] == [
+        {"type": "text", "text": "more", "prompt_cache_breakpoint": marker}
+    ]
+    assert len(plan.markers) == 3  # implicit mode: the automatic breakpoint takes the 4th slot
+    assert plan.markers[1].origin == "moved"

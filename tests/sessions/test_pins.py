@@ -1,0 +1,78 @@
+"""Pins: first-seen tool order, schemas and tool-call inputs, in canonicalise's shape."""
+
+from __future__ import annotations
+
+from proxy.pipeline.canonicalise import SessionPins
+from proxy.pipeline.session import update_pins
+from proxy.providers import ANTHROPIC, OPENAI
+
+PATH = "/v1/messages"
+
+
+def body(tools: list[dict], messages: list[dict] | None = None) -> dict:
+    return {"tools": tools, "messages": messages or [{"role": "user", "content": "hi"}]}
+
+
+def tool(name: str, schema: dict) -> dict:
+    return {"name": name, "input_schema": schema}
+
+
+def test_first_seen_wins_and_new_tools_append() -> None:
+    shape = ANTHROPIC.tool_shape(PATH)
+    first = body(
+        [
+            tool("read", {"type": "object", "properties": {"b": {}, "a": {}}}),
+            tool("grep", {"type": "object"}),
+        ],
+        [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "1", "name": "read", "input": {"path": "x", "limit": 1}}
+                ],
+            },
+        ],
+    )
+    pins = update_pins(None, ANTHROPIC.prefix_blocks(PATH, first), shape)
+    assert pins == {
+        "pinned_tool_order": ["read", "grep"],
+        "pinned_schemas": {
+            "read": {"type": "object", "properties": {"b": {}, "a": {}}},
+            "grep": {"type": "object"},
+        },
+        "pinned_inputs": {"read": {"path": "x", "limit": 1}},
+    }
+    second = body(
+        [tool("edit", {"type": "object"}), tool("read", {"properties": {"a": {}, "b": {}}, "type": "object"})]
+    )
+    later = update_pins(pins, ANTHROPIC.prefix_blocks(PATH, second), shape)
+    assert later["pinned_tool_order"] == ["read", "grep", "edit"]
+    assert list(later["pinned_schemas"]["read"]) == ["type", "properties"]
+    assert pins["pinned_tool_order"] == ["read", "grep"]  # input untouched
+    assert SessionPins.coerce(later).pinned_tool_order == ("read", "grep", "edit")
+
+
+def test_openai_chat_tool_names() -> None:
+    path = "/v1/chat/completions"
+    request = {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    pins = update_pins(None, OPENAI.prefix_blocks(path, request), OPENAI.tool_shape(path))
+    assert pins["pinned_tool_order"] == ["f"]
+    assert pins["pinned_schemas"] == {"f": {"type": "object"}}
+
+
+def test_sent_markers_positions_and_ttls() -> None:
+    from proxy.pipeline.session import sent_markers
+
+    sent = {
+        "tools": [{"name": "t", "input_schema": {}, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+    }
+    blocks = ANTHROPIC.prefix_blocks(PATH, sent)
+    assert sent_markers(blocks, sent) == ((0, 1), ("1h", "5m"))
+    automatic = {**sent, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    assert sent_markers(blocks, automatic) == ((0, 1, 3), ("1h", "5m", "1h"))

@@ -1,0 +1,115 @@
+"""`RecordStore`: timing and error metrics per backend, bounded waits, failures absorbed."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy.metrics import Metrics
+from proxy.store import RecordStore, open_store
+from proxy.store.record import SessionRecord, Sidecar
+from proxy.store.redis import RedisStore
+from proxy.store.sqlite import SqliteStore
+
+RECORD = SessionRecord(
+    chain=b"\x00" * 32,
+    ends=(5, 9),
+    model="m",
+    params_digest=b"\x01" * 16,
+    sidecars=(Sidecar(0, b"\x02" * 16, b'{"role":"user","content":"hi"}'),),
+)
+
+
+def sample(metrics: Metrics, name: str, backend: str, operation: str) -> float:
+    value = metrics.registry.get_sample_value(name, {"backend": backend, "operation": operation})
+    return 0.0 if value is None else value
+
+
+def errors(metrics: Metrics, backend: str, operation: str) -> float:
+    return sample(metrics, "promptcache_session_store_errors_total", backend, operation)
+
+
+def timings(metrics: Metrics, backend: str, operation: str) -> float:
+    return sample(metrics, "promptcache_session_store_operation_duration_seconds_count", backend, operation)
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics(CollectorRegistry())
+
+
+async def test_save_load_counts_timings(metrics: Metrics) -> None:
+    store = RecordStore(open_store("memory://"), metrics)
+    assert await store.save("t", "s", RECORD)
+    assert await store.load("t", "s") == RECORD
+    assert await store.load("t", "other") is None
+    assert timings(metrics, "memory", "put") == 1
+    assert timings(metrics, "memory", "get") == 2
+    assert errors(metrics, "memory", "get") == 0
+
+
+async def test_unreadable_record_is_a_counted_miss(metrics: Metrics) -> None:
+    backend = open_store("memory://")
+    await backend.put("t", "s", b"garbage", 60)
+    store = RecordStore(backend, metrics)
+    assert await store.load("t", "s") is None
+    assert errors(metrics, "memory", "get") == 1
+
+
+@pytest.fixture
+async def blackhole() -> AsyncIterator[int]:
+    """A TCP server that accepts connections and never answers."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    yield server.sockets[0].getsockname()[1]
+    for writer in held:
+        writer.close()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_slow_store_is_bounded_and_counted(metrics: Metrics, blackhole: int) -> None:
+    backend = RedisStore(f"redis://127.0.0.1:{blackhole}/0")
+    store = RecordStore(backend, metrics, get_timeout=0.05, put_timeout=0.05)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await store.load("t", "s") is None
+    assert not await store.save("t", "s", RECORD)
+    assert loop.time() - started < 0.5
+    assert errors(metrics, "redis", "get") == 1
+    assert errors(metrics, "redis", "put") == 1
+    await store.close()
+
+
+async def test_unreachable_redis_is_counted(metrics: Metrics) -> None:
+    from tests.store.redis_server import free_port
+
+    store = RecordStore(open_store(f"redis://127.0.0.1:{free_port()}/0"), metrics)
+    assert await store.load("t", "s") is None
+    assert not await store.save("t", "s", RECORD)
+    assert errors(metrics, "redis", "get") == 1
+    assert errors(metrics, "redis", "put") == 1
+    await store.close()
+
+
+async def test_locked_sqlite_is_counted_then_recovers(metrics: Metrics, tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    store = RecordStore(SqliteStore(path), metrics)
+    assert await store.save("t", "s", RECORD)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    assert not await store.save("t", "s", RECORD)
+    assert errors(metrics, "sqlite", "put") == 1
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert await store.load("t", "s") == RECORD
+    await store.close()

@@ -1,0 +1,118 @@
+"""Rule files: the packaged ones load; invalid ones name file, key path and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.rules import PACKAGED_DIR, RuleError, check_rules, check_rules_command, load_rules
+
+GOOD_RULE = """\
+version: 1
+rules:
+  - name: stamp
+    kind: line
+    pattern: '\\d{4}-\\d{2}-\\d{2}T'
+    tier: volatile
+"""
+
+
+def _folder(tmp_path: Path, rules: str, models: str | None = None) -> Path:
+    (tmp_path / "default.yaml").write_text(rules, encoding="utf-8")
+    if models is not None:
+        (tmp_path / "models.yaml").write_text(models, encoding="utf-8")
+    return tmp_path
+
+
+def test_packaged_rules_load_and_pass_check() -> None:
+    rules = load_rules()
+    assert {r.kind for r in rules.rules} == {"block", "section", "paragraph", "line"}
+    assert check_rules(PACKAGED_DIR) == []
+    assert rules.min_tokens("claude-opus-4-6-20260101") == 4096
+    assert rules.min_tokens("claude-opus-4-20250514") == 1024
+    assert rules.min_tokens("claude-opus-5") == 512
+    assert rules.min_tokens("some-new-model") == rules.default_min_tokens == 1024
+    assert rules.min_tokens(None) == 1024
+
+
+def test_unknown_key_names_file_path_and_line(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, GOOD_RULE + "    colour: blue\n")
+    errors = check_rules(folder)
+    assert len(errors) == 1
+    assert errors[0].startswith(f"{folder / 'default.yaml'}:7: rules[0].colour: unknown key")
+
+
+def test_bad_values_each_reported_with_their_line(tmp_path: Path) -> None:
+    text = """\
+version: 1
+rules:
+  - name: a
+    kind: line
+    pattern: '(unclosed'
+    tier: volatile
+  - name: a
+    kind: chunk
+    pattern: 'x'
+    tier: permanent
+    move_to_user: true
+  - name: b
+    kind: line
+    pattern: 'x'
+    tier: session
+    end: 'y'
+"""
+    errors = check_rules(_folder(tmp_path, text))
+    where = [e.split(": ", 2)[0].rsplit(":", 1)[1] + " " + e.split(": ", 2)[1] for e in errors]
+    assert where == [
+        "5 rules[0].pattern",
+        "7 rules[1].name",
+        "8 rules[1].kind",
+        "10 rules[1].tier",
+        "11 rules[1].move_to_user",
+        "16 rules[2].end",
+    ]
+    assert "invalid regular expression" in errors[0]
+    assert "duplicate rule name 'a'" in errors[1]
+
+
+def test_yaml_syntax_error_and_missing_version(tmp_path: Path) -> None:
+    errors = check_rules(_folder(tmp_path, "version: 1\nrules:\n  - name: [unclosed\n"))
+    assert len(errors) == 1 and ":4: invalid YAML" in errors[0]
+    errors = check_rules(_folder(tmp_path, "rules: []\n"))
+    assert errors == [f"{tmp_path / 'default.yaml'}:1: (top): missing `version: 1`"]
+    errors = check_rules(_folder(tmp_path, "version: 2\nrules: []\n"))
+    assert errors == [f"{tmp_path / 'default.yaml'}:1: version: unsupported version 2 (supported: 1)"]
+
+
+def test_models_file_errors(tmp_path: Path) -> None:
+    models = "version: 1\ndefault_min_tokens: lots\nmin_tokens:\n  claude-x: -5\n  gpt-: 1024\n"
+    errors = check_rules(_folder(tmp_path, GOOD_RULE, models))
+    assert errors == [
+        f"{tmp_path / 'models.yaml'}:2: default_min_tokens: must be a whole number of tokens >= 0",
+        f"{tmp_path / 'models.yaml'}:4: min_tokens.claude-x: must be a whole number of tokens >= 0",
+    ]
+
+
+def test_load_raises_with_every_error_and_extra_files_merge(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, GOOD_RULE)
+    (folder / "extra.rules.yaml").write_text(GOOD_RULE, encoding="utf-8")
+    (folder / "simulator.yaml").write_text("not: [our, file\n", encoding="utf-8")  # never read here
+    with pytest.raises(RuleError) as caught:
+        load_rules(folder)
+    assert caught.value.errors == [
+        f"{folder / 'extra.rules.yaml'}:3: rules[0].name: duplicate rule name 'stamp' "
+        f"(first at {folder / 'default.yaml'}:3)"
+    ]
+    (folder / "extra.rules.yaml").write_text(GOOD_RULE.replace("stamp", "other"), encoding="utf-8")
+    assert [r.name for r in load_rules(folder).rules] == ["stamp", "other"]
+
+
+def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_rules_command(str(PACKAGED_DIR)) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+    assert check_rules_command(None) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+    assert check_rules_command(str(_folder(tmp_path, "version: 1\nrules: 3\n"))) == 1
+    assert capsys.readouterr().err == f"{tmp_path / 'default.yaml'}:2: rules: must be a list of rules\n"
+    assert check_rules_command(str(tmp_path / "missing")) == 1

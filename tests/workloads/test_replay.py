@@ -1,0 +1,142 @@
+"""`promptcache replay`: exact totals on a hand-made trace, equalities between strategies, and the
+oracle's bound against every strategy on every committed trace (one replay of the suite)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import orjson
+import pytest
+
+from proxy import replay
+from proxy.workloads.oracle import optimum
+from proxy.workloads.runner import Progress, replay_traces
+from proxy.workloads.strategies import STRATEGIES, naive_body
+from proxy.workloads.suite import COMMITTED_DIR, SUITE
+from proxy.workloads.trace import Trace, dumps_trace, load_trace
+from tests.workloads.test_oracle import COUNTER, SYSTEM, message_tokens, request, turns
+
+OPUS_INPUT, OPUS_WRITE_5M, OPUS_READ = 5.00, 6.25, 0.50  # USD per million tokens, rules/pricing.yaml
+
+
+def small_trace() -> Trace:
+    return Trace(
+        "small",
+        "three turns, the last after 400 s",
+        (
+            request(0, turns("u1")),
+            request(10, turns("u1", "a1", "u2")),
+            request(400, turns("u1", "a1", "u2", "a2", "u3")),
+        ),
+    )
+
+
+async def test_small_trace_exact_totals():
+    t1 = COUNTER.count(SYSTEM) + message_tokens("u1")
+    t2 = t1 + message_tokens("a1") + message_tokens("u2")
+    t3 = t2 + message_tokens("a2") + message_tokens("u3")
+    report = await replay_traces([small_trace()], list(STRATEGIES))
+    (result,) = report.traces
+    none, naive, pc = (result.tallies[s] for s in STRATEGIES)
+    assert (none.requests, none.errors, none.read, none.write, none.none) == (3, 0, 0, 0, t1 + t2 + t3)
+    # naive: request 1 writes everything, request 2 reads request 1 (20-position lookback from
+    # its last block) and writes the rest, request 3 comes 400 s later: every 5m entry is gone.
+    assert (naive.read, naive.write_5m, naive.write_1h, naive.none) == (t1, t2 + t3, 0, 0)
+    assert naive.cost == pytest.approx((t1 * OPUS_READ + (t2 + t3) * OPUS_WRITE_5M) / 1e6)
+    assert naive.uncached_cost == none.cost == pytest.approx((t1 + t2 + t3) * OPUS_INPUT / 1e6)
+    assert result.optimum_read == t1 + t2 and result.optimum_total == t1 + t2 + t3
+    assert result.attainment("naive") == pytest.approx(t1 / (t1 + t2))
+    assert pc.errors == 0 and result.stage_errors == 0
+    assert all(
+        o.read <= bound for o, bound in zip(result.outcomes["promptcache"], result.optimum_reads, strict=True)
+    )
+
+
+def test_naive_marks_the_last_system_block_and_last_message_only():
+    body = request(0, turns("u1", "a1", "u2")).body
+    out = naive_body("/v1/messages", body)
+    assert out["system"] == [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    assert out["messages"][-1]["content"] == [
+        {"type": "text", "text": "u2", "cache_control": {"type": "ephemeral"}}
+    ]
+    assert out["messages"][:2] == body["messages"][:2] and body["system"] == SYSTEM  # input untouched
+    chat = {"model": "gpt-5.1", "messages": [{"role": "user", "content": "x"}]}
+    assert naive_body("/v1/chat/completions", chat) is chat
+
+
+async def test_optimum_bounds_every_strategy_on_every_committed_trace():
+    traces = [load_trace(COMMITTED_DIR / f"{w.name}.jsonl") for w in SUITE if w.committed]
+    report = await replay_traces(traces, list(STRATEGIES))
+    for result in report.traces:
+        bounds = list(zip(result.optimum_reads, result.client_totals, strict=True))
+        for strategy in STRATEGIES:
+            over = []
+            for i, (o, (bound, client)) in enumerate(zip(result.outcomes[strategy], bounds, strict=True)):
+                # The oracle counts the client's tokens: a proxy that adds tokens to a request (a
+                # moved segment's wrapper, say) may read at most that many more. none/naive add none.
+                sent = o.read + o.write_5m + o.write_1h + o.none
+                added = max(0, sent - client) if strategy == "promptcache" else 0
+                if o.read > bound + added:
+                    over.append((i, o.read, bound, added))
+                assert o.status >= 300 or not o.error, (result.name, strategy, i, o.error)
+                if strategy != "promptcache":  # usage read right from JSON and SSE alike
+                    assert sent == client, (result.name, strategy, i)
+            assert not over, f"{result.name} {strategy}: (request, read, optimum, added) {over}"
+        errors = {s: result.tallies[s].errors for s in ("none", "naive")}
+        assert errors == (
+            {"none": 5, "naive": 5} if result.name == "client-markers-5" else {"none": 0, "naive": 0}
+        )
+    by_name = {r.name: r for r in report.traces}
+    for name in ("openai-chat-agent", "openai-responses-agent"):
+        assert by_name[name].tallies["naive"] == by_name[name].tallies["none"]
+    # pre-5.6 OpenAI caching has nothing to choose: the oracle's raw bound is the simulator's count
+    chat = by_name["openai-chat-agent"]
+    raw = [b.raw_read for b in optimum(traces[[t.name for t in traces].index("openai-chat-agent")]).requests]
+    assert [o.read for o in chat.outcomes["none"]] == raw
+    # a stable session with no client markers: a marker on the last block each turn is optimal
+    assert by_name["no-markers"].tallies["naive"].read == by_name["no-markers"].optimum_read
+
+
+def _args(**overrides):
+    values = {
+        "traces": [],
+        "upstream": "sim",
+        "strategy": "all",
+        "json": False,
+        "per_request": False,
+        "cache_dir": None,
+        "quiet": True,
+    }
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_cli_json_and_text(tmp_path, capsys):
+    path = tmp_path / "small.jsonl"
+    path.write_bytes(dumps_trace(small_trace()))
+    assert replay.run(_args(traces=[str(path)], strategy="naive", json=True, per_request=True)) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    (trace,) = out["traces"]
+    assert trace["trace"] == "small" and list(trace["strategies"]) == ["naive"]
+    assert [o["status"] for o in trace["outcomes"]["naive"]] == [200, 200, 200]
+    assert (
+        out["total"]["naive"]["read"]
+        == trace["strategies"]["naive"]["read"]
+        == trace["outcomes"]["naive"][1]["read"]
+    )
+    assert replay.run(_args(traces=[str(tmp_path)], strategy="none")) == 0
+    text = capsys.readouterr().out
+    assert "small" in text and "optimum" in text and text.splitlines()[-2].startswith("TOTAL")
+
+
+def test_cli_bad_arguments(capsys):
+    assert replay.run(_args(traces=["no-such-workload"])) == 2
+    assert "no such file, directory or workload" in capsys.readouterr().err
+    assert replay.run(_args(traces=["no-markers"], upstream="ftp://x")) == 2
+
+
+async def test_progress_lines_when_not_a_terminal():
+    stream = io.StringIO()
+    await replay_traces([small_trace()], ["none"], progress=Progress(stream))
+    assert stream.getvalue() == "small none                               3 requests hit 0.0%\n"
