@@ -19,8 +19,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
+from proxy.debug import LastMeasurements, session_handler
 from proxy.handlers import healthz, metrics_handler, proxy_handler, readyz
 from proxy.metrics import Metrics
+from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.store import store_ctx
@@ -100,9 +102,17 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
-    """The proxy as an aiohttp application; `registry` defaults to a fresh one."""
+    """The proxy as an aiohttp application; `registry` defaults to a fresh one.
+
+    Raises `proxy.rules.RuleError` (naming file, key path and line) when the rules are invalid.
+    """
     app = web.Application(client_max_size=settings.max_body_bytes)
-    app[SERVICES] = Services(settings=settings, metrics=Metrics(registry))
+    app[SERVICES] = Services(
+        settings=settings,
+        metrics=Metrics(registry),
+        rules=load_rules(settings.rules_dir),
+        last_measurements=LastMeasurements(),
+    )
     app.cleanup_ctx.append(_resolve_upstreams)
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(store_ctx)
@@ -110,16 +120,19 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     app.router.add_get("/readyz", readyz)
     if settings.admin_port is None:
         app.router.add_get("/metrics", metrics_handler)
+        app.router.add_get("/debug/sessions/{session_id}", session_handler)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
 
 def create_admin_app(proxy_app: web.Application) -> web.Application:
-    """The separate admin listener (`admin_port`): `/metrics` and health of `proxy_app`."""
+    """The separate admin listener (`admin_port`): `/metrics`, `/debug/sessions/{id}` and health
+    of `proxy_app`."""
     admin = web.Application()
     admin[SERVICES] = proxy_app[SERVICES]
     admin.router.add_get("/metrics", metrics_handler)
     admin.router.add_get("/healthz", healthz)
+    admin.router.add_get("/debug/sessions/{session_id}", session_handler)
     return admin
 
 

@@ -30,6 +30,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="memory://, sqlite:///path or redis://host:port/db")
     parser.add_argument("--admin-port", type=int, help="separate listener for /metrics")
     parser.add_argument("--record", help="append every request body to this JSONL trace (no credentials)")
+    parser.add_argument("--rules-dir", help="folder of rule files (default: the packaged rules/)")
 
 
 async def _serve_forever(args: argparse.Namespace) -> int:
@@ -45,14 +46,24 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "store": args.store,
         "admin_port": args.admin_port,
         "record": args.record,
+        "rules_dir": args.rules_dir,
     }
+    from proxy.rules import RuleError
+
     try:
         settings = load_settings(args.config, overrides=overrides)
     except SettingsError as exc:
         print(f"promptcache: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    runner, url = await start_proxy(settings)
+    try:
+        runner, url = await start_proxy(settings)
+    except RuleError as exc:
+        print(f"promptcache: invalid rules:\n{exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"promptcache: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        return 1
     runners = [runner]
     if settings.admin_port is not None:
         admin = web.AppRunner(create_admin_app(runner.app), access_log=None)

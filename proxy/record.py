@@ -2,8 +2,9 @@
 
 Format (the workload format `promptcache replay` reads): one JSON object per line,
 `{"gap": seconds since the previous recorded request, "path": "/v1/messages", "headers":
-{session headers only}, "body": {the client's request body}}`. Credentials never enter a trace:
-only the headers named in `settings.session_headers` are kept. Lines are written in arrival
+{session and prompt-affecting headers only}, "body": {the client's request body}}`. Credentials
+never enter a trace: only the headers named in `settings.session_headers` and those that change
+what a provider caches (`anthropic-beta`, `anthropic-version`) are kept. Lines are written in arrival
 order by one dedicated thread, so the event loop never blocks on the file.
 """
 
@@ -13,9 +14,14 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
 import orjson
 from multidict import CIMultiDictProxy
+
+
+PROMPT_HEADERS: Final = ("anthropic-beta", "anthropic-version")
+"""Headers that are part of what the provider caches (PROVIDERS.md 1.8, 1.13)."""
 
 
 class TraceRecorder:
@@ -23,7 +29,7 @@ class TraceRecorder:
 
     def __init__(self, path: Path, session_headers: tuple[str, ...]) -> None:
         self.path = path
-        self._headers = tuple(h.lower() for h in session_headers)
+        self._headers = tuple(h.lower() for h in session_headers) + PROMPT_HEADERS
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-record")
         self._last: float | None = None
         self._pending: set[asyncio.Future[None]] = set()

@@ -17,6 +17,8 @@ class Services:
     """The loaded `RuleSet` (proxy.rules), `None` until rules are loaded."""
     recorder: Any = None
     """The `TraceRecorder` (proxy.record) when `settings.record` is set."""
+    last_measurements: Any = None
+    """`proxy.debug.LastMeasurements`: newest measurement per session, for `/debug/sessions`."""
     store: Any = None
     """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
     sessions: Any = None

@@ -171,9 +171,10 @@ async def test_record_writes_a_workload_trace_without_credentials(
                 await r.read()
     await proxy.runner.cleanup()
     lines = [orjson.loads(line) for line in trace.read_bytes().splitlines()]
+    kept = {"x-claude-code-session-id": "s-1", "anthropic-version": "2023-06-01"}
     assert [(x["path"], x["headers"], x["body"]["max_tokens"]) for x in lines] == [
-        ("/v1/messages", {"x-claude-code-session-id": "s-1"}, 0),
-        ("/v1/messages", {"x-claude-code-session-id": "s-1"}, 1),
+        ("/v1/messages", kept, 0),
+        ("/v1/messages", kept, 1),
     ]
     assert lines[0]["gap"] == 0.0 and lines[1]["gap"] >= 0.0
     assert b"sk-ant-secret-value-123" not in trace.read_bytes()

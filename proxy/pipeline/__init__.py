@@ -24,7 +24,10 @@ import time
 from typing import Final, Protocol
 
 from proxy.exchange import Exchange
-from proxy.pipeline import breakpoints, canonicalise, parse, reorder, replay, serialise, session
+import orjson
+
+from proxy.pipeline import breakpoints, canonicalise, diagnostics, parse, reorder, replay, serialise, session
+from proxy.providers.base import JSONObject
 from proxy.services import Services
 
 _log = logging.getLogger("promptcache.pipeline")
@@ -45,9 +48,19 @@ REQUEST_STAGES: Final[tuple[Stage, ...]] = (
     canonicalise.STAGE,
     reorder.STAGE,
     replay.STAGE,
+    diagnostics.STAGE,
     breakpoints.STAGE,
     serialise.STAGE,
 )
+
+
+def _client_body(raw: bytes) -> JSONObject | None:
+    """The client's body as parsed JSON, so measurement sees what is really sent after a fail-open."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 async def run_request_stages(
@@ -65,6 +78,7 @@ async def run_request_stages(
         except Exception as exc:  # noqa: BLE001 - fail open is the contract
             exchange.failed_stage = stage.name
             exchange.upstream_body = None
+            exchange.body = _client_body(exchange.raw)
             metrics.stage_errors.labels(stage.name).inc()
             _log.warning(
                 "stage %s failed (%s); forwarding the client's original bytes",

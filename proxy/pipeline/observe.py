@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from proxy.debug import remember_measurement
 from proxy.exchange import Exchange
 from proxy.measure import measure
 from proxy.pipeline.session import after_response
@@ -34,6 +35,7 @@ async def observe(exchange: Exchange, services: Services) -> None:
     try:
         record_usage(exchange, services)
         measure(exchange, services)
+        remember_measurement(exchange, services)
     except Exception as exc:  # noqa: BLE001 - fail open
         services.metrics.stage_errors.labels("observe").inc()
         _log.warning("observe failed (%s)", type(exc).__name__)
