@@ -1,351 +1,235 @@
 """`promptcache explain A.json B.json`: offline forensics of why B would miss A's cache.
 
-Pure core `explain(a, b, path)` -> `Explanation`, the same comparison `proxy.measure` makes on
-live traffic (`find_divergence`, `predict_read`), plus what only an offline diff can show:
-- the first divergent block (index and body path, e.g. `system[2]`), the first differing value
-  inside it (`system[2].text`) and, for strings, the character offset in that string;
-- the byte offset of the first differing byte in the canonical stream (`proxy.prefix` block
-  bytes, markers removed) and the estimated tokens before it (bytes / 4, rounded up);
-- the cause (DESIGN.md section 6); offline, `history_rewritten` means an earlier message of A
-  (not its last one) changed, and `expired` needs B's response (`usage=`);
-- a short before/after excerpt around the difference;
-- the breakpoint plan promptcache would send for B (`proxy.pipeline.breakpoints`, pure), when
-  that planner is available; A's markers are the previous request's breakpoints.
+The command side: read the two inputs, pick the API they were sent to, run the pure core
+(`proxy.forensics.explain`, re-exported here with `Explanation`), ask the breakpoint planner what
+promptcache would send for B, and print the result for a person (`render`).
 
-A is the reference (the previous request); `{}` as A means B is a first request. B "extends" A
-when the cause is `none` and B is at least as long: the command exits 0 then, 1 otherwise, 2 when
-an input cannot be read. The provider is chosen by `--provider` or detected from the body shape.
-Neither input is modified.
+Inputs: each file holds one request body, or one line of a recorded trace (`{"gap", "path",
+"headers", "body"}`, `proxy/record.py`), whose `body` is used and whose `path` and `headers` say
+which API it went to. A is the reference (the previous request); `{}` as A means B is a first
+request. Neither input is modified.
+
+API detection (`detect_path`, `--provider auto`): a trace line's `path` wins; otherwise the
+shape of both bodies is scored (`body_signals`), since a single key rarely decides it. Anthropic
+Messages signals: `anthropic-version` / `anthropic-beta` in a recorded headers object, top-level
+`system`, `cache_control` anywhere, `input_schema` tools, Anthropic-only content block types
+(`tool_use`, `tool_result`, `thinking`, `image`, `document` ...), top-level `thinking`,
+`stop_sequences`, `top_k`, `output_config`, `context_management`, a `tool_choice` of type
+`any`/`tool`, and, weakly, `max_tokens` with typed content blocks and a `claude` model. OpenAI
+signals: `input` / `instructions` / `previous_response_id` (Responses), `tool_calls`, roles `tool`
+and `developer`, `function` tools, OpenAI-only content parts (`image_url`, `input_text` ...),
+`prompt_cache_breakpoint`, `prompt_cache_key` / `_retention` / `_options`, `response_format`,
+`stream_options`, `max_completion_tokens`, `reasoning_effort`, and, weakly, a `gpt-`/`o`-series
+model. A `system`-role message inside `messages` is only a weak OpenAI signal: Anthropic accepts
+it too (PROVIDERS.md 1.8; Claude Code sends one). The side with more weight wins; a tie is
+Anthropic. `--provider openai` picks Responses when a Responses signal is present, else Chat.
+
+Exit status: 0 when B extends A, 1 otherwise, 2 when an input or the rules cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 import orjson
 
-from proxy.measure import (
-    find_divergence,
-    is_expired,
-    lookback_positions,
-    marker_positions,
-    params_digest,
-    predict_read,
-    request_model,
-    volatile_checker,
+from proxy.forensics import (
+    ANTHROPIC_PATH,
+    CHAT_PATH,
+    RESPONSES_PATH,
+    Explanation,
+    excerpt,
+    explain,
+    first_difference,
 )
-from proxy.prefix import MARKER_KEYS, PrefixChain, block_bytes, chain_blocks, estimate_tokens
+from proxy.measure import marker_positions, request_model, volatile_checker
+from proxy.prefix import estimate_tokens
 from proxy.providers import route
-from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
+from proxy.providers.base import JSONObject, ProviderAdapter, Usage
 from proxy.rules import RuleError, load_rules
 
-EXCERPT_CHARS: Final = 40
-"""Characters of context on each side of the difference in an excerpt."""
-ANTHROPIC_PATH: Final = "/v1/messages"
-CHAT_PATH: Final = "/v1/chat/completions"
-RESPONSES_PATH: Final = "/v1/responses"
+__all__ = [
+    "Explanation",
+    "RequestInput",
+    "add_arguments",
+    "body_signals",
+    "detect_path",
+    "excerpt",
+    "explain",
+    "explain_command",
+    "first_difference",
+    "plan_lines",
+    "render",
+    "run",
+]
+
+STRONG: Final = 2
+"""Weight of a signal only one API's requests carry."""
+WEAK: Final = 1
+"""Weight of a signal that merely leans one way (a model name, a key both APIs accept)."""
+DECISIVE: Final = 8
+"""Weight of a recorded `anthropic-*` header: outweighs any body shape."""
 _OPENAI_MODEL_PREFIXES: Final = ("gpt-", "o1", "o3", "o4", "chatgpt-", "codex-")
+_ANTHROPIC_BLOCKS: Final = frozenset(
+    {
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "redacted_thinking",
+        "image",
+        "document",
+        "search_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "container_upload",
+        "tool_reference",
+    }
+)
+_OPENAI_PARTS: Final = frozenset(
+    {"image_url", "input_audio", "file", "input_text", "input_image", "input_file", "output_text", "refusal"}
+)
+_ANTHROPIC_KEYS: Final = (
+    "system",
+    "thinking",
+    "stop_sequences",
+    "top_k",
+    "output_config",
+    "context_management",
+)
+_OPENAI_KEYS: Final = (
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "response_format",
+    "stream_options",
+    "max_completion_tokens",
+    "reasoning_effort",
+)
+_RESPONSES_KEYS: Final = ("input", "instructions", "previous_response_id")
+_PATHS: Final = frozenset({ANTHROPIC_PATH, CHAT_PATH, RESPONSES_PATH})
+
+
+# --- inputs and detection ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class Explanation:
-    """Why B does (not) share A's prefix. Offsets are in B's canonical stream."""
+class RequestInput:
+    """One input file: the request body, plus the path and headers when it is a trace line."""
 
-    provider: str
-    path: str
-    """API path the bodies were read as (`/v1/messages`, `/v1/chat/completions`, `/v1/responses`)."""
-    cause: str
-    section: str
-    extends: bool
-    """B shares all of A's prefix (cause `none`, B not shorter): exit status 0."""
-    block_index: int
-    """First block B does not share with A (A's length for an append)."""
-    block_path: str | None
-    """Body path of that block in B (`system[2]`), `None` when no block differs."""
-    field_path: str | None
-    """Path of the first differing value inside it (`system[2].text`)."""
-    char_offset: int | None
-    """Character offset of the difference in the string at `field_path`, when it is a string."""
-    byte_offset: int
-    """First differing byte of the canonical stream (bytes before the divergence)."""
-    tokens_before: int
-    """Estimated tokens before `byte_offset`."""
-    before: str | None
-    """Excerpt of A around the difference."""
-    after: str | None
-    """Excerpt of B around the difference."""
-    detail: str | None
-    """One line on what changed outside the blocks (model, params) or in the block count."""
-    a_blocks: int
-    b_blocks: int
-    a_bytes: int
-    b_bytes: int
-    predicted_read_tokens: int
-    """Estimated tokens A's breakpoints let B read."""
-    plan: tuple[str, ...] | None
-    """Breakpoint plan promptcache would send for B, one line per marker; `None` = unavailable."""
+    body: JSONObject
+    path: str | None = None
+    headers: Mapping[str, str] | None = None
 
 
-# --- detection ---------------------------------------------------------------------------------
+def request_input(data: JSONObject) -> RequestInput:
+    """A trace line (`body` object next to `path` or `headers`) unwrapped, else the body itself."""
+    body = data.get("body")
+    if isinstance(body, dict) and ("path" in data or "headers" in data):
+        path = data.get("path")
+        headers = data.get("headers")
+        return RequestInput(
+            body,
+            path if path in _PATHS else None,
+            {str(k).lower(): str(v) for k, v in headers.items()} if isinstance(headers, dict) else None,
+        )
+    return RequestInput(data)
 
 
-def _detect_one(body: JSONObject) -> str | None:
-    if "input" in body or "instructions" in body:
-        return RESPONSES_PATH
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict) and (
-                message.get("role") in ("system", "developer", "tool") or "tool_calls" in message
-            ):
-                return CHAT_PATH
-    tools = body.get("tools")
-    if isinstance(tools, list):
-        for tool in tools:
-            if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
-                return CHAT_PATH
-            if isinstance(tool, dict) and "input_schema" in tool:
-                return ANTHROPIC_PATH
-    if "system" in body:
-        return ANTHROPIC_PATH
-    model = body.get("model")
-    if isinstance(model, str):
-        if model.startswith("claude"):
-            return ANTHROPIC_PATH
-        if model.startswith(_OPENAI_MODEL_PREFIXES):
-            return CHAT_PATH
-    return None
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """Weighted evidence of which API a body was written for (see the module docstring)."""
+
+    anthropic: int = 0
+    openai: int = 0
+    responses: bool = False
+    """A Responses-only key is present."""
+
+    def __add__(self, other: Signals) -> Signals:
+        return Signals(
+            self.anthropic + other.anthropic, self.openai + other.openai, self.responses or other.responses
+        )
 
 
-def detect_path(a: JSONObject, b: JSONObject, provider: str = "auto") -> str:
-    """API path for `provider` (`anthropic`, `openai` or `auto`: by body shape, Anthropic if unsure)."""
+def _blocks(body: JSONObject) -> list[dict[str, Any]]:
+    """Content blocks / parts of every message or input item, plus the system blocks."""
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    containers: list[Any] = [system] if isinstance(system, list) else []
+    for key in ("messages", "input"):
+        items = body.get(key)
+        if isinstance(items, list):
+            containers.extend(m.get("content") for m in items if isinstance(m, dict))
+    for content in containers:
+        if isinstance(content, list):
+            out.extend(b for b in content if isinstance(b, dict))
+    return out
+
+
+def body_signals(body: JSONObject, headers: Mapping[str, str] | None = None) -> Signals:
+    """The weighted Anthropic / OpenAI evidence in one body (and its recorded headers)."""
+    anthropic = openai = 0
+    if headers and any(h in headers for h in ("anthropic-version", "anthropic-beta")):
+        anthropic += DECISIVE
+    anthropic += STRONG * sum(1 for k in _ANTHROPIC_KEYS if k in body)
+    openai += STRONG * sum(1 for k in _OPENAI_KEYS if k in body)
+    responses = any(k in body for k in _RESPONSES_KEYS)
+    openai += STRONG * sum(1 for k in _RESPONSES_KEYS if k in body)
+    tool_choice = body.get("tool_choice")
+    if isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool"):
+        anthropic += STRONG
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    if any("input_schema" in t for t in tools):
+        anthropic += STRONG
+    if any(isinstance(t.get("function"), dict) or t.get("type") == "function" for t in tools):
+        openai += STRONG
+    blocks = _blocks(body)
+    kinds = {b.get("type") for b in blocks}
+    if kinds & _ANTHROPIC_BLOCKS:
+        anthropic += STRONG
+    if kinds & _OPENAI_PARTS or any("prompt_cache_breakpoint" in b for b in blocks):
+        openai += STRONG
+    if "cache_control" in body or any("cache_control" in b for b in [*blocks, *tools]):
+        anthropic += STRONG
+    if "max_tokens" in body and blocks and kinds <= (_ANTHROPIC_BLOCKS | {"text"}):
+        anthropic += WEAK
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    if any(m.get("role") in ("tool", "developer") or "tool_calls" in m for m in messages):
+        openai += STRONG
+    if any(m.get("role") == "system" for m in messages):
+        openai += WEAK
+    model = request_model(body)
+    if model.startswith("claude"):
+        anthropic += WEAK
+    elif model.startswith(_OPENAI_MODEL_PREFIXES):
+        openai += WEAK
+    return Signals(anthropic, openai, responses)
+
+
+def detect_path(a: JSONObject | RequestInput, b: JSONObject | RequestInput, provider: str = "auto") -> str:
+    """API path for `provider` (`anthropic`, `openai` or `auto`; see the module docstring)."""
+    inputs = [x if isinstance(x, RequestInput) else RequestInput(x) for x in (b, a)]
     if provider == "anthropic":
         return ANTHROPIC_PATH
-    found = _detect_one(b) or _detect_one(a)
+    recorded = next((x.path for x in inputs if x.path is not None), None)
+    signals = sum((body_signals(x.body, x.headers) for x in inputs), Signals())
     if provider == "openai":
-        return RESPONSES_PATH if found == RESPONSES_PATH else CHAT_PATH
-    return found or ANTHROPIC_PATH
+        if recorded in (CHAT_PATH, RESPONSES_PATH):
+            return recorded
+        return RESPONSES_PATH if signals.responses else CHAT_PATH
+    if recorded is not None:
+        return recorded
+    if signals.openai > signals.anthropic:
+        return RESPONSES_PATH if signals.responses else CHAT_PATH
+    return ANTHROPIC_PATH
 
 
-# --- pure core ---------------------------------------------------------------------------------
-
-
-def _strip(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in MARKER_KEYS}
-    return value
-
-
-def first_difference(a: Any, b: Any, path: str) -> tuple[str, int | None, Any, Any]:
-    """`(path, char offset or None, a leaf, b leaf)` of the first differing value, in key order.
-
-    Marker keys are ignored (they are not part of the cached prefix). A renamed or reordered
-    key is reported at the key; strings report the first differing character.
-    """
-    a, b = _strip(a), _strip(b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=False):
-            if ka != kb:
-                return f"{path}.{ka}", None, ka, kb
-            if va != vb:
-                return first_difference(va, vb, f"{path}.{ka}")
-        longer = a if len(a) > len(b) else b
-        extra = list(longer)[min(len(a), len(b))]
-        return f"{path}.{extra}", None, a.get(extra), b.get(extra)
-    if isinstance(a, list) and isinstance(b, list):
-        for i, (va, vb) in enumerate(zip(a, b, strict=False)):
-            if va != vb:
-                return first_difference(va, vb, f"{path}[{i}]")
-        i = min(len(a), len(b))
-        return f"{path}[{i}]", None, a[i] if i < len(a) else None, b[i] if i < len(b) else None
-    if isinstance(a, str) and isinstance(b, str):
-        n = 0
-        limit = min(len(a), len(b))
-        while n < limit and a[n] == b[n]:
-            n += 1
-        return path, n, a, b
-    return path, None, a, b
-
-
-def _common_prefix(x: bytes, y: bytes) -> int:
-    n = 0
-    limit = min(len(x), len(y))
-    while n < limit and x[n] == y[n]:
-        n += 1
-    return n
-
-
-def excerpt(value: Any, at: int | None) -> str:
-    """A short, one-line excerpt of `value` around character `at` (whole value if not a string)."""
-    if not isinstance(value, str):
-        text = "(absent)" if value is None else orjson.dumps(value).decode()
-        return _one_line(text[: 2 * EXCERPT_CHARS] + ("..." if len(text) > 2 * EXCERPT_CHARS else ""))
-    at = at or 0
-    start = max(0, at - EXCERPT_CHARS)
-    end = at + EXCERPT_CHARS
-    return _one_line(("..." if start else "") + value[start:end] + ("..." if end < len(value) else ""))
-
-
-def _one_line(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-
-
-@dataclass(frozen=True, slots=True)
-class _Reference:
-    """A as the `PreviousRequest` measurement compares against."""
-
-    chain: bytes
-    ends: tuple[int, ...]
-    model: str
-    params_digest: bytes
-    breakpoints: tuple[int, ...]
-
-
-def _params_detail(adapter: ProviderAdapter, path: str, a: JSONObject, b: JSONObject) -> str:
-    fa, fb = adapter.params_fingerprint(path, a), adapter.params_fingerprint(path, b)
-    keys = [k for k in dict.fromkeys([*fa, *fb]) if fa.get(k) != fb.get(k)]
-    return "parameters changed: " + ", ".join(keys)
-
-
-def explain(
-    a: JSONObject,
-    b: JSONObject,
-    path: str = ANTHROPIC_PATH,
-    *,
-    usage: Usage | None = None,
-    planner: Any = None,
-    is_volatile: Callable[[Block], bool] | None = None,
-    min_tokens: int = 0,
-) -> Explanation:
-    """Compare request body `b` with the reference `a` as sent to `path` (see module docstring).
-
-    `usage` is B's response usage (enables `expired`); `planner(adapter, path, body)` returns
-    plan lines for B, or `None` when no planner is available (also when `planner` is `None`);
-    `is_volatile(block)` says whether a changed system block matched a volatile rule;
-    `min_tokens` is B's model's minimum cacheable prefix (tokens), below which nothing is read.
-    """
-    adapter, _ = route(path)
-    blocks_a = adapter.prefix_blocks(path, a)
-    blocks_b = adapter.prefix_blocks(path, b)
-    chain_a, chain_b = chain_blocks(blocks_a), chain_blocks(blocks_b)
-    is_first = not a
-    reference = (
-        None
-        if is_first
-        else _Reference(
-            chain_a.chain,
-            chain_a.ends,
-            request_model(a),
-            params_digest(adapter, path, a),
-            marker_positions(blocks_a, a),
-        )
-    )
-    model_b = request_model(b)
-    params_b = params_digest(adapter, path, b)
-    # Offline: a changed block of an earlier message of A (not its last one) is a rewrite.
-    last_message = max((blk.message_index or 0 for blk in blocks_a if blk.section == "messages"), default=-1)
-    probe = find_divergence(reference, chain_b, blocks_b, model_b, params_b)
-    rewritten = (
-        probe.section == "messages"
-        and probe.block_index < len(blocks_a)
-        and (blocks_a[probe.block_index].message_index or 0) < last_message
-    )
-    divergence = find_divergence(
-        reference, chain_b, blocks_b, model_b, params_b, history_rewritten=rewritten, is_volatile=is_volatile
-    )
-    predicted = 0
-    if reference is not None and divergence.cause not in ("model_changed", "params_changed"):
-        _, predicted = predict_read(
-            reference.breakpoints,
-            reference.ends,
-            divergence.shared_blocks,
-            marker_positions(blocks_b, b),
-            lookback_positions(blocks_b),
-            min_tokens=min_tokens,
-        )
-    cause = "expired" if is_expired(predicted, usage) else divergence.cause
-    fields = _locate(divergence.section, divergence.block_index, blocks_a, blocks_b, chain_b)
-    detail = _detail(divergence.cause, adapter, path, a, b, blocks_a, blocks_b)
-    byte_offset = fields[4] if fields is not None else divergence.byte_offset
-    return Explanation(
-        provider=adapter.name,
-        path=path,
-        cause=cause,
-        section=divergence.section,
-        extends=divergence.cause == "none" and len(blocks_b) >= len(blocks_a),
-        block_index=divergence.block_index,
-        block_path=fields[0] if fields is not None else None,
-        field_path=fields[1] if fields is not None else None,
-        char_offset=fields[2] if fields is not None else None,
-        byte_offset=byte_offset,
-        tokens_before=estimate_tokens(byte_offset),
-        before=fields[3][0] if fields is not None else None,
-        after=fields[3][1] if fields is not None else None,
-        detail=detail,
-        a_blocks=len(blocks_a),
-        b_blocks=len(blocks_b),
-        a_bytes=chain_a.total_bytes,
-        b_bytes=chain_b.total_bytes,
-        predicted_read_tokens=predicted,
-        plan=_plan(planner, adapter, path, b),
-    )
-
-
-def _plan(planner: Any, adapter: ProviderAdapter, path: str, body: JSONObject) -> tuple[str, ...] | None:
-    if planner is None:
-        return None
-    lines = planner(adapter, path, body)
-    return None if lines is None else tuple(lines)
-
-
-def _locate(
-    section: str, index: int, blocks_a: Sequence[Block], blocks_b: Sequence[Block], chain_b: PrefixChain
-) -> tuple[str, str, int | None, tuple[str, str], int] | None:
-    """Block path, field path, char offset, excerpts and exact byte offset of a changed block."""
-    if section == "none" or index >= len(blocks_b) or index >= len(blocks_a):
-        return None
-    block_a, block_b = blocks_a[index], blocks_b[index]
-    field, char, leaf_a, leaf_b = first_difference(block_a.value, block_b.value, block_b.path)
-    within = _common_prefix(block_bytes(block_a), block_bytes(block_b))
-    return (
-        block_b.path,
-        field,
-        char,
-        (excerpt(leaf_a, char), excerpt(leaf_b, char)),
-        chain_b.bytes_before(index) + within,
-    )
-
-
-def _detail(
-    cause: str,
-    adapter: ProviderAdapter,
-    path: str,
-    a: JSONObject,
-    b: JSONObject,
-    blocks_a: Sequence[Block],
-    blocks_b: Sequence[Block],
-) -> str | None:
-    if cause == "first_request":
-        return "A is empty: B is a first request, nothing to read"
-    if cause == "model_changed":
-        return f"model changed: {request_model(a)!r} -> {request_model(b)!r} (the cache is per model)"
-    if cause == "params_changed":
-        return _params_detail(adapter, path, a, b)
-    if cause == "none" and len(blocks_b) > len(blocks_a):
-        return f"B appends {len(blocks_b) - len(blocks_a)} block(s) to A"
-    if cause == "none" and len(blocks_b) < len(blocks_a):
-        return f"B is A without its last {len(blocks_a) - len(blocks_b)} block(s)"
-    if cause == "none":
-        return "B's prefix is identical to A's"
-    return None
-
-
-# --- command -----------------------------------------------------------------------------------
+# --- planner, loading, rendering, command ------------------------------------------------------
 
 
 def plan_lines(
@@ -432,7 +316,8 @@ def explain_command(
     err: TextIO | None = None,
     rules_dir: str | None = None,
 ) -> int:
-    """Read two request bodies, print the explanation; exit status 0 (B extends A), 1, or 2.
+    """Read two request bodies (or trace lines), print the explanation; exit status 0 (B extends
+    A), 1, or 2.
 
     Volatile rules and model minimums come from `rules_dir` (default: the packaged rules)."""
     out = out or sys.stdout
@@ -442,22 +327,22 @@ def explain_command(
     except RuleError as exc:
         err.write(f"promptcache explain: invalid rules:\n{exc}\n")
         return 2
-    bodies: list[JSONObject] = []
+    inputs: list[RequestInput] = []
     for name in (a_path, b_path):
         try:
-            body = _load(name)
+            data = _load(name)
         except OSError as exc:
             err.write(f"promptcache explain: {name}: cannot read: {exc.strerror}\n")
             return 2
         except orjson.JSONDecodeError as exc:
             err.write(f"promptcache explain: {name}: not JSON: {exc}\n")
             return 2
-        if not isinstance(body, dict):
+        if not isinstance(data, dict):
             err.write(f"promptcache explain: {name}: must be a JSON object (a request body)\n")
             return 2
-        bodies.append(body)
-    a, b = bodies
-    path = detect_path(a, b, provider)
+        inputs.append(request_input(data))
+    path = detect_path(inputs[0], inputs[1], provider)
+    a, b = inputs[0].body, inputs[1].body
     usage = None
     if usage_path is not None:
         try:

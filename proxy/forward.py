@@ -150,9 +150,8 @@ async def forward(
     metrics.overhead.observe(exchange.sent_at - exchange.received_at)
     adapter = exchange.adapter
     try:
-        upstream = await asyncio.wait_for(
-            session.request(request.method, url, headers=headers, data=data), timeout=read_timeout
-        )
+        async with asyncio.timeout(read_timeout):
+            upstream = await session.request(request.method, url, headers=headers, data=data)
     except (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
         exchange.status = BAD_GATEWAY.status
         _log.warning("upstream %s unreachable: %s", base_url, type(exc).__name__)

@@ -22,7 +22,9 @@ Pure core (plain data in, plain data out, no I/O), used by `measure()` and by `p
 
 `measure(exchange, services)` is the thin wrapper the response side calls once per pipeline
 request, after the last byte went to the client: 2xx responses with a JSON body only. It
-computes the chain of what was SENT once and leaves it in `exchange.notes["sent_chain"]`, reads
+digests what was SENT once (`sent_prompt`: `proxy.prefix.scan_prompt` over the adapter's
+layout, shared with the session record through `notes["sent_prompt"]`; the chain also in
+`exchange.notes["sent_chain"]`), reads
 `notes["previous"]` (the session's previous `SessionRecord`, or `None`) and
 `notes["history_rewritten"]`, writes `notes["measurement"]` (a `Measurement`), and updates the
 metrics. Invariant: it never changes what was sent or answered.
@@ -40,7 +42,7 @@ import xxhash
 
 from proxy.exchange import Exchange
 from proxy.metrics import UPSTREAM_MISS_REASONS
-from proxy.prefix import MARKER_KEYS, PrefixChain, chain_blocks, estimate_tokens, shared_blocks
+from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
 from proxy.pricing import OTHER, PricingTable, default_pricing
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
 from proxy.services import Services
@@ -148,6 +150,17 @@ def params_digest(adapter: ProviderAdapter, path: str, body: JSONObject) -> byte
     return xxhash.xxh3_128_digest(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS))
 
 
+def sent_params_digest(exchange: Exchange, body: JSONObject) -> bytes:
+    """`params_digest` of `body` (the body sent), once per request (`notes["sent_params"]`)."""
+    found = exchange.notes.get("sent_params")
+    if found is not None and found[0] is body:
+        digest: bytes = found[1]
+        return digest
+    digest = params_digest(exchange.adapter, exchange.path, body)
+    exchange.notes["sent_params"] = (body, digest)
+    return digest
+
+
 def request_model(body: JSONObject) -> str:
     """The request's `model`, or `""` when absent or not a string."""
     model = body.get("model")
@@ -200,14 +213,19 @@ def find_divergence(
 
 def lookback_positions(blocks: Sequence[Block]) -> list[int]:
     """Lookback position of each block: consecutive `tool_use` (or `tool_result`) blocks share one."""
+    return kind_positions([block.kind for block in blocks])
+
+
+def kind_positions(kinds: Sequence[str]) -> list[int]:
+    """`lookback_positions` of blocks of these kinds."""
     positions: list[int] = []
     position = -1
     previous_kind = ""
-    for block in blocks:
-        if not (block.kind in RUN_KINDS and block.kind == previous_kind):
+    for kind in kinds:
+        if not (kind == previous_kind and kind in RUN_KINDS):
             position += 1
         positions.append(position)
-        previous_kind = block.kind
+        previous_kind = kind
     return positions
 
 
@@ -222,12 +240,18 @@ def marker_positions(blocks: Sequence[Block], body: JSONObject) -> tuple[int, ..
         for i, block in enumerate(blocks)
         if isinstance(block.value, dict) and any(block.value.get(k) is not None for k in MARKER_KEYS)
     ]
+    return with_top_marker(found, len(blocks), body)
+
+
+def with_top_marker(found: Sequence[int], n_blocks: int, body: JSONObject) -> tuple[int, ...]:
+    """`found` (blocks carrying their own marker) plus the last block when `body` has a top-level
+    marker (`marker_positions`)."""
     if (
-        blocks
+        n_blocks
         and any(body.get(k) is not None for k in MARKER_KEYS)
-        and (not found or found[-1] != len(blocks) - 1)
+        and (not found or found[-1] != n_blocks - 1)
     ):
-        found.append(len(blocks) - 1)
+        return (*found, n_blocks - 1)
     return tuple(found)
 
 
@@ -287,21 +311,53 @@ def sent_body(exchange: Exchange) -> JSONObject | None:
     """The request body as it went upstream.
 
     The client's bytes when a stage failed (fail open) or nothing was rewritten, else the
-    serialised upstream body (parsed once, so replayed `orjson.Fragment`s are plain values).
+    serialised upstream body: the object `serialise` dumped (`notes["serialised"]`, never
+    edited after), else the upstream bytes parsed (once: the result is kept in the notes).
     """
+    notes = exchange.notes
     if exchange.failed_stage is not None:
-        try:
-            body = orjson.loads(exchange.raw)
-        except orjson.JSONDecodeError:
-            return None
-        return body if isinstance(body, dict) else None
-    if exchange.upstream_body is None:
+        source = exchange.raw
+    elif exchange.upstream_body is None:
         return exchange.body
+    else:
+        source = exchange.upstream_body
+    known = notes.get("serialised")
+    if known is not None and known[0] is source:
+        body: Any = known[1]
+        return body
     try:
-        body = orjson.loads(exchange.upstream_body)
+        body = orjson.loads(source)
     except orjson.JSONDecodeError:
-        return None
-    return body if isinstance(body, dict) else None
+        body = None
+    body = body if isinstance(body, dict) else None
+    notes["serialised"] = (source, body)
+    return body
+
+
+def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
+    """`scan_prompt` of `body` (the body sent), once per request (`notes["sent_prompt"]`).
+
+    The runs come from the adapter's `layout`, per prefix key; a key whose value is the very
+    object the session stage laid out (`notes["client_runs"]`: bodies are copy-on-write, so an
+    unchanged key is the same object) reuses those runs.
+    """
+    notes = exchange.notes
+    found = notes.get("sent_prompt")
+    if found is not None and found[0] is body:
+        prompt: PromptScan = found[1]
+        return prompt
+    adapter, path = exchange.adapter, exchange.path
+    known = notes.get("client_runs") or {}
+    runs: list[Any] = []
+    for key in adapter.prefix_keys(path):
+        if key not in body:
+            continue
+        value = body[key]
+        hit = known.get(key)
+        runs.extend(hit[1] if hit is not None and hit[0] is value else adapter.layout(path, {key: value}))
+    prompt = scan_prompt(runs)
+    notes["sent_prompt"] = (body, prompt)
+    return prompt
 
 
 def block_text(block: Block) -> str:
@@ -366,12 +422,10 @@ def measure(exchange: Exchange, services: Services) -> None:
     body = sent_body(exchange)
     if body is None:
         return
-    adapter = exchange.adapter
-    blocks = adapter.prefix_blocks(exchange.path, body)
-    chain = exchange.notes.get("sent_chain")
-    if not isinstance(chain, PrefixChain) or len(chain) != len(blocks):
-        chain = chain_blocks(blocks)
-        exchange.notes["sent_chain"] = chain
+    prompt = sent_prompt(exchange, body)
+    blocks = prompt.blocks
+    chain = prompt.chain
+    exchange.notes["sent_chain"] = chain
     previous = exchange.notes.get("previous")
     model = request_model(body)
     rules = _rules(services)
@@ -380,7 +434,7 @@ def measure(exchange: Exchange, services: Services) -> None:
         chain,
         blocks,
         model,
-        params_digest(adapter, exchange.path, body),
+        sent_params_digest(exchange, body),
         history_rewritten=exchange.notes.get("history_rewritten") is not None,
         is_volatile=_checker(rules),
     )
@@ -390,8 +444,8 @@ def measure(exchange: Exchange, services: Services) -> None:
             previous.breakpoints,
             previous.ends,
             divergence.shared_blocks,
-            marker_positions(blocks, body),
-            lookback_positions(blocks),
+            with_top_marker(prompt.marked, len(blocks), body),
+            kind_positions(prompt.kinds),
             min_tokens=_min_tokens(rules, model),
         )
     usage = exchange.usage

@@ -102,6 +102,9 @@ class ProviderMetrics:
     input_tokens: dict[str, Counter]
     output_tokens: Counter
     body_too_large: Counter
+    replayed_messages: Counter
+    breakpoints: dict[str, Counter]
+    """By action (`BREAKPOINT_ACTIONS`)."""
 
 
 @dataclass(slots=True)
@@ -287,9 +290,10 @@ class Metrics:
         self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
         self.build.info({"version": __version__})
 
-        for stage in STAGES:
-            self.stage_duration.labels(stage)
-            self.stage_errors.labels(stage)
+        self.stage_timers: dict[str, Histogram] = {s: self.stage_duration.labels(s) for s in STAGES}
+        """`stage_duration` children by stage, resolved once (no `.labels()` per request)."""
+        self.stage_error_counters: dict[str, Counter] = {s: self.stage_errors.labels(s) for s in STAGES}
+        """`stage_errors` children by stage."""
         for backend in STORE_BACKENDS:
             for operation in STORE_OPERATIONS:
                 self.store_duration.labels(backend, operation)
@@ -308,9 +312,6 @@ class Metrics:
                 cost={f: self.cost.labels(provider, f) for f in names},
                 uncached_cost={f: self.uncached_cost.labels(provider, f) for f in names},
             )
-            for action in BREAKPOINT_ACTIONS:
-                self.breakpoints.labels(provider, action)
-            self.replayed_messages.labels(provider)
             self.prompt_bytes.labels(provider)
             self.prefix_matched_bytes.labels(provider)
             self.divergence_ratio.labels(provider)
@@ -324,4 +325,6 @@ class Metrics:
                 input_tokens={c: self.input_tokens.labels(provider, c) for c in CACHE_KINDS},
                 output_tokens=self.output_tokens.labels(provider),
                 body_too_large=self.too_large.labels(provider),
+                replayed_messages=self.replayed_messages.labels(provider),
+                breakpoints={a: self.breakpoints.labels(provider, a) for a in BREAKPOINT_ACTIONS},
             )

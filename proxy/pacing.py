@@ -19,7 +19,9 @@ Rule (`choose_ttl`), per session or per prefix shared by a tenant's sessions:
    `1h` when `cost(1h) < cost(5m)`, else `5m`.
 `plan_ttls` returns the TTL of the tenant-shared prefix and of the session: the shared prefix
 precedes the session's markers, and a 1h entry must not follow a 5m one, so a 1h session lifts
-the shared prefix to 1h.
+the shared prefix to 1h. The breakpoint planner gives the session TTL to every marker it plans,
+the client's own included (a 1h session turns a client's 5m tail marker into 1h: the newest
+message is what the next turn, more than 5 minutes away, must read).
 """
 
 from __future__ import annotations

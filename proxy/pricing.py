@@ -27,9 +27,10 @@ from typing import Any, Final
 
 import yaml
 
+from proxy.paths import packaged_rules_dir
 from proxy.providers.base import Usage
 
-DEFAULT_PATH: Final = Path(__file__).resolve().parents[1] / "rules" / "pricing.yaml"
+DEFAULT_PATH: Final = packaged_rules_dir() / "pricing.yaml"
 """`rules/pricing.yaml` at the repository root."""
 OTHER: Final = "other"
 """Family label of every model id no prefix matches."""

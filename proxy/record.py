@@ -19,7 +19,6 @@ from typing import Final
 import orjson
 from multidict import CIMultiDictProxy
 
-
 PROMPT_HEADERS: Final = ("anthropic-beta", "anthropic-version")
 """Headers that are part of what the provider caches (PROVIDERS.md 1.8, 1.13)."""
 

@@ -14,7 +14,11 @@ bytes), `naive` (a gateway's two 5-minute markers), `promptcache` (through a fre
 
 Prints, per trace and strategy and in total: input tokens read / written / neither, hit ratio
 (read / all input), input-side cost in USD (`rules/pricing.yaml`), savings against no caching,
-the oracle's optimum (`proxy/workloads/oracle.py`) and attainment = read / optimum read.
+the oracle's optimum (`proxy/workloads/oracle.py`), attainment = read / optimum read, and the
+requests per divergence cause as promptcache measures them (`proxy/workloads/divergence.py`:
+the proxy's own `promptcache_prefix_divergences_total` for `promptcache`, the same pure core on
+the bytes sent for `none` / `naive`). `--json` carries the same, `--per-request` adds each
+request's usage and cause.
 Progress goes to stderr. Exit status: 0, 1 when the upstream fails, 2 for a bad argument.
 """
 
@@ -48,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strategy", default="all", choices=(*STRATEGIES, "all"), help="default: all")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--per-request", action="store_true", help="also every request's usage")
+    parser.add_argument("--per-request", action="store_true", help="also every request's usage and cause")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where generated workloads are kept")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 

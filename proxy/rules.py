@@ -27,7 +27,9 @@ from typing import Any, Final
 
 import yaml
 
-PACKAGED_DIR: Final = Path(__file__).resolve().parent.parent / "rules"
+from proxy.paths import packaged_rules_dir
+
+PACKAGED_DIR: Final = packaged_rules_dir()
 TIERS: Final = ("stable", "session", "volatile")
 KINDS: Final = ("block", "section", "paragraph", "line")
 VERSION: Final = 1
@@ -63,7 +65,8 @@ class Rule:
     """`section` only: the section ends before the first later line matching it."""
     move_to_user: bool = False
     """`volatile` only: move the segment onto the newest user message instead of sorting it
-    to the end of the system prompt."""
+    to the end of the system prompt (every volatile rule of the packaged `default.yaml` sets
+    it; see rules/README.md)."""
     source: str = ""
     """`file:line` where the rule is written."""
 

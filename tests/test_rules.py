@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from proxy.rules import PACKAGED_DIR, RuleError, check_rules, check_rules_command, load_rules
+from proxy.pipeline.replay import mask_strings, span_pattern
+from proxy.rules import (
+    PACKAGED_DIR,
+    RuleError,
+    check_rules,
+    check_rules_command,
+    load_rules,
+    volatile_patterns,
+)
 
 GOOD_RULE = """\
 version: 1
@@ -34,6 +42,30 @@ def test_packaged_rules_load_and_pass_check() -> None:
     assert rules.min_tokens("claude-opus-5") == 512
     assert rules.min_tokens("some-new-model") == rules.default_min_tokens == 1024
     assert rules.min_tokens(None) == 1024
+
+
+def test_packaged_volatile_rules_move_to_the_user_message_and_cover_their_values() -> None:
+    rules = load_rules()
+    assert [(r.name, r.move_to_user) for r in rules.rules if r.tier == "volatile"] == [
+        ("billing-header", True),
+        ("timestamp", True),
+        ("time-of-day", True),
+        ("epoch-timestamp", True),
+        ("usage-counters", True),
+        ("request-id", True),
+    ]
+    assert not any(r.move_to_user for r in rules.rules if r.tier != "volatile")
+    spans = [span_pattern(p) for p in volatile_patterns(rules)]
+    lines = {
+        "x-anthropic-billing-header: cc_version=2.1.328.a1b; cc_entrypoint=cli; cch=51c67;": "#",
+        "Current time: 2026-11-30T09:00:04Z": "Current time: #",
+        "Request id: a33e7a00-c3ae-4dcd-bf96-92914681da88": "#",
+        "Context used: 546 tokens of 200000 (0%)": "#",
+        "Tokens used: 1,234 of 200k tokens, then stop": "# then stop",  # to the end of the token
+        "Session cost: $1.23 so far": "# so far",
+        "Keep answers short.": "Keep answers short.",
+    }
+    assert {line: mask_strings(line, spans).replace("\x00volatile\x00", "#") for line in lines} == lines
 
 
 def test_unknown_key_names_file_path_and_line(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ def test_invalid_settings_name_key_and_source(tmp_path: Path) -> None:
     lines = str(info.value).splitlines()
     assert lines == [
         f"invalid setting port ({config}: port): Input should be less than or equal to 65535",
-        "invalid setting upstream (PROMPTCACHE_UPSTREAM): Value error, must be auto, real, sim or an http(s):// base URL",
+        "invalid setting upstream (PROMPTCACHE_UPSTREAM): "
+        "Value error, must be auto, real, sim or an http(s):// base URL",
         f"invalid setting bogus ({config}: bogus): Extra inputs are not permitted",
     ]
 

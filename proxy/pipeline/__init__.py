@@ -23,9 +23,9 @@ import logging
 import time
 from typing import Final, Protocol
 
-from proxy.exchange import Exchange
 import orjson
 
+from proxy.exchange import Exchange
 from proxy.pipeline import breakpoints, canonicalise, diagnostics, parse, reorder, replay, serialise, session
 from proxy.providers.base import JSONObject
 from proxy.services import Services
@@ -67,7 +67,7 @@ async def run_request_stages(
     exchange: Exchange, services: Services, stages: tuple[Stage, ...] = REQUEST_STAGES
 ) -> None:
     """Run `stages` in order on `exchange`; never raises (fail open)."""
-    metrics = services.metrics
+    timers = services.metrics.stage_timers
     is_observe = services.settings.mode == "observe"
     for stage in stages:
         if is_observe and stage.rewrites:
@@ -79,7 +79,7 @@ async def run_request_stages(
             exchange.failed_stage = stage.name
             exchange.upstream_body = None
             exchange.body = _client_body(exchange.raw)
-            metrics.stage_errors.labels(stage.name).inc()
+            services.metrics.stage_error_counters[stage.name].inc()
             _log.warning(
                 "stage %s failed (%s); forwarding the client's original bytes",
                 stage.name,
@@ -87,4 +87,4 @@ async def run_request_stages(
             )
             return
         finally:
-            metrics.stage_duration.labels(stage.name).observe(time.perf_counter() - started)
+            timers[stage.name].observe(time.perf_counter() - started)

@@ -22,8 +22,12 @@ Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
   (`rules/models.yaml`, 1.6) is skipped. The estimate is the proxy's own: UTF-8 bytes of the
   blocks up to it / 4, rounded up (text blocks count their text, other blocks their JSON
   without markers), deliberately independent of the simulator's tokenizer.
-- TTLs (1.7): a 1h marker may not follow a 5m one, so every marker before the last 1h marker
-  becomes 1h (billing charges 1h writes up to the highest 1h breakpoint anyway: no extra cost).
+- TTLs (1.7, 1.9): injected markers take the TTLs of `PlanContext` (pacing, `proxy.pacing`).
+  When the session's TTL is 1h (the next read is expected more than 5 minutes away and the
+  reads repay the 2x write), every 5m marker becomes 1h, the client's included, so the tail
+  written this turn is still there after the gap; a TTL is never shortened. A 1h marker may
+  not follow a 5m one, so every marker before the last 1h marker becomes 1h (billing charges
+  1h writes up to the highest 1h breakpoint anyway: no extra cost).
   Capabilities strip `ttl` / `scope` from every marker. Injected markers before a client marker
   with a `scope` take the same scope (1.2: `global` only after global blocks).
 - Providers without markers (`max_markers` 0: OpenAI before GPT-5.6) keep their markers as

@@ -196,12 +196,21 @@ class Planner:
         return None
 
     def finish(self) -> dict[int, tuple[Any, str, str]]:
-        """Capabilities, scope and TTL order applied to the final markers."""
+        """Pacing, capabilities, scope and TTL order applied to the final markers.
+
+        Pacing: with `ttl_session` 1h (the session's next read is expected more than 5 minutes
+        away and the expected reads repay the 2x write: `proxy.pacing`, PROVIDERS.md 1.7, 1.9)
+        every 5m marker, the client's included, becomes 1h. A 5m tail would be written again
+        on every turn after a long gap; a client marker keeps its place and only lives longer
+        (its TTL is never shortened)."""
         caps, policy = self.caps, self.policy
+        lift = policy.has_ttl and not caps.strip_ttl and self.context.ttl_session == "1h"
         out: dict[int, tuple[Any, str, str]] = {}
         scope: Any = None
         for index in sorted(self.final, reverse=True):
             marker, origin, reason = self.final[index]
+            if lift and isinstance(marker, dict) and marker_ttl(marker) != "1h":
+                marker = {**marker, "ttl": "1h"}
             if isinstance(marker, dict):
                 if caps.strip_ttl and "ttl" in marker or caps.strip_scope and "scope" in marker:
                     drop = {"ttl"} if caps.strip_ttl else set()

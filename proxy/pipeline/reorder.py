@@ -11,14 +11,25 @@ Contract:
   joined (in order) into one block, so a unit gives at most three blocks. A marker on a split
   unit moves to its stable part (else its session part, else its volatile part). A unit that
   cannot be split (`splittable` False) is sorted inside its own text and stays one block.
-- Segments of a `move_to_user` rule leave the system prompt and become leading text blocks of
-  the newest user message (`adapter.with_user_text`; one block per unit they come from), so the
-  whole system prompt becomes byte-stable. When the request has no user message that can take
-  them they stay in the system prompt as volatile segments. A marker on a unit that leaves
-  entirely is dropped.
+- Segments of a `move_to_user` rule (the packaged volatile rules: rules/default.yaml) leave the
+  system prompt and become leading text blocks of the newest user message
+  (`adapter.with_user_text`; one block per unit they come from; after a user message's
+  `tool_result` blocks; on OpenAI, the newest tool output when a tool turn is last), so the
+  whole system prompt becomes byte-stable. Replay then sends that message with the same bytes
+  on later turns (its sidecar holds them). Nothing moves when no message can take the text,
+  or when a whole system-section message would disappear (OpenAI head messages: the message
+  array would shift); the segments then sort last in the system prompt as volatile ones. A
+  marker on a unit that leaves entirely is dropped.
+- Tag-wrapped sections (`proxy.pipeline.segments`: a `<tag>` line ... `</tag>` line with
+  classified lines inside) stay together in the system prompt: the section sorts as one piece,
+  with the latest tier among its lines that stay. Lines moving to the user message leave it
+  and carry its tags, which also stay around what remains, so no tag pair is ever left
+  wrapping nothing: Codex's `<environment_context>` keeps its `<cwd>` in the system prompt and
+  its `<current_time>` arrives on the user message inside `<environment_context>` tags too.
 - Input: a canonical body (canonicalise ran before), so `tiers` line up with the output.
-- Text is never edited: the multiset of segment texts is unchanged, only moved. Same input,
-  same output; reordering its own output changes nothing (idempotent).
+- Text is never edited: every line is kept and only moved, exactly once, except a wrapper's
+  tag lines, written once per place its content went. Same input, same output; reordering its
+  own output changes nothing (idempotent).
 - Notes written: `system_tiers` (tuple of tier names, one per system block of the output, in
   prefix order: the planner's "stable system" and "session system" ends),
   `system_moved_to_user` (number of text blocks moved onto the user message).
@@ -32,12 +43,15 @@ from typing import Final
 
 from proxy.exchange import Exchange
 from proxy.pipeline.canonicalise import canonicalise_body
-from proxy.pipeline.segments import TIER_RANK, Classifier, classifier_for
+from proxy.pipeline.segments import TIER_RANK, Classifier, classifier_for, render, section_tiers
 from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, rules_for
 from proxy.providers.base import JSONObject, ProviderAdapter, SystemPart, SystemUnit
 from proxy.rules import RuleSet
 from proxy.services import Services
 from proxy.settings import UpstreamCapabilities
+
+_MOVED: Final = "moved"
+"""The group of segments leaving for the user message (`render` group key)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +66,8 @@ class SystemPlan:
     changed: bool
     markers_moved: int = 0
     markers_dropped: int = 0
+    emptied: bool = False
+    """True when some unit left the system prompt entirely."""
 
 
 def _worst(tiers: Sequence[str]) -> str:
@@ -62,32 +78,38 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
     """Split, classify and stable-sort `units` (pure)."""
     ranked: list[tuple[int, str, SystemPart]] = []
     moved: list[str] = []
-    changed = False
+    changed = emptied = False
     markers_moved = markers_dropped = 0
     for source, unit in enumerate(units):
         if unit.text is None:
             ranked.append((0, "stable", SystemPart(source, "", unit.marker, whole=True)))
             continue
         segments = classifier.segments(unit.text)
-        staying = [s for s in segments if not (allow_move and s.move_to_user)]
-        leaving = "".join(s.text for s in segments if allow_move and s.move_to_user)
-        if leaving:
-            moved.append(leaving)
-            changed = True
-        tiers = {s.tier for s in staying}
-        if not leaving and len(tiers) == 1:
-            tier = tiers.pop()
+        leaving = [allow_move and s.move_to_user for s in segments]
+        tiers_of = section_tiers(segments, leaving)
+        groups = [_MOVED if out else tier for out, tier in zip(leaving, tiers_of, strict=True)]
+        kinds = {g for g, s in zip(groups, segments, strict=True) if not s.wrap}
+        if len(kinds) == 1 and _MOVED not in kinds:
+            tier = kinds.pop()
             ranked.append((TIER_RANK[tier], tier, SystemPart(source, unit.text, unit.marker, whole=True)))
             continue
-        if not staying:
+        texts = render(segments, groups)
+        away = texts.pop(_MOVED, "")
+        if away:
+            moved.append(away)
+            changed = True
+        if not texts:
             markers_dropped += unit.marker is not None
+            emptied = True
             continue
+        tiers = sorted(texts, key=TIER_RANK.__getitem__)
         if not unit.splittable:
-            tier = _worst([s.tier for s in staying])
-            ordered = sorted(staying, key=lambda s: TIER_RANK[s.tier])
-            if not staying[-1].text.endswith("\n") and ordered[-1] is not staying[-1]:
-                ordered = staying  # the unterminated last line would join another: keep order
-            text = "".join(s.text for s in ordered)
+            tier = _worst(tiers)
+            pieces = [texts[t] for t in tiers]
+            if all(p.endswith("\n") for p in pieces[:-1]):
+                text = "".join(pieces)
+            else:  # an unterminated last line would join another: keep the order
+                text = render(segments, ["" if g != _MOVED else g for g in groups])[""]
             is_whole = text == unit.text
             changed = changed or not is_whole
             ranked.append((TIER_RANK[tier], tier, SystemPart(source, text, unit.marker, whole=is_whole)))
@@ -95,11 +117,9 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         changed = True
         marker = unit.marker
         markers_moved += marker is not None
-        for tier in ("stable", "session", "volatile"):
-            text = "".join(s.text for s in staying if s.tier == tier)
-            if text:
-                ranked.append((TIER_RANK[tier], tier, SystemPart(source, text, marker)))
-                marker = None
+        for tier in tiers:
+            ranked.append((TIER_RANK[tier], tier, SystemPart(source, texts[tier], marker)))
+            marker = None
     ordered = sorted(ranked, key=lambda item: item[0])
     if any(a is not b for a, b in zip(ordered, ranked, strict=True)):
         changed = True
@@ -110,7 +130,13 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         changed=changed,
         markers_moved=markers_moved,
         markers_dropped=markers_dropped,
+        emptied=emptied,
     )
+
+
+def _message_count(adapter: ProviderAdapter, path: str, body: JSONObject) -> int:
+    """Distinct message-array elements in the prefix (system-section messages included)."""
+    return len({run.message for run in adapter.layout(path, body) if run.message is not None})
 
 
 def reorder_body(
@@ -123,22 +149,30 @@ def reorder_body(
     """`body` with its system prompt in durable-first order (pure; `body` is not mutated).
 
     Text moved onto the user message can make an empty text block there removable, so the
-    result is canonicalised again (`caps` as for canonicalise) to stay idempotent."""
+    result is canonicalised again (`caps` as for canonicalise) to stay idempotent. When no
+    message can take the moved text, or moving it would remove a whole system-section message
+    (the message array would shift and replay's positions with it), nothing moves."""
     units = adapter.system_units(path, body)
     classifier = classifier_for(rules)
     plan = plan_system(units, classifier)
     if not plan.changed:
         return body, plan
     new_body = adapter.with_system(path, body, plan.parts)
-    if plan.moved:
-        with_text = adapter.with_user_text(path, new_body, plan.moved)
-        if with_text is None:
-            plan = plan_system(units, classifier, allow_move=False)
-            if not plan.changed:
-                return body, plan
-            return adapter.with_system(path, body, plan.parts), plan
-        new_body = canonicalise_body(adapter, path, with_text, caps=caps)[0]
-    return new_body, plan
+    if not plan.moved:
+        return new_body, plan
+    with_text = adapter.with_user_text(path, new_body, plan.moved)
+    if with_text is None or plan.emptied:
+        staying = plan_system(units, classifier, allow_move=False)
+        kept = adapter.with_system(path, body, staying.parts) if staying.changed else body
+        if with_text is None or _shifts(adapter, path, kept, with_text):
+            return kept, staying
+    return canonicalise_body(adapter, path, with_text, caps=caps)[0], plan
+
+
+def _shifts(adapter: ProviderAdapter, path: str, kept: JSONObject, moved: JSONObject) -> bool:
+    """True when moving removed a whole message: `moved` (text moved out) has fewer
+    message-array elements than `kept` (the same system prompt sorted, nothing moved)."""
+    return _message_count(adapter, path, kept) != _message_count(adapter, path, moved)
 
 
 class ReorderStage:

@@ -12,7 +12,13 @@ Pure core:
   (`messages` or `input`: whichever array the adapter's `prefix_blocks` point into), the head
   digest (tools, top-level system and system-section messages) and the identity boundaries
   `c_k = xxh3(c_{k-1} || d_k)` with `c_{-1}` the head (session inference, `proxy.sessions`).
-  Computed once, by the `session` stage, on the client's body.
+  Computed once, by the `session` stage, on the client's body. It keeps the xxh3-128 of each
+  element's marker-free orjson bytes (`keys`), which `splice` and the session record compare
+  with a sidecar's (`Sidecar.sent_digest`) for an element that is still the same object (bodies
+  are copy-on-write) instead of dumping it again.
+- Cost per request: one unsorted `orjson.dumps` per element. The sorted dump and the masking
+  run only for an element not seen recently (`Masker` memo keyed by the xxh3 of its stripped
+  bytes: a content key, never an object identity).
 - `first_mismatch(...)`: the first earlier message whose digest differs from its stored
   sidecar: the client rewrote history there (`notes["history_rewritten"]`).
 - `splice(...)`: earlier messages (never the newest) whose digest matches their sidecar, up to
@@ -26,8 +32,9 @@ breakpoints stage can still place markers on replayed messages (a Fragment is op
 Stage (`STAGE`, after `reorder`, before `breakpoints`): applies `splice` to `exchange.body`
 using `notes["previous"]` (a `SessionRecord`) and `notes["message_view"]` (both from the
 session stage), counts `promptcache_replayed_messages_total{provider}`, sets
-`notes["replayed"]` (count) and `notes["dirty"]` when anything changed. Skips itself when an
-earlier stage changed the number of messages (positions would not line up).
+`notes["replayed"]` (count), `notes["replayed_bytes"]` (position -> `(value, stored bytes)`
+of each replayed message, for the session record) and `notes["dirty"]` when anything changed.
+Skips itself when an earlier stage changed the number of messages (positions would not line up).
 """
 
 from __future__ import annotations
@@ -42,8 +49,9 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
+from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS
-from proxy.providers.base import JSONObject, ProviderAdapter
+from proxy.providers.base import JSONObject, ProviderAdapter, Run
 from proxy.services import Services
 from proxy.store.record import Sidecar
 
@@ -53,6 +61,41 @@ MEMO_SIZE: Final = 65_536
 _GLOBAL_FLAGS: Final = re.compile(r"^\(\?[aiLmsux]+\)")
 
 Patterns = Sequence[re.Pattern[str]]
+
+
+def has_markers(message: Any) -> bool:
+    """Whether `strip_markers(message)` would remove anything (same levels it looks at)."""
+    if not isinstance(message, dict):
+        return False
+    if "cache_control" in message or "prompt_cache_breakpoint" in message:
+        return True
+    content = message.get("content")
+    if not isinstance(content, list):
+        return False
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        if "cache_control" in part or "prompt_cache_breakpoint" in part:
+            return True
+        nested = part.get("content")
+        if isinstance(nested, list):
+            for p in nested:
+                if isinstance(p, dict) and ("cache_control" in p or "prompt_cache_breakpoint" in p):
+                    return True
+    return False
+
+
+def compact(data: bytes) -> bytes:
+    """A copy of `data` in an allocation of its own size, for bytes kept past the request:
+    orjson returns a small output in a buffer of several KB (about 8 KB for 700 bytes, orjson
+    3.13), so keeping hundreds of them (sidecars) costs ten times their size."""
+    return bytes(memoryview(data))
+
+
+def stripped_bytes(message: Any) -> bytes:
+    """`orjson.dumps(strip_markers(message))` (what a sidecar stores), copying nothing when
+    there is no marker."""
+    return orjson.dumps(strip_markers(message) if has_markers(message) else message)
 
 
 def strip_markers(message: Any) -> Any:
@@ -100,14 +143,27 @@ def span_pattern(pattern: re.Pattern[str]) -> re.Pattern[str]:
 def mask_strings(value: Any, spans: Patterns) -> Any:
     """`value` with every match of `spans` inside its string values replaced by `MASK`; keys
     and non-strings are kept."""
+    return mask_filtered(value, tuple((pattern, None) for pattern in spans))
+
+
+def mask_filtered(value: Any, filters: Sequence[tuple[re.Pattern[str], Needs | None]]) -> Any:
+    """`mask_strings` with each pattern run only on the strings its `Needs` admits (a string it
+    does not admit cannot hold a match: `proxy.pipeline.prefilter`), in pattern order, each on
+    the text the earlier ones left."""
     if isinstance(value, str):
-        for pattern in spans:
-            value = pattern.sub(MASK, value)
+        scanned = ScannedText(value) if value.isascii() else None
+        for pattern, need in filters:
+            if need is not None and scanned is not None and not need.admits_ascii(scanned):
+                continue
+            masked = pattern.sub(MASK, value)
+            if masked != value:
+                value = masked
+                scanned = ScannedText(value) if value.isascii() else None
         return value
     if isinstance(value, dict):
-        return {k: mask_strings(v, spans) for k, v in value.items()}
+        return {k: mask_filtered(v, filters) for k, v in value.items()}
     if isinstance(value, list):
-        return [mask_strings(v, spans) for v in value]
+        return [mask_filtered(v, filters) for v in value]
     return value
 
 
@@ -118,29 +174,74 @@ class Masker:
     Memoised by the digest of the exact (unmasked, sorted) bytes, at most `memo_size` entries
     (LRU), and seeded from stored sidecars (`seed`): each turn only new or edited messages are
     walked, also after a restart or on another replica (the packaged rules scan about 6 MB/s
-    with Python's `re`). The memo maps digests to digests and holds no content.
+    with Python's `re`; `proxy.pipeline.prefilter` skips a pattern on strings that cannot
+    hold a match of it). A second memo (also LRU, `memo_size`) maps the xxh3-128 of a value's
+    marker-free, unsorted orjson bytes to its exact digest, so a value seen recently costs one
+    unsorted dump and no sorted one. The memos map digests to digests and hold no content.
     """
 
     def __init__(self, patterns: Patterns = (), memo_size: int = MEMO_SIZE) -> None:
         self.spans = tuple(span_pattern(p) for p in patterns)
+        self.filters = tuple((span, needs(span)) for span in self.spans)
         self.memo_size = memo_size
         self._memo: OrderedDict[bytes, bytes] = OrderedDict()
+        self._exact: OrderedDict[bytes, bytes] = OrderedDict()
 
     def digests(self, value: Any) -> tuple[bytes, bytes]:
         """`(exact, masked)` digests of `value` (16 bytes each; equal without patterns)."""
-        stripped = strip_markers(value)
-        exact = xxhash.xxh3_128_digest(orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS))
-        if not self.spans:
-            return exact, exact
+        exact, masked, _ = self.examine(value)
+        return exact, masked
+
+    def examine(self, value: Any) -> tuple[bytes, bytes, bytes]:
+        """`(exact, masked, key)`: the digests of `value` and the xxh3-128 of
+        `stripped_bytes(value)`."""
+        exact, masked, keys = self.examine_all((value,))
+        return exact[0], masked[0], keys[0]
+
+    def examine_all(
+        self, values: Sequence[Any]
+    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
+        """`examine` of each of `values`, as three tuples (exact, masked, key); one loop,
+        since a long conversation has hundreds of messages."""
+        dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
+        exact_memo, masked_memo, size, spans = self._exact, self._memo, self.memo_size, self.spans
+        exacts: list[bytes] = []
+        maskeds: list[bytes] = []
+        keys: list[bytes] = []
+        for value in values:
+            stripped = strip_markers(value) if has_markers(value) else value
+            data = dumps(stripped)
+            key = digest(data)
+            exact = exact_memo.get(key)
+            if exact is None:
+                exact = exact_memo[key] = digest(dumps(stripped, option=sort_keys))
+                if len(exact_memo) > size:
+                    exact_memo.popitem(last=False)
+            else:
+                exact_memo.move_to_end(key)
+            exacts.append(exact)
+            keys.append(key)
+            if not spans:
+                maskeds.append(exact)
+                continue
+            masked = masked_memo.get(exact)
+            if masked is None:
+                masked = self._masked(exact, stripped)
+            else:
+                masked_memo.move_to_end(exact)
+            maskeds.append(masked)
+        return tuple(exacts), tuple(maskeds), tuple(keys)
+
+    def _masked(self, exact: bytes, stripped: Any) -> bytes:
         masked = self._memo.get(exact)
         if masked is not None:
             self._memo.move_to_end(exact)
-            return exact, masked
+            return masked
         masked = xxhash.xxh3_128_digest(
-            orjson.dumps(mask_strings(stripped, self.spans), option=orjson.OPT_SORT_KEYS)
+            orjson.dumps(mask_filtered(stripped, self.filters), option=orjson.OPT_SORT_KEYS)
         )
         self._remember(exact, masked)
-        return exact, masked
+        return masked
 
     def digest(self, value: Any) -> bytes:
         """The masked digest of `value`."""
@@ -179,27 +280,42 @@ class MessageView:
     """Identity chain digest after each element (see module docstring)."""
     is_list: bool = True
     """False when the array is a single string (`input: "..."`): nothing to replay."""
+    items: Sequence[Any] = ()
+    """The elements digested (the client's objects, for identity checks within this request)."""
+    keys: tuple[bytes, ...] = ()
+    """xxh3-128 of `stripped_bytes` of each element (what its sidecar's `value` is when it is
+    sent as is)."""
+
+    def key_of(self, position: int, value: Any) -> bytes | None:
+        """The xxh3-128 of `stripped_bytes(value)` when `value` is the element digested at
+        `position` (the same object), else `None`."""
+        if position < len(self.keys) and self.items[position] is value:
+            return self.keys[position]
+        return None
 
 
-def view_messages(adapter: ProviderAdapter, path: str, body: JSONObject, masker: Masker) -> MessageView:
-    """Compute the `MessageView` of `body` (the client's parsed request)."""
+def view_messages(
+    adapter: ProviderAdapter, path: str, body: JSONObject, masker: Masker, runs: Sequence[Run] | None = None
+) -> MessageView:
+    """Compute the `MessageView` of `body` (the client's parsed request); `runs` is
+    `adapter.layout(path, body)` when the caller has it."""
     head = xxhash.xxh3_128()
     array_key: str | None = None
     system_positions: set[int] = set()
-    for block in adapter.prefix_blocks(path, body):
-        if block.message_index is None:
-            head.update(block.section.encode() + b"\x00" + masker.digest(block.value))
+    for run in adapter.layout(path, body) if runs is None else runs:
+        if run.message is None:
+            for value in run.value if run.is_list else (run.value,):
+                head.update(run.section.encode() + b"\x00" + masker.digest(value))
             continue
         if array_key is None:
-            array_key = block.path.split("[", 1)[0].split(".", 1)[0]
-        if block.section == "system":
-            system_positions.add(block.message_index)
+            first = run.key[0]
+            array_key = first if isinstance(first, str) else str(first)
+        if run.section == "system":
+            system_positions.add(run.message)
     items = body.get(array_key) if array_key is not None else None
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
-    pairs = [masker.digests(item) for item in elements]
-    exact = tuple(pair[0] for pair in pairs)
-    digests = tuple(pair[1] for pair in pairs)
+    exact, digests, keys = masker.examine_all(elements)
     for position in sorted(system_positions):
         head.update(b"system-message\x00" + digests[position])
     head_digest = head.digest()
@@ -209,7 +325,15 @@ def view_messages(adapter: ProviderAdapter, path: str, body: JSONObject, masker:
         previous = xxhash.xxh3_128_digest(previous + digest)
         boundaries.append(previous)
     return MessageView(
-        array_key, head_digest, digests, exact, frozenset(system_positions), tuple(boundaries), is_list
+        array_key,
+        head_digest,
+        digests,
+        exact,
+        frozenset(system_positions),
+        tuple(boundaries),
+        is_list,
+        tuple(elements),
+        keys,
     )
 
 
@@ -234,6 +358,8 @@ class SpliceResult:
     """The new message array, `None` when nothing changed."""
     replayed: int
     """Messages replaced by their stored value."""
+    positions: tuple[int, ...] = ()
+    """Their positions."""
 
 
 def splice(
@@ -242,28 +368,35 @@ def splice(
     sidecars: Sequence[Sidecar],
     skip: frozenset[int],
     limit: int | None = None,
+    view: MessageView | None = None,
 ) -> SpliceResult:
     """Replay matching earlier messages (module docstring); positions `>= limit` are left alone.
 
-    `digests` are the client's masked digests, aligned with `items`.
+    `digests` are the client's masked digests, aligned with `items`. `view` (optional) knows
+    the stripped bytes' digest of the elements it digested (`MessageView.key_of`).
     """
     stored = {s.position: s for s in sidecars}
     end = len(items) - 1 if limit is None else min(limit, len(items) - 1)
     out: list[Any] | None = None
-    replayed = 0
+    positions: list[int] = []
     for i in range(end):
         if i in skip:
             continue
         sidecar = stored.get(i)
         if sidecar is None or sidecar.digest != digests[i]:
             break
-        if orjson.dumps(strip_markers(items[i])) == sidecar.value:
+        item = items[i]
+        key = view.key_of(i, item) if view is not None else None
+        if key is not None:
+            if key == sidecar.sent_digest():
+                continue
+        elif stripped_bytes(item) == sidecar.value:
             continue
         if out is None:
             out = list(items)
         out[i] = orjson.loads(sidecar.value)
-        replayed += 1
-    return SpliceResult(out, replayed)
+        positions.append(i)
+    return SpliceResult(out, len(positions), tuple(positions))
 
 
 class ReplayStage:
@@ -287,13 +420,16 @@ class ReplayStage:
             record.sidecars,
             view.system_positions,
             exchange.notes.get("history_rewritten"),
+            view,
         )
         exchange.notes["replayed"] = result.replayed
         if result.items is None:
             return
+        stored = {s.position: s.value for s in record.sidecars}
+        exchange.notes["replayed_bytes"] = {i: (result.items[i], stored[i]) for i in result.positions}
         exchange.body = {**body, view.array_key: result.items}
         exchange.notes["dirty"] = True
-        services.metrics.replayed_messages.labels(exchange.provider).inc(result.replayed)
+        services.metrics.by_provider[exchange.provider].replayed_messages.inc(result.replayed)
 
 
 STAGE: Final = ReplayStage()

@@ -20,19 +20,36 @@ Contract:
   Within one kind the first rule in file order wins. Unclassified text is `stable`.
 - Blank lines never form a segment: leading blank lines join the first segment, others the
   segment before them. So no segment is whitespace-only unless the whole text is.
+- Tag wrappers: a line that is only an opening tag (`<environment_context>`, `<ctx a="1">`)
+  and a later line that is only its closing tag (`</environment_context>`), properly nested,
+  with unclassified tag lines and at least one classified line between them, form a wrapper.
+  Each of its two tag lines is a segment of its own (`wrap` 1 / -1) with no tier: `render`
+  writes a wrapper around its content in every group that takes some of that content, and
+  nowhere else, so a wrapped section split across groups never leaves a tag pair wrapping
+  nothing, and a line taken out keeps the tags that say what it is (`<current_time>` stays
+  inside `<environment_context>`). `section_tiers` keeps a wrapped section together when it
+  sorts (one tier for all of it), so only lines leaving for the user message split it. Tag
+  lines are the only text that can be repeated; every other line appears exactly once.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Final
+from typing import Final, TypeVar
 
 from proxy.rules import Rule, RuleSet
 
 TIER_RANK: Final = {"stable": 0, "session": 1, "volatile": 2}
 _LINE_CACHE_LIMIT: Final = 16384
 _TEXT_CACHE_LIMIT: Final = 256
+_OPEN_TAG: Final = re.compile(r"\s*<([A-Za-z_][\w.:-]*)(?:\s[^<>]*)?>\s*")
+_CLOSE_TAG: Final = re.compile(r"\s*</([A-Za-z_][\w.:-]*)\s*>\s*")
+_WRAP_OPEN: Final = "open"
+_WRAP_CLOSE: Final = "close"
+G = TypeVar("G", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +59,55 @@ class Segment:
     rule: str | None = None
     """Name of the rule that classified the segment; `None` = unclassified (stable)."""
     move_to_user: bool = False
+    wrap: int = 0
+    """1: the opening tag line of a wrapper, -1: its closing tag line, 0: content (module
+    docstring). A wrapper line has no tier of its own (`tier` is `stable`, ignored)."""
+
+
+def render(segments: Sequence[Segment], groups: Sequence[G]) -> dict[G, str]:
+    """The text of each group (`groups[i]` is segment `i`'s; ignored for wrapper lines), in
+    segment order, each wrapper written around its content in every group that takes some of
+    it (outer tags first); groups in order of first appearance. One group for every content
+    segment gives back the segmented text exactly."""
+    out: dict[G, list[str]] = {}
+    stack: list[tuple[str, list[G]]] = []
+    for segment, group in zip(segments, groups, strict=True):
+        if segment.wrap > 0:
+            stack.append((segment.text, []))
+            continue
+        if segment.wrap < 0:
+            _, taken = stack.pop()
+            for name in taken:
+                out[name].append(segment.text)
+            continue
+        parts = out.setdefault(group, [])
+        for opening, taken in stack:
+            if group not in taken:
+                parts.append(opening)
+                taken.append(group)
+        parts.append(segment.text)
+    return {group: "".join(parts) for group, parts in out.items()}
+
+
+def section_tiers(segments: Sequence[Segment], leaving: Sequence[bool]) -> list[str]:
+    """The tier each segment sorts with: a content segment inside a wrapper takes the latest
+    tier among the content of its outermost wrapper that is not `leaving` (a wrapped section
+    sorts as one piece); any other segment its own tier."""
+    out = [s.tier for s in segments]
+    depth = start = 0
+    for i, segment in enumerate(segments):
+        if segment.wrap > 0:
+            depth += 1
+            start = i if depth == 1 else start
+        elif segment.wrap < 0:
+            depth -= 1
+            if depth == 0:
+                inside = [k for k in range(start + 1, i) if not segments[k].wrap and not leaving[k]]
+                if inside:
+                    tier = max((segments[k].tier for k in inside), key=TIER_RANK.__getitem__)
+                    for k in inside:
+                        out[k] = tier
+    return out
 
 
 class Classifier:
@@ -49,7 +115,7 @@ class Classifier:
 
     def __init__(self, rules: RuleSet) -> None:
         self.rules = rules
-        self._tests = []
+        self._tests: list[re.Pattern[str]] = []
         self._start: list[tuple[int, Rule]] = []
         self._stop: dict[str, int] = {}
         for rule in rules.rules:
@@ -109,6 +175,7 @@ class Classifier:
         spans = self._spans(masks, blank)
         if len(spans) == 1 and spans[0][2] is None:
             return (Segment(text),)
+        spans = _split_wrappers(spans, lines, blank)
         offsets = list(accumulate([len(line) + 1 for line in lines], initial=0))
         out = []
         for k, (begin, _, rule) in enumerate(spans):
@@ -117,6 +184,8 @@ class Classifier:
             chunk = text[start:end]
             if rule is None:
                 out.append(Segment(chunk))
+            elif rule is _WRAP_OPEN or rule is _WRAP_CLOSE:
+                out.append(Segment(chunk, wrap=1 if rule is _WRAP_OPEN else -1))
             else:
                 out.append(Segment(chunk, rule.tier, rule.name, rule.move_to_user))
         return tuple(out)
@@ -133,6 +202,7 @@ class Classifier:
                 continue
             if masks[i] & section_mask:
                 section = _first(self._by_kind["section"], masks[i])
+                assert section is not None  # masks[i] has a section bit
                 j = self._section_end(section, masks, blank, i)
                 spans.append([i, j, section])
                 i = j
@@ -171,6 +241,64 @@ class Classifier:
             elif masks[k] & stop:
                 return k + 1 if rule.end is not None else k
         return n
+
+
+def _wrappers(spans: list[list], lines: list[str], blank: list[bool]) -> dict[int, str]:
+    """Line index -> `_WRAP_OPEN` / `_WRAP_CLOSE` for the tag lines of every wrapper (module
+    docstring): tag lines in unclassified spans, paired by name with a stack (an unmatched
+    tag is plain text), kept when a classified line lies between them."""
+    classified = [False] * len(lines)
+    free: list[int] = []
+    for begin, end, rule in spans:
+        if rule is None:
+            free.extend(range(begin, end))
+        else:
+            classified[begin:end] = [True] * (end - begin)
+    if not any(classified):
+        return {}
+    kept: dict[int, str] = {}
+    stack: list[tuple[str, int]] = []
+    for i in free:
+        if blank[i]:
+            continue
+        closing = _CLOSE_TAG.fullmatch(lines[i])
+        if closing is not None:
+            name = closing.group(1)
+            depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d][0] == name), None)
+            if depth is None:
+                continue
+            start = stack[depth][1]
+            del stack[depth:]
+            if any(classified[start + 1 : i]):
+                kept[start], kept[i] = _WRAP_OPEN, _WRAP_CLOSE
+            continue
+        opening = _OPEN_TAG.fullmatch(lines[i])
+        if opening is not None and not lines[i].rstrip().endswith("/>"):
+            stack.append((opening.group(1), i))
+    return kept
+
+
+def _split_wrappers(spans: list[list], lines: list[str], blank: list[bool]) -> list[list]:
+    """`spans` with every wrapper tag line (`_wrappers`) as a span of its own; the blank
+    lines after a tag line stay with it."""
+    tags = _wrappers(spans, lines, blank)
+    if not tags:
+        return spans
+    out: list[list] = []
+    for begin, end, rule in spans:
+        if rule is not None:
+            out.append([begin, end, rule])
+            continue
+        start = begin
+        for i in range(begin, end + 1):
+            if i < end and i not in tags:
+                continue
+            if not all(blank[start:i]):
+                out.append([start, i, None])
+            if i < end:
+                out.append([i, i + 1, tags[i]])
+                start = i + 1
+    return out
 
 
 def _first(candidates: list[tuple[int, Rule]], mask: int) -> Rule | None:

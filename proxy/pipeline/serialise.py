@@ -1,7 +1,12 @@
 """serialise: `exchange.body` back to bytes, only when a stage changed it.
 
 Stages that rewrite set `exchange.notes["dirty"] = True`; an untouched request keeps the
-client's exact bytes. Replayed messages are `orjson.Fragment`s and are emitted verbatim.
+client's exact bytes. Bodies hold plain JSON values only (replay parses stored bytes; no
+`orjson.Fragment`), so the body dumped here equals the upstream bytes parsed back.
+
+`notes["serialised"] = (upstream bytes, body)`: the object those bytes were dumped from, so the
+response side (`proxy.measure.sent_body`) reads what was sent without parsing it again (bodies
+are copy-on-write: nothing edits `body` after this stage).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ class SerialiseStage:
     async def run(self, exchange: Exchange, services: Services) -> None:
         if exchange.body is not None and exchange.notes.get("dirty"):
             exchange.upstream_body = orjson.dumps(exchange.body)
+            exchange.notes["serialised"] = (exchange.upstream_body, exchange.body)
 
 
 STAGE: Final = SerialiseStage()

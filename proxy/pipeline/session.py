@@ -10,7 +10,9 @@ Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also
    `None`. An explicit id is read first and its sidecars seed the masking memo; an inferred
    one needs the message view first;
 3. `notes["message_view"]`: masked digests of the client's messages
-   (`proxy.pipeline.replay.view_messages`, volatile patterns of the rules in use);
+   (`proxy.pipeline.replay.view_messages`, volatile patterns of the rules in use), over the
+   layout runs the rewriting stages share (`support.layout_cache`); the runs per prefix key
+   are left in `notes["client_runs"]` for the response side (`proxy.measure.sent_prompt`);
 4. `notes["history_rewritten"]` = the first earlier message whose real content changed
    (absent when none); `notes["arrivals"]` (epoch seconds, this request included);
 5. `notes["session_pins"]` (the previous record's pins: the mapping form of
@@ -21,26 +23,44 @@ Response side: `after_response(exchange, services)` runs after the last byte wen
 client, for 2xx responses only (a 4xx or 5xx never updates state). It builds the new
 `SessionRecord` from what was SENT (chain, markers and their TTLs, model, params, sidecars,
 pins), writes it (bounded, failing soft) and registers the request in the inference index.
-It never raises.
+It never raises. Nothing is digested twice: the chain and markers come from
+`proxy.measure.sent_prompt` (computed once per request), a sidecar's bytes from the message
+view (`MessageView.key_of`: its digest) or the replay stage (`notes["replayed_bytes"]`) when the
+message sent is the very object they describe, and an unchanged sidecar is the previous
+record's own object.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-import orjson
+import xxhash
 
 from proxy.exchange import Exchange
-from proxy.measure import marker_positions, params_digest, request_model, sent_body
+from proxy.measure import (
+    marker_positions,
+    request_model,
+    sent_body,
+    sent_params_digest,
+    sent_prompt,
+    with_top_marker,
+)
 from proxy.pacing import MAX_ARRIVALS, plan_ttls
 from proxy.pipeline.blocks import marker_ttl
 from proxy.pipeline.breakpoints import PlanContext
-from proxy.pipeline.replay import Masker, MessageView, first_mismatch, strip_markers, view_messages
-from proxy.pipeline.support import rules_for
-from proxy.prefix import MARKER_KEYS, PrefixChain, chain_blocks
-from proxy.providers.base import Block, JSONObject, ToolShape
+from proxy.pipeline.replay import (
+    Masker,
+    MessageView,
+    compact,
+    first_mismatch,
+    stripped_bytes,
+    view_messages,
+)
+from proxy.pipeline.support import layout_cache, rules_for
+from proxy.prefix import MARKER_KEYS
+from proxy.providers.base import Block, JSONObject, Run, ToolShape
 from proxy.rules import RuleSet, volatile_patterns
 from proxy.services import Services
 from proxy.sessions import Inference, SessionState, explicit_id, explicit_session
@@ -81,15 +101,16 @@ class SessionStage:
         store = services.store
         explicit = explicit_session(exchange.headers, body, state.header_names)
         previous: SessionRecord | None = None
+        runs = client_runs(exchange, services, body)
         if explicit is not None:
             sid = explicit_id(explicit[1])
             inference = Inference(sid, "explicit", sid)
             previous = await store.load(tenant, sid) if store is not None else None
             if previous is not None:
                 masker.seed(previous.sidecars)
-            view = view_messages(exchange.adapter, exchange.path, body, masker)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs)
         else:
-            view = view_messages(exchange.adapter, exchange.path, body, masker)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs)
             inference = state.index.infer(tenant, view.boundaries)
             source = inference.parent if inference.kind == "fork" else inference.session_id
             if source is not None and store is not None:
@@ -112,16 +133,43 @@ class SessionStage:
         exchange.notes["plan_context"] = make_plan_context(previous, shared_ttl, session_ttl)
 
 
+def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> list[Run]:
+    """The layout runs of the client's `body`, per prefix key from the request's shared
+    `LayoutCache` (the rewriting stages reuse them; in `observe` mode nothing scans, so plain
+    `layout` per key); kept by key in `notes["client_runs"]` as `(value, runs)`."""
+    adapter, path = exchange.adapter, exchange.path
+    by_key: dict[str, tuple[Any, list[Run]]] = {}
+    runs: list[Run] = []
+    if services.settings.mode == "observe":
+        for key in adapter.prefix_keys(path):
+            if key in body:
+                value = body[key]
+                by_key[key] = (value, adapter.layout(path, {key: value}))
+                runs.extend(by_key[key][1])
+    else:
+        policy = adapter.marker_policy(path, body)
+        call_kinds = adapter.tool_shape(path).call_kinds
+        for key, scan in layout_cache(exchange).scans(adapter, path, body, policy, call_kinds):
+            by_key[key] = (body[key], scan.runs)
+            runs.extend(scan.runs)
+    exchange.notes["client_runs"] = by_key
+    return runs
+
+
 def make_plan_context(previous: SessionRecord | None, shared_ttl: str, session_ttl: str) -> PlanContext:
     """What the breakpoints stage needs from the session: the previous request's marker
     positions (bridge breakpoints) and the TTLs pacing chose."""
     return PlanContext(previous.breakpoints if previous is not None else (), shared_ttl, session_ttl)
 
 
-def sent_markers(blocks: list[Block], body: JSONObject) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Marker positions of the body as sent (`proxy.measure.marker_positions`) and the TTL of
-    each (a top-level automatic marker lends its TTL to the last block)."""
-    positions = marker_positions(blocks, body)
+def sent_markers(
+    blocks: Sequence[Block], body: JSONObject, positions: tuple[int, ...] | None = None
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Marker positions of the body as sent (`proxy.measure.marker_positions`, unless the caller
+    has them) and the TTL of each (a top-level automatic marker lends its TTL to the last
+    block)."""
+    if positions is None:
+        positions = marker_positions(blocks, body)
     ttls = []
     for i in positions:
         value = blocks[i].value
@@ -139,7 +187,9 @@ def _dig(value: Any, path: tuple[str, ...]) -> Any:
     return value
 
 
-def update_pins(previous: Mapping[str, Any] | None, blocks: list[Block], shape: ToolShape) -> dict[str, Any]:
+def update_pins(
+    previous: Mapping[str, Any] | None, blocks: Sequence[Block], shape: ToolShape
+) -> dict[str, Any]:
     """Pins after a request was sent as `blocks`: first seen wins (pure; `previous` kept as is).
 
     Keys are those of `proxy.pipeline.canonicalise.SessionPins`: `pinned_tool_order` (names,
@@ -147,63 +197,123 @@ def update_pins(previous: Mapping[str, Any] | None, blocks: list[Block], shape: 
     schema) and `pinned_inputs` (name -> first-seen tool-call input); at most `MAX_PINNED_TOOLS`
     names each.
     """
+    tools = [block.value for block in blocks if block.section == "tools"]
+    calls = [
+        block.value
+        for block in blocks
+        if block.section != "tools" and block.kind in shape.call_kinds and isinstance(block.value, dict)
+    ]
+    return pins_after(previous, tools, calls, shape)
+
+
+def pins_after(
+    previous: Mapping[str, Any] | None, tools: Iterable[Any], calls: Iterable[Any], shape: ToolShape
+) -> dict[str, Any]:
+    """`update_pins` given the tool definitions and the tool-call blocks sent, in order."""
     previous = previous or {}
     order = list(previous.get("pinned_tool_order", ()))
     schemas = dict(previous.get("pinned_schemas", {}))
     inputs = dict(previous.get("pinned_inputs", {}))
     known = set(order)
-    for block in blocks:
-        value = block.value
-        if block.section == "tools":
-            name = _dig(value, shape.name_path)
-            if not isinstance(name, str):
-                continue
-            if name not in known and len(order) < MAX_PINNED_TOOLS:
-                order.append(name)
-                known.add(name)
-            schema = _dig(value, shape.schema_path)
-            if schema is not None and name not in schemas and len(schemas) < MAX_PINNED_TOOLS:
-                schemas[name] = schema
-        elif block.kind in shape.call_kinds and isinstance(value, dict):
-            name = value.get(shape.call_name_key)
-            call_input = value.get(shape.call_input_key)
-            if isinstance(name, str) and isinstance(call_input, dict) and name not in inputs:
-                if len(inputs) < MAX_PINNED_TOOLS:
-                    inputs[name] = call_input
+    for value in tools:
+        name = _dig(value, shape.name_path)
+        if not isinstance(name, str):
+            continue
+        if name not in known and len(order) < MAX_PINNED_TOOLS:
+            order.append(name)
+            known.add(name)
+        schema = _dig(value, shape.schema_path)
+        if schema is not None and name not in schemas and len(schemas) < MAX_PINNED_TOOLS:
+            schemas[name] = schema
+    for value in calls:
+        name = value.get(shape.call_name_key)
+        call_input = value.get(shape.call_input_key)
+        if isinstance(name, str) and isinstance(call_input, dict) and name not in inputs:
+            if len(inputs) < MAX_PINNED_TOOLS:
+                inputs[name] = call_input
     return {"pinned_tool_order": order, "pinned_schemas": schemas, "pinned_inputs": inputs}
+
+
+def build_sidecars(
+    items: Sequence[Any],
+    view: MessageView,
+    replayed: Mapping[int, tuple[Any, bytes]],
+    previous: Sequence[Sidecar],
+) -> tuple[Sidecar, ...]:
+    """One sidecar per sent element (system positions excluded): its masked and exact client
+    digests and `stripped_bytes` of what was sent.
+
+    An element sent as the very object `view` digested is known by its digest
+    (`MessageView.key_of`), one sent as replayed by its bytes (`replayed`: position ->
+    `(value sent, its stripped bytes)`); a sidecar equal to the previous record's at the same
+    position is that object, so only new or changed elements are dumped.
+    """
+    before = {s.position: s for s in previous}
+    out = []
+    skip = view.system_positions
+    digests, exacts = view.digests, view.exact
+    for i, item in enumerate(items):
+        if i in skip:
+            continue
+        digest, exact = digests[i], exacts[i]
+        key = view.key_of(i, item)
+        data: bytes | None = None
+        if key is None:
+            hit = replayed.get(i)
+            data = hit[1] if hit is not None and hit[0] is item else compact(stripped_bytes(item))
+        old = before.get(i)
+        if (
+            old is not None
+            and old.digest == digest
+            and old.exact == exact
+            and (old.sent_digest() == key if data is None else old.value == data)
+        ):
+            out.append(old)
+            continue
+        if data is None:
+            data = compact(stripped_bytes(item))
+        out.append(Sidecar(i, digest, data, exact, key or xxhash.xxh3_128_digest(data)))
+    return tuple(out)
 
 
 def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None) -> SessionRecord:
     """The session's new record from the body as sent (module docstring)."""
     adapter = exchange.adapter
     notes = exchange.notes
-    blocks = adapter.prefix_blocks(exchange.path, body)
-    chain = notes.get("sent_chain")
-    if not isinstance(chain, PrefixChain) or len(chain) != len(blocks):
-        chain = chain_blocks(blocks)
-    breakpoints, ttls = sent_markers(blocks, body)
+    prompt = sent_prompt(exchange, body)
+    chain = prompt.chain
+    blocks = prompt.blocks
+    breakpoints, ttls = sent_markers(blocks, body, with_top_marker(prompt.marked, len(blocks), body))
     previous: SessionRecord | None = notes.get("previous")
     sidecars: tuple[Sidecar, ...] = ()
     if view is not None and view.array_key is not None and view.is_list:
         items = body.get(view.array_key)
         if isinstance(items, list) and len(items) == len(view.digests):
-            sidecars = tuple(
-                Sidecar(i, view.digests[i], orjson.dumps(strip_markers(item)), view.exact[i])
-                for i, item in enumerate(items)
-                if i not in view.system_positions
+            sidecars = build_sidecars(
+                items,
+                view,
+                notes.get("replayed_bytes") or {},
+                previous.sidecars if previous is not None else (),
             )
+    shape = adapter.tool_shape(exchange.path)
+    values, kinds, call_kinds = prompt.values, prompt.kinds, shape.call_kinds
+    calls = [
+        values[i]
+        for i in range(prompt.tools, len(values))
+        if kinds[i] in call_kinds and isinstance(values[i], dict)
+    ]
     usage = exchange.usage
     return SessionRecord(
         chain=chain.chain,
         ends=chain.ends,
         model=request_model(body),
-        params_digest=params_digest(adapter, exchange.path, body),
+        params_digest=sent_params_digest(exchange, body),
         breakpoints=breakpoints,
         ttls=ttls,
         arrivals=tuple(notes.get("arrivals", ())),
         last_response_id=usage.response_id if usage is not None else None,
         sidecars=sidecars,
-        pins=update_pins(notes.get("session_pins"), blocks, adapter.tool_shape(exchange.path)),
+        pins=pins_after(notes.get("session_pins"), values[: prompt.tools], calls, shape),
         turns=(previous.turns if previous is not None else 0) + 1,
         head=view.head if view is not None else b"",
     )

@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
-from proxy.providers.base import JSONObject, MarkerPolicy, Run, SystemPart, SystemUnit, ToolShape
+from proxy.providers.base import JSONObject, MarkerPolicy, Run, Section, SystemPart, SystemUnit, ToolShape
 
 CHAT_PATH: Final = "/v1/chat/completions"
 RESPONSES_PATH: Final = "/v1/responses"
@@ -34,7 +34,7 @@ SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 _MODEL_VERSION: Final = re.compile(r"gpt-(\d+)(?:\.(\d+))?")
 _BREAKPOINTS_SINCE: Final = (5, 6)
 
-_COMMON: Final = {
+_COMMON: Final[dict[str, Any]] = {
     "key": MARKER_KEY,
     "forbidden_kinds": frozenset({"tool", "tool_call"}),
     "roles": frozenset({"user", "system", "developer", "tool"}),
@@ -67,9 +67,7 @@ def marker_policy(path: str, body: JSONObject) -> MarkerPolicy:
         return MarkerPolicy(max_markers=0, kinds=kinds, text_kinds=text_kinds, **_COMMON)
     options = body.get("prompt_cache_options")
     mode = options.get("mode") if isinstance(options, dict) else None
-    return MarkerPolicy(
-        max_markers=4 if mode == "explicit" else 3, kinds=kinds, text_kinds=text_kinds, **_COMMON
-    )
+    return MarkerPolicy(max_markers=4 if mode == "explicit" else 3, kinds=kinds, text_kinds=text_kinds, **_COMMON)
 
 
 def tool_shape(path: str) -> ToolShape:
@@ -110,7 +108,7 @@ def layout(path: str, body: JSONObject) -> list[Run]:
         role = item.get("role")
         role = role if isinstance(role, str) else None
         in_head = in_head and role in SYSTEM_ROLES
-        section = "system" if in_head else "messages"
+        section: Section = "system" if in_head else "messages"
         item_type = item.get("type")
         if role is None and isinstance(item_type, str):
             runs.append(Run(section, (array_key, m), item, False, item_type, None, m))
@@ -218,8 +216,9 @@ def _part(path: str, items: list[Any], source: tuple[int, int | None], part: Sys
 
 def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
     """Head messages rebuilt from `parts`: consecutive parts of one message form one message
-    (string content stays a string only when it is one whole unmarked part); parts of
-    `instructions` are joined back into it."""
+    (string content stays a string when it stays one unmarked part); parts of
+    `instructions` are joined back into it; head items with no text units keep their place
+    (`_merge_head`)."""
     sources = _unit_sources(path, body)
     if sources is None:
         return body
@@ -234,8 +233,9 @@ def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSO
             return
         m = sources[group[0].source][0]
         original = items[m]
-        if len(group) == 1 and group[0].whole and sources[group[0].source][1] is None:
-            messages.append(original)
+        if len(group) == 1 and sources[group[0].source][1] is None and group[0].marker is None:
+            part = group[0]
+            messages.append(original if part.whole else {**original, "content": part.text})
         else:
             content = [_part(path, items, sources[p.source], p) for p in group]
             messages.append({**original, "content": content})
@@ -257,13 +257,42 @@ def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSO
         else:
             del new_body["instructions"]
     if isinstance(items, list):
-        new_body[array_key] = [*messages, *items[head:]]
+        with_units = {m for m, _ in sources if m >= 0}
+        new_body[array_key] = [*_merge_head(items[:head], messages, with_units), *items[head:]]
     return new_body
 
 
+def _merge_head(original: list[Any], rebuilt: list[Any], with_units: set[int]) -> list[Any]:
+    """The head: items without system units (Codex's `additional_tools` item, a message with no
+    content) stay as they are at their index (DESIGN.md section 3: unknown items pass through in
+    place); the rebuilt messages fill the other positions in order, any left over follow."""
+    out: list[Any] = []
+    fill = iter(rebuilt)
+    for m, item in enumerate(original):
+        if m not in with_units:
+            out.append(item)
+            continue
+        message = next(fill, None)
+        if message is not None:
+            out.append(message)
+    out.extend(fill)
+    return out
+
+
+def _with_leading_parts(value: Any, parts: list[JSONObject], text_type: str) -> list[Any] | None:
+    """`parts` then the content `value` (a string becomes one text part; `""` none)."""
+    if isinstance(value, str):
+        return [*parts, {"type": text_type, "text": value}] if value else parts
+    if isinstance(value, list):
+        return [*parts, *value]
+    return None
+
+
 def with_user_text(path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
-    """`texts` as the first parts of the last item when it is a user message (a string
-    Responses `input` becomes one user message); `None` otherwise (a tool or assistant turn is
+    """`texts` as the first parts of the last item: a user message, or a tool output when a tool
+    turn is last (Chat `role: tool` content, Responses `function_call_output.output`; both take
+    a list of text parts: `ChatCompletionToolMessageParam`, `ResponseFunctionCallOutputItemList`).
+    A string Responses `input` becomes one user message. `None` otherwise (an assistant turn is
     last: inserting into an older message would rewrite history every turn)."""
     text_type = _text_type(path)
     parts = [{"type": text_type, "text": text} for text in texts]
@@ -274,13 +303,15 @@ def with_user_text(path: str, body: JSONObject, texts: Sequence[str]) -> JSONObj
     if not isinstance(items, list) or not items:
         return None
     last = items[-1]
-    if not isinstance(last, dict) or last.get("role") != "user":
+    if not isinstance(last, dict):
         return None
-    content = last.get("content")
-    if isinstance(content, str):
-        new_content = [*parts, {"type": text_type, "text": content}] if content else parts
-    elif isinstance(content, list):
-        new_content = [*parts, *content]
+    if last.get("role") in ("user", "tool"):
+        key = "content"
+    elif path == RESPONSES_PATH and last.get("type") == "function_call_output":
+        key = "output"
     else:
         return None
-    return {**body, array_key: [*items[:-1], {**last, "content": new_content}]}
+    new_value = _with_leading_parts(last.get(key), parts, text_type)
+    if new_value is None:
+        return None
+    return {**body, array_key: [*items[:-1], {**last, key: new_value}]}

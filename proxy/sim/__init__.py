@@ -10,7 +10,7 @@ its own. Modules (pure cores first, aiohttp last):
 - `cache`   entries by tenant, TTL / idle expiry, commit at response start
 - `anthropic`, `anthropic_wire`  Messages validation, prefix rendering, accounting; wire shapes
 - `openai`, `openai_wire`        Chat / Responses rendering, routing, accounting; wire shapes
-- `replies` deterministic text or scripted tool calls
+- `replies` deterministic text, scripted text (`x-sim-reply`, `[[reply:]]`) or tool calls
 - `errors`  rejections and the providers' error bodies
 - `app`     `create_sim_app`, `start_sim`, routes, admin endpoints
 - `cli`     `promptcache simulate`

@@ -18,18 +18,28 @@ from typing import Any
 import orjson
 
 from proxy.sim.anthropic import Usage
-from proxy.sim.replies import Conversation, Reply
+from proxy.sim.replies import Conversation, Reply, functions
 from proxy.sim.tokens import TokenCounter
 
 
 def conversation(body: Mapping[str, Any]) -> Conversation:
-    """Reply-relevant facts of a Messages request."""
-    messages = body.get("messages") or []
-    turns = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user")
-    tools = tuple(str(t["name"]) for t in body.get("tools") or [] if isinstance(t, dict) and "name" in t)
+    """Reply-relevant facts of a Messages request.
+
+    The last user-authored text is read from the last message after skipping trailing
+    `role: system` messages: a mid-conversation system instruction (PROVIDERS.md 1.8; Claude Code
+    appends its environment this way on a session's first turn) is not the user speaking and
+    carries no tool results. A user message with `tool_result` blocks, or an assistant message
+    last (prefill), gives no text, so the marker rules do not fire.
+    """
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    turns = sum(1 for m in messages if m.get("role") == "user")
+    names = (str(t["name"]) for t in body.get("tools") or [] if isinstance(t, dict) and "name" in t)
+    tools = functions(*names)
+    while messages and messages[-1].get("role") == "system":
+        messages.pop()
     last_text: str | None = None
     last = messages[-1] if messages else None
-    if isinstance(last, dict) and last.get("role") == "user":
+    if last is not None and last.get("role") == "user":
         content = last.get("content")
         if isinstance(content, str):
             last_text = content
@@ -45,7 +55,8 @@ def conversation(body: Mapping[str, Any]) -> Conversation:
 def content_blocks(reply: Reply, tool_id: str) -> list[dict[str, Any]]:
     if reply.tool_call is not None:
         call = reply.tool_call
-        return [{"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]
+        value = call.input if isinstance(call.input, dict) else {}
+        return [{"type": "tool_use", "id": tool_id, "name": call.name, "input": value}]
     return [{"type": "text", "text": reply.text or ""}]
 
 

@@ -316,8 +316,7 @@ async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
         return await _send(
             request, state.store, plan.writes, headers, body=openai_wire.chat_body(model, reply, ids, usage)
         )
-    item = f"fc_sim_{n:06d}" if reply.tool_call is not None else f"msg_sim_{n:06d}"
-    ids = openai_wire.Ids(f"resp_sim_{n:06d}", item, f"call_sim_{n:06d}", int(now))
+    ids = openai_wire.Ids(f"resp_sim_{n:06d}", openai_wire.item_id(reply, n), f"call_sim_{n:06d}", int(now))
     usage = openai_wire.responses_usage(plan, out, settings.breakpoints)
     if stream:
         frames = openai_wire.responses_events(body, model, reply, ids, usage)

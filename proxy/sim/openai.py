@@ -4,9 +4,13 @@ Contract (PROVIDERS.md section 2):
 - `render_chat(body, counter)` / `render_responses(body, counter)` turn a request into one token
   sequence (`Rendered`): tool definitions (JSON each), then the output schema, then each message
   as `<start> role [name | tool_call_id] <message> content [calls] <end>` (Responses:
-  `instructions` first as a system message; `function_call` items as `<call> name arguments
-  <end>`; `function_call_output` as a tool message), then the reply priming
-  `<start> assistant <message>`.
+  `instructions` first as a system message; `function_call` / `custom_tool_call` items as
+  `<call> name arguments|input <end>`; `function_call_output` / `custom_tool_call_output` as a
+  tool message; an `additional_tools` item as a message of its role (`developer`) holding its
+  tool definitions like the top-level ones, `<start> developer <message> <tools> JSON each <end>
+  <end>`, at its place in the input: the model reads tools offered mid-conversation where they
+  appear, and they are as much part of the cached prefix as any message; item `id`s are not
+  rendered), then the reply priming `<start> assistant <message>`.
   Text is real `o200k_base`; structure uses ids above the vocabulary (`START` ...), an image is
   `OPENAI_IMAGE_TOKENS` ids beginning with its content digest. Also records the offsets of
   `prompt_cache_breakpoint` parts (user/system/developer/tool only) and the end of every user/tool
@@ -238,7 +242,15 @@ def render_responses(body: Mapping[str, Any], counter: TokenCounter) -> Rendered
         elif kind == "function_call":
             r.call(str(item.get("name", "")), str(item.get("arguments", "")))
             r.out.tokens.append(END)
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            r.call(str(item.get("name", "")), str(item.get("input", "")))
+            r.out.tokens.append(END)
+        elif kind == "additional_tools":
+            role = str(item.get("role") or "developer")
+            r.open(role)
+            r.tools(item.get("tools"))
+            r.close(role)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             r.open("tool", str(item.get("call_id", "")))
             output = item.get("output")
             r.content(

@@ -9,18 +9,24 @@ Contract (PROVIDERS.md 2.4; openai-python types `CompletionUsage`, `ResponseUsag
 - Responses: `usage.input_tokens` includes cached; `input_tokens_details.cached_tokens` and
   `cache_write_tokens` are always present. Streaming sends `event:`/`data:` frames from
   `response.created` to `response.completed` (which carries the usage), with `sequence_number`s.
+  A call of a function tool is a `function_call` item (`response.function_call_arguments.*`
+  events), a call of a custom tool a `custom_tool_call` item with an `input` string
+  (`response.custom_tool_call_input.*` events), as openai-python's `responses/` types define them.
+- Conversations (`chat_conversation`, `responses_conversation`): offered tools are Chat
+  `function` tools; Responses `function` and `custom` tools, namespace members, and the tools of
+  `additional_tools` input items. The last user text skips trailing system/developer messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from proxy.sim.openai import OpenAIPlan
-from proxy.sim.replies import Conversation, Reply
+from proxy.sim.replies import Conversation, Reply, Tool, functions
 from proxy.sim.tokens import TokenCounter
 
 
@@ -52,31 +58,67 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+_INSTRUCTION_ROLES: Final = frozenset({"system", "developer"})
+
+
+def _last_user_text(items: list[dict[str, Any]]) -> str | None:
+    """Own text of the last user message once trailing system/developer messages (and, in
+    Responses, `additional_tools` items) are skipped: instructions appended after the user's turn
+    are not the user speaking. A tool output (or an assistant message) last gives `None`."""
+    end = len(items)
+    while end and (
+        items[end - 1].get("role") in _INSTRUCTION_ROLES or items[end - 1].get("type") == "additional_tools"
+    ):
+        end -= 1
+    last = items[end - 1] if end else None
+    if last is None or last.get("role") != "user" or last.get("type", "message") != "message":
+        return None
+    return _text_of(last.get("content"))
+
+
 def chat_conversation(body: Mapping[str, Any]) -> Conversation:
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     turns = sum(1 for m in messages if m.get("role") == "user")
-    tools = tuple(
-        str(t["function"]["name"])
-        for t in body.get("tools") or []
-        if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
+    tools = functions(
+        *(
+            str(t["function"]["name"])
+            for t in body.get("tools") or []
+            if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
+        )
     )
-    last = messages[-1] if messages else None
-    text = _text_of(last.get("content")) if last is not None and last.get("role") == "user" else None
-    return Conversation(turns, tools, text)
+    return Conversation(turns, tools, _last_user_text(messages))
+
+
+def responses_tools(tools: Any, namespace: str | None = None) -> list[Tool]:
+    """Tools a Responses tool list offers: `function` and `custom` entries, and the members of
+    `namespace` entries (openai-python `responses/namespace_tool.py`). Server tools (web search,
+    file search ...) cannot be scripted and are left out."""
+    out: list[Tool] = []
+    for tool in tools if isinstance(tools, list) else []:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            continue
+        kind = tool.get("type")
+        if kind in ("function", "custom"):
+            out.append(Tool(tool["name"], kind, namespace))
+        elif kind == "namespace" and namespace is None:
+            out.extend(responses_tools(tool.get("tools"), tool["name"]))
+    return out
 
 
 def responses_conversation(body: Mapping[str, Any]) -> Conversation:
+    """Reply-relevant facts of a Responses request. Offered tools: top-level `tools`, then the
+    `tools` of every `additional_tools` input item (tools made available at that item; openai-python
+    `beta/beta_response_input_item_param.py` `AdditionalTools`)."""
     items = body.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     items = [i for i in items or [] if isinstance(i, dict)]
-    turns = sum(1 for i in items if i.get("role") == "user")
-    tools = tuple(
-        str(t["name"]) for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"
-    )
-    last = items[-1] if items else None
-    text = _text_of(last.get("content")) if last is not None and last.get("role") == "user" else None
-    return Conversation(turns, tools, text)
+    turns = sum(1 for i in items if i.get("role") == "user" and i.get("type", "message") == "message")
+    tools = responses_tools(body.get("tools"))
+    for item in items:
+        if item.get("type") == "additional_tools":
+            tools.extend(responses_tools(item.get("tools")))
+    return Conversation(turns, tuple(tools), _last_user_text(items))
 
 
 # --- Chat Completions -------------------------------------------------------------------
@@ -203,16 +245,33 @@ def responses_usage(plan: OpenAIPlan, out: int, breakpoints: bool) -> dict[str, 
 
 
 def _output_item(reply: Reply, ids: Ids, status: str) -> dict[str, Any]:
-    if reply.tool_call is not None:
+    """The output item of a reply: a `message`, a `function_call`, or a `custom_tool_call`
+    (openai-python `responses/response_custom_tool_call.py`: `input` string, no `status`); a call
+    of a namespaced tool carries its `namespace`. Arguments / input are empty while in progress."""
+    call = reply.tool_call
+    if call is not None:
         done = status == "completed"
-        return {
-            "type": "function_call",
-            "id": ids.item,
-            "call_id": ids.call,
-            "name": reply.tool_call.name,
-            "arguments": reply.tool_call.arguments if done else "",
-            "status": status,
-        }
+        item: dict[str, Any]
+        if call.is_custom:
+            item = {
+                "type": "custom_tool_call",
+                "id": ids.item,
+                "call_id": ids.call,
+                "name": call.name,
+                "input": call.arguments if done else "",
+            }
+        else:
+            item = {
+                "type": "function_call",
+                "id": ids.item,
+                "call_id": ids.call,
+                "name": call.name,
+                "arguments": call.arguments if done else "",
+                "status": status,
+            }
+        if call.namespace is not None:
+            item["namespace"] = call.namespace
+        return item
     content = [{"type": "output_text", "text": reply.text or "", "annotations": [], "logprobs": []}]
     return {
         "type": "message",
@@ -221,6 +280,13 @@ def _output_item(reply: Reply, ids: Ids, status: str) -> dict[str, Any]:
         "role": "assistant",
         "content": content if status == "completed" else [],
     }
+
+
+def item_id(reply: Reply, n: int) -> str:
+    """Id of the output item of request number `n`: `msg_`, `fc_` or `ctc_` + `sim_NNNNNN`."""
+    call = reply.tool_call
+    prefix = "msg" if call is None else "ctc" if call.is_custom else "fc"
+    return f"{prefix}_sim_{n:06d}"
 
 
 def responses_body(
@@ -272,7 +338,12 @@ def responses_events(
     yield frame(
         "response.output_item.added", {"output_index": 0, "item": _output_item(reply, ids, "in_progress")}
     )
-    if reply.tool_call is not None:
+    if reply.tool_call is not None and reply.tool_call.is_custom:
+        where = {"item_id": ids.item, "output_index": 0}
+        text = reply.tool_call.arguments
+        yield frame("response.custom_tool_call_input.delta", {**where, "delta": text})
+        yield frame("response.custom_tool_call_input.done", {**where, "input": text})
+    elif reply.tool_call is not None:
         args = reply.tool_call.arguments
         yield frame(
             "response.function_call_arguments.delta", {"item_id": ids.item, "output_index": 0, "delta": args}

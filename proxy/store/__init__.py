@@ -9,7 +9,12 @@
   operation}`, bounds it (reads `GET_TIMEOUT`, writes `PUT_TIMEOUT` seconds) and turns every
   failure (timeout, refused connection, locked or corrupt file, unreadable record) into
   `promptcache_session_store_errors_total{backend, operation}` and a `None` / `False` result. It
-  never raises, so the request is forwarded without replay.
+  never raises, so the request is forwarded without replay. It remembers the bytes and the
+  decoded record of the sessions it read or wrote last (LRU, `MEMO_ENTRIES` entries and
+  `MEMO_BYTES` bytes, counting a record as twice its encoded size): a read whose bytes equal
+  the remembered ones returns that record without
+  decoding (the backend is still read every time, so a replica's newer write is seen). Records
+  are immutable: callers never edit one (or its `pins`).
 - `store_ctx(app)` is the `cleanup_ctx` entry: it opens the store (`settings.store`, default
   SQLite at `state_dir/sessions.db`) and the per-process session state (tenant secret, session
   inference index, pacing statistics: `proxy.sessions.SessionState`) and closes them on exit.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -52,6 +58,12 @@ PUT_TIMEOUT: Final = 1.0
 RECORD_TTL: Final = 3600.0 + 600.0
 """Seconds a record lives: the longest provider cache TTL in use (1 h) plus a margin. Past it
 the provider's cache is gone anyway, so replay would buy at most one cache write."""
+
+MEMO_ENTRIES: Final = 1024
+"""Sessions whose last record `RecordStore` keeps decoded."""
+MEMO_BYTES: Final = 32 * 1024 * 1024
+"""Memory those records may take, counted as twice their encoded size (the bytes and the
+decoded record; a 600 KB conversation's record is about 600 KB encoded)."""
 
 _log = logging.getLogger("promptcache.store")
 
@@ -96,7 +108,11 @@ class RecordStore:
         self.backend = backend
         self.get_timeout = get_timeout
         self.put_timeout = put_timeout
+        self._memo: OrderedDict[tuple[str, str], tuple[bytes, SessionRecord]] = OrderedDict()
+        self._memo_bytes = 0
         name = backend.backend
+        self._is_in_process = name == "memory"
+        """The in-process backend never waits on anything: no timer is armed around its calls."""
         self._get_time = metrics.store_duration.labels(name, "get")
         self._put_time = metrics.store_duration.labels(name, "put")
         self._get_errors = metrics.store_errors.labels(name, "get")
@@ -106,8 +122,11 @@ class RecordStore:
         """The session's record, or `None` when absent, expired, unreadable or the store failed."""
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.get_timeout):
+            if self._is_in_process:
                 data = await self.backend.get(tenant, session)
+            else:
+                async with asyncio.timeout(self.get_timeout):
+                    data = await self.backend.get(tenant, session)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._get_errors.inc()
             _log.warning("session store %s get failed (%s)", self.backend.backend, type(exc).__name__)
@@ -116,27 +135,51 @@ class RecordStore:
             self._get_time.observe(time.perf_counter() - started)
         if data is None:
             return None
+        key = (tenant, session)
+        known = self._memo.get(key)
+        if known is not None and (known[0] is data or known[0] == data):
+            self._memo.move_to_end(key)
+            return known[1]
         try:
-            return decode_record(data)
+            record = decode_record(data)
         except RecordError as exc:
             self._get_errors.inc()
             _log.warning("session store %s holds an unreadable record (%s)", self.backend.backend, exc)
             return None
+        self._remember(key, data, record)
+        return record
 
     async def save(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
         """Write `record` for `ttl` seconds; `False` when the store failed (counted, logged)."""
         data = encode_record(record)
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.put_timeout):
+            if self._is_in_process:
                 await self.backend.put(tenant, session, data, ttl)
+            else:
+                async with asyncio.timeout(self.put_timeout):
+                    await self.backend.put(tenant, session, data, ttl)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._put_errors.inc()
             _log.warning("session store %s put failed (%s)", self.backend.backend, type(exc).__name__)
             return False
         finally:
             self._put_time.observe(time.perf_counter() - started)
+        self._remember((tenant, session), data, record)
         return True
+
+    def _remember(self, key: tuple[str, str], data: bytes, record: SessionRecord) -> None:
+        """Keep `data` and its decoded `record` for `key` (bounded LRU; see the module docstring)."""
+        old = self._memo.pop(key, None)
+        if old is not None:
+            self._memo_bytes -= 2 * len(old[0])
+        if 2 * len(data) > MEMO_BYTES:
+            return
+        self._memo[key] = (data, record)
+        self._memo_bytes += 2 * len(data)
+        while len(self._memo) > MEMO_ENTRIES or self._memo_bytes > MEMO_BYTES:
+            _, (dropped, _) = self._memo.popitem(last=False)
+            self._memo_bytes -= 2 * len(dropped)
 
     async def close(self) -> None:
         try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
+import xxhash
 
 MAGIC: Final = b"PCR1"
 VERSION: Final = 1
@@ -48,6 +49,12 @@ class Sidecar:
     exact: bytes = b""
     """Unmasked canonical digest of the client's version (16 bytes): seeds the masking memo,
     so an unchanged message is never masked again after a restart or on another replica."""
+    value_digest: bytes = field(default=b"", compare=False, repr=False)
+    """xxh3-128 of `value` when known (derived, not stored: `decode_record` computes it)."""
+
+    def sent_digest(self) -> bytes:
+        """xxh3-128 of `value`."""
+        return self.value_digest or xxhash.xxh3_128_digest(self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +140,7 @@ def decode_record(data: bytes) -> SessionRecord:
             at += n_exact
             value = bytes(view[at : at + n_value])
             at += n_value
-            sidecars.append(Sidecar(position, digest, value, exact))
+            sidecars.append(Sidecar(position, digest, value, exact, xxhash.xxh3_128_digest(value)))
         if at != len(data):
             raise RecordError("record length does not match its header")
         return SessionRecord(

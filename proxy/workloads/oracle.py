@@ -10,16 +10,18 @@ the trace's gaps; the request's bound is the larger of the two. `total` is the r
 tokens (what the client's request costs uncached).
 
 Assumptions, per provider:
-- **Anthropic**, an ideal marker plan that knows the future: every block is a breakpoint
-  (no 4-marker limit, no 20-position lookback needed) with a 1-hour TTL (the longest). So every
-  live entry on the request's prefix is read or refreshed (lifetime counted again from the
-  request's start), the read is the longest live one, and every block past it whose cumulative
-  prefix reaches the model's `min_cache_tokens` is written. Entries are per model, and the
-  params fingerprints of the simulator's chain digests apply. No plan with fewer markers or
-  shorter TTLs can keep more entries alive, so this is an upper bound. The oracle also reports
-  how many markers the plan actually needed (`markers_needed`): the positions later reads use
-  (read, write or refresh), one marker serving a read up to 20 lookback positions before it;
-  above 4 the bound may not be attainable (`limit_binding` counts such requests).
+- **Anthropic**, an ideal marker plan: every block is a breakpoint (no 4-marker limit, no
+  20-position lookback needed) with the longest TTL a causal policy may choose (below). So
+  every live entry on the request's prefix is read or refreshed (lifetime counted again from
+  the request's start, a 1-hour refresh lengthening a 5-minute entry, as the simulator does for
+  a 1h marker on the entry's block), the read is the longest live one, and every block past it
+  whose cumulative prefix reaches the model's `min_cache_tokens` is written. Entries are per
+  model, and the params fingerprints of the simulator's chain digests apply. No plan with fewer
+  markers or shorter TTLs can keep more entries alive, so this is an upper bound. The oracle
+  also reports how many markers the plan actually needed (`markers_needed`): the positions
+  later reads use (read, write or refresh), one marker serving a read up to 20 lookback
+  positions before it; above 4 the bound may not be attainable (`limit_binding` counts such
+  requests).
 - **OpenAI before GPT-5.6** (automatic caching): nothing to choose, so the bound is the
   simulator's own accounting (128-token steps above the minimum, routing by the first tokens
   and `prompt_cache_key`, overflow above 15 requests/minute, idle retention) applied to the form,
@@ -28,6 +30,16 @@ Assumptions, per provider:
   developer / tool messages plus the end of every user / tool message, no 4-write limit, every
   live candidate on the prefix refreshed (TTL from `prompt_cache_options.ttl`, default 30 min).
 - Requests run one after another: each response has begun before the next request starts.
+
+Causal TTLs (Anthropic): the TTL of request `i`'s writes and refreshes (`causal_ttls`) is what a
+policy could know when request `i` starts: 1 hour once a gap longer than 5 minutes has been
+observed up to and including request `i` (between consecutive requests of the trace, or of the
+request's session), or when the client's own request asks for a 1-hour marker; otherwise 5
+minutes. A 1-hour write costs 2x against 1.25x (PROVIDERS.md 1.9): a proxy pays it only on
+evidence that entries must outlive 5 minutes, and no proxy can see the first long gap before it
+happens. An oracle with 1-hour entries from the first request would count, after a first gap
+longer than 5 minutes, a read no causal policy gets. Nothing else is weakened: still every block
+a breakpoint, every live entry refreshed, and the longest TTL any such policy could pick.
 """
 
 from __future__ import annotations
@@ -44,10 +56,11 @@ from proxy.sim import openai as sim_openai
 from proxy.sim.cache import CacheStore
 from proxy.sim.config import SimConfig
 from proxy.sim.tokens import TokenCounter
-from proxy.workloads.stable import stable_forms
+from proxy.workloads.stable import session_of, stable_forms
 from proxy.workloads.trace import Trace, TraceRequest
 
 ONE_HOUR: Final = 3600.0
+FIVE_MINUTES: Final = 300.0
 LOOKBACK: Final = 20
 MAX_MARKERS: Final = 4
 TENANT: Final = "oracle"
@@ -106,15 +119,48 @@ def _times(trace: Trace) -> list[float]:
     return out
 
 
+def _asks_one_hour(value: Any) -> bool:
+    """True when a `cache_control` with `ttl: 1h` sits anywhere in `value`."""
+    if isinstance(value, dict):
+        marker = value.get("cache_control")
+        if isinstance(marker, dict) and marker.get("ttl") == "1h":
+            return True
+        return any(_asks_one_hour(v) for v in value.values() if isinstance(v, dict | list))
+    if isinstance(value, list):
+        return any(_asks_one_hour(v) for v in value if isinstance(v, dict | list))
+    return False
+
+
+def causal_ttls(trace: Trace) -> list[float]:
+    """Seconds each request's entries live (module docstring, "Causal TTLs")."""
+    times = _times(trace)
+    last_in_session: dict[str, float] = {}
+    long_in_session: set[str] = set()
+    long_in_trace = False
+    out = []
+    for i, (request, now) in enumerate(zip(trace.requests, times, strict=True)):
+        session = session_of(request)
+        if i and now - times[i - 1] > FIVE_MINUTES:
+            long_in_trace = True
+        if session in last_in_session and now - last_in_session[session] > FIVE_MINUTES:
+            long_in_session.add(session)
+        last_in_session[session] = now
+        long = long_in_trace or session in long_in_session or _asks_one_hour(request.body)
+        out.append(ONE_HOUR if long else FIVE_MINUTES)
+    return out
+
+
 # --- Anthropic ----------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
 class _Live:
     expires: float
-    events: list[tuple[int, int, float]]
-    """`(request index, block index, trace second)` of the write and each refresh, oldest
-    first."""
+    ttl: float
+    """Seconds the entry lives after its write or latest refresh."""
+    events: list[tuple[int, int, float, float]]
+    """`(request index, block index, trace second, ttl after it)` of the write and each
+    refresh, oldest first."""
 
 
 class _AnthropicIdeal:
@@ -136,8 +182,11 @@ class _AnthropicIdeal:
         self.hits.append(-1)
         self.positions.append([])
 
-    def request(self, index: int, request: TraceRequest, body: dict[str, Any], now: float) -> tuple[int, int]:
-        """`(total tokens, read tokens)` of one form; records entries and marker needs."""
+    def request(
+        self, index: int, request: TraceRequest, body: dict[str, Any], now: float, ttl: float = ONE_HOUR
+    ) -> tuple[int, int]:
+        """`(total tokens, read tokens)` of one form, with every marker of TTL `ttl` (seconds);
+        records entries and marker needs."""
         model = str(body.get("model", ""))
         settings = self.config.anthropic_model(model)
         self.skip()
@@ -160,22 +209,23 @@ class _AnthropicIdeal:
             self._mark_keepers(live[-1][1], now)
             self.needed[index].add(hit)
         for i, entry in live:
-            entry.expires = now + ONE_HOUR
-            entry.events.append((index, i, now))
+            entry.ttl = max(entry.ttl, ttl)
+            entry.expires = now + entry.ttl
+            entry.events.append((index, i, now, entry.ttl))
         for i in range(hit + 1, len(blocks)):
             if blocks[i].cumulative >= settings.min_cache_tokens:
-                self.live[(model, blocks[i].chain)] = _Live(now + ONE_HOUR, [(index, i, now)])
+                self.live[(model, blocks[i].chain)] = _Live(now + ttl, ttl, [(index, i, now, ttl)])
         return prompt.total_tokens, blocks[hit].cumulative if hit >= 0 else 0
 
     def _mark_keepers(self, entry: _Live, now: float) -> None:
         """Mark the fewest events (the write, then refreshes) that keep the entry alive until
-        `now`: from `now`, repeatedly the earliest event less than the TTL before."""
+        `now`: from `now`, repeatedly the earliest event whose lifetime reaches it."""
         events = entry.events
         at = now
         k = len(events)
         while k > 0:
-            j = next(j for j in range(k) if at - events[j][2] < ONE_HOUR)
-            request, block, at = events[j]
+            j = next(j for j in range(k) if at - events[j][2] < events[j][3])
+            request, block, at, _ = events[j]
             self.needed[request].add(block)
             if j == 0 or self.hits[request] == block:
                 break
@@ -282,13 +332,14 @@ def optimum(trace: Trace, config: SimConfig | None = None, counter: TokenCounter
     counter = counter if counter is not None else TokenCounter()
     forms = stable_forms(trace)
     times = _times(trace)
+    ttls = causal_ttls(trace)
     raw_a, stable_a = _AnthropicIdeal(config, counter), _AnthropicIdeal(config, counter)
     raw_o, stable_o = _OpenAIIdeal(config, counter), _OpenAIIdeal(config, counter)
     result = Optimum(trace.name)
-    for index, (request, form, now) in enumerate(zip(trace.requests, forms, times, strict=True)):
+    for index, (request, form, now, ttl) in enumerate(zip(trace.requests, forms, times, ttls, strict=True)):
         if request.provider == "anthropic":
-            total, raw_read = raw_a.request(index, request, form.raw, now)
-            _, stable_read = stable_a.request(index, request, form.stable, now)
+            total, raw_read = raw_a.request(index, request, form.raw, now, ttl)
+            _, stable_read = stable_a.request(index, request, form.stable, now, ttl)
             bound = Bound(total, max(raw_read, stable_read), raw_read, stable_read)
         else:
             raw_a.skip()

@@ -11,6 +11,11 @@ oracle's optimum read tokens (`oracle.py`).
 An errored request (non-2xx) is counted in `errors` and charged as uncached input of the
 client's prompt (the oracle's token count): the client would have to send it again without
 whatever broke it.
+
+Divergence causes (`Tally.causes`, `RequestOutcome.cause`): requests per cause of
+`proxy.measure.CAUSES`, measured as `proxy/workloads/divergence.py` describes (2xx requests
+only). The text output prints them, non-zero ones in `CAUSES` order, on one `causes:` line per
+trace and strategy and per strategy in total; the JSON output carries them as `causes` objects.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from proxy.measure import CAUSES
 from proxy.workloads.strategies import STRATEGIES
 
 
@@ -34,12 +40,16 @@ class Tally:
     """Input tokens neither read nor written."""
     cost: float = 0.0
     uncached_cost: float = 0.0
+    causes: dict[str, int] = field(default_factory=dict)
+    """Requests per divergence cause (`proxy.measure.CAUSES`)."""
 
     def add(self, other: Tally) -> None:
         for name in ("requests", "errors", "read", "write_5m", "write_1h", "none"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.cost += other.cost
         self.uncached_cost += other.uncached_cost
+        for cause, n in other.causes.items():
+            self.causes[cause] = self.causes.get(cause, 0) + n
 
     @property
     def write(self) -> int:
@@ -75,6 +85,9 @@ class RequestOutcome:
     cost: float
     uncached_cost: float
     error: str = ""
+    cause: str | None = None
+    """Divergence cause of the request (`None` for a failed request, or when the proxy measured
+    none for it)."""
 
 
 @dataclass(slots=True)
@@ -149,6 +162,19 @@ def _row(name: str, strategy: str, tally: Tally, attainment: float) -> str:
     )
 
 
+def ordered_causes(causes: dict[str, int]) -> dict[str, int]:
+    """Non-zero counts in `CAUSES` order, then any other label alphabetically."""
+    known = [c for c in CAUSES if causes.get(c)]
+    other = sorted(c for c in causes if c not in CAUSES and causes[c])
+    return {c: causes[c] for c in (*known, *other)}
+
+
+def _causes_row(name: str, strategy: str, tally: Tally) -> str:
+    found = ordered_causes(tally.causes)
+    text = ", ".join(f"{cause} {n}" for cause, n in found.items()) if found else "-"
+    return f"{name:<26} {strategy:<11} causes: {text}"
+
+
 def format_requests(trace: TraceResult) -> list[str]:
     """One line per request: read / written / neither tokens per strategy, and the optimum."""
     strategies = list(trace.outcomes)
@@ -167,8 +193,8 @@ def format_requests(trace: TraceResult) -> list[str]:
 
 
 def format_text(report: Report, per_request: bool = False) -> str:
-    """Per trace and strategy, then totals; one optimum line per trace (and, when asked, one
-    line per request before each trace's rows)."""
+    """Per trace and strategy, then totals; one optimum line and one `causes:` line per strategy
+    for each trace and in total (and, when asked, one line per request before each trace's rows)."""
     lines = [_HEAD, "-" * len(_HEAD)]
     for trace in report.traces:
         if per_request:
@@ -182,6 +208,9 @@ def format_text(report: Report, per_request: bool = False) -> str:
             f"{trace.name:<26} {'optimum':<11} {trace.requests:>4} {'':>3} {trace.optimum_read:>9} {'':>9} "
             f"{'':>9} {trace.optimum_share:>6.1%}{note}{errors}"
         )
+        for strategy in report.strategies:
+            if strategy in trace.tallies:
+                lines.append(_causes_row(trace.name, strategy, trace.tallies[strategy]))
     lines.append("-" * len(_HEAD))
     for strategy in report.strategies:
         lines.append(_row("TOTAL", strategy, report.total(strategy), report.attainment(strategy)))
@@ -190,6 +219,8 @@ def format_text(report: Report, per_request: bool = False) -> str:
         f"{'TOTAL':<26} {'optimum':<11} {'':>4} {'':>3} {report.optimum_read:>9} {'':>9} {'':>9} "
         f"{share:>6.1%}"
     )
+    for strategy in report.strategies:
+        lines.append(_causes_row("TOTAL", strategy, report.total(strategy)))
     return "\n".join(lines)
 
 
@@ -199,6 +230,7 @@ def to_json(report: Report, per_request: bool = False) -> dict[str, Any]:
     def tally(t: Tally) -> dict[str, Any]:
         return {
             **asdict(t),
+            "causes": ordered_causes(t.causes),
             "write": t.write,
             "input": t.input,
             "hit_ratio": t.hit_ratio,

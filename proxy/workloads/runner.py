@@ -13,6 +13,10 @@ Contract (`replay_traces`):
   so pacing-based TTL choices see the gaps the simulator sees.
 - Usage is read from each response (`usage.py`), priced with `proxy.pricing`, and tallied
   (`report.py`); the optimum comes from `oracle.py`, computed before the trace runs.
+- Each 2xx request gets its divergence cause (`divergence.py`): for `promptcache` the cause the
+  proxy counted in its `promptcache_prefix_divergences_total` (read after the response, once
+  the counter moved: the proxy measures right after the last byte, `MEASURE_WAIT_S` at most);
+  for `none` / `naive` the same pure core applied to the body the strategy sent.
 Nothing is retried; a non-2xx answer is recorded as an error.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, TextIO
 
@@ -30,9 +35,12 @@ from prometheus_client import CollectorRegistry
 
 from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import Usage
+from proxy.rules import RuleSet, load_rules
+from proxy.settings import Settings
 from proxy.sim.clock import MANUAL_START, Clock
 from proxy.sim.config import SimConfig
 from proxy.sim.tokens import TokenCounter, load_o200k
+from proxy.workloads.divergence import CauseTracker, cause_counts, new_cause
 from proxy.workloads.oracle import optimum
 from proxy.workloads.report import Report, RequestOutcome, Tally, TraceResult
 from proxy.workloads.strategies import upstream_body
@@ -41,6 +49,8 @@ from proxy.workloads.usage import read_usage
 
 ANTHROPIC_VERSION: Final = "2023-06-01"
 TIMEOUT: Final = aiohttp.ClientTimeout(total=600)
+MEASURE_WAIT_S: Final = 1.0
+"""Longest wait (seconds) for the proxy's measurement of a request after its response."""
 
 
 class TraceClock:
@@ -110,7 +120,9 @@ async def _send(
     request: TraceRequest,
     pricing: PricingTable,
     client_tokens: int,
+    causes: CauseTracker | None = None,
 ) -> RequestOutcome:
+    """Send one request; `causes` (strategies without a proxy) names its divergence cause."""
     body = upstream_body(strategy, request.path, request.body)
     async with http.post(
         base + request.path, data=orjson.dumps(body), headers=_headers(request, f"sk-replay-{strategy}")
@@ -127,7 +139,7 @@ async def _send(
     usage = read_usage(request.path, content_type, data)
     cost, uncached = _cost(pricing, request, usage)
     error = "" if usage.seen else "no usage in the response"
-    return RequestOutcome(
+    outcome = RequestOutcome(
         status,
         usage.cache_read,
         usage.cache_write_5m,
@@ -137,6 +149,9 @@ async def _send(
         uncached,
         error,
     )
+    if causes is not None:
+        outcome.cause = causes.cause(request.path, request.headers, body, usage if usage.seen else None)
+    return outcome
 
 
 async def _admin(http: aiohttp.ClientSession, method: str, url: str, payload: Any = None) -> Any:
@@ -148,6 +163,22 @@ async def _admin(http: aiohttp.ClientSession, method: str, url: str, payload: An
                 "(the upstream must be a promptcache simulator with --clock manual)"
             )
         return orjson.loads(data) if data else None
+
+
+async def _measured_cause(registry: CollectorRegistry, before: Counter[str]) -> str | None:
+    """The cause the proxy counted for its latest request: waits (`MEASURE_WAIT_S` at most) until
+    the counter holds one request more than `before`, then moves `before` up to the reading."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + MEASURE_WAIT_S
+    wanted = sum(before.values()) + 1
+    after = cause_counts(registry)
+    while sum(after.values()) < wanted and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+        after = cause_counts(registry)
+    cause = new_cause(before, after)
+    before.clear()
+    before.update(after)
+    return cause
 
 
 @contextlib.asynccontextmanager
@@ -184,13 +215,17 @@ async def _run_strategy(
     totals: list[int],
     pricing: PricingTable,
     progress: Progress,
+    rules: RuleSet | None,
 ) -> tuple[Tally, list[RequestOutcome], int]:
     await _admin(http, "DELETE", f"{sim_url}/_sim/cache")
     stack = contextlib.AsyncExitStack()
     async with stack:
         target, registry = sim_url, None
+        tracker: CauseTracker | None = CauseTracker(rules, Settings().session_headers)
         if strategy == "promptcache":
             target, registry = await stack.enter_async_context(_proxy(sim_url, clock))
+            tracker = None
+        counted: Counter[str] = Counter()
         tally = Tally()
         outcomes = []
         progress.start(f"{trace.name} {strategy}", len(trace.requests))
@@ -198,7 +233,9 @@ async def _run_strategy(
             if request.gap:
                 await _admin(http, "POST", f"{sim_url}/_sim/clock", {"advance": request.gap})
                 clock.advance(request.gap)
-            outcome = await _send(http, target, strategy, request, pricing, totals[i])
+            outcome = await _send(http, target, strategy, request, pricing, totals[i], tracker)
+            if registry is not None and outcome.status < 300:
+                outcome.cause = await _measured_cause(registry, counted)
             outcomes.append(outcome)
             tally.add(
                 Tally(
@@ -210,12 +247,21 @@ async def _run_strategy(
                     outcome.none,
                     outcome.cost,
                     outcome.uncached_cost,
+                    {outcome.cause: 1} if outcome.cause is not None else {},
                 )
             )
             progress.step(i + 1)
         stage_errors = _stage_errors(registry) if registry is not None else 0
     progress.finish(f"hit {tally.hit_ratio:.1%}" + (f", {tally.errors} errors" if tally.errors else ""))
     return tally, outcomes, stage_errors
+
+
+def _default_rules() -> RuleSet | None:
+    """The rules a proxy with default settings loads (volatile patterns, model minimums)."""
+    try:
+        return load_rules(Settings().rules_dir)
+    except (ValueError, OSError):
+        return None
 
 
 async def replay_traces(
@@ -229,6 +275,7 @@ async def replay_traces(
     config = await asyncio.to_thread(SimConfig.load)
     counter = TokenCounter(await asyncio.to_thread(load_o200k))
     pricing = await asyncio.to_thread(default_pricing)
+    rules = await asyncio.to_thread(_default_rules)
     report = Report()
     async with contextlib.AsyncExitStack() as stack:
         if upstream == "sim":
@@ -251,7 +298,7 @@ async def replay_traces(
             result.client_totals = totals
             for strategy in strategies:
                 tally, outcomes, stage_errors = await _run_strategy(
-                    http, sim_url, clock, trace, strategy, totals, pricing, progress
+                    http, sim_url, clock, trace, strategy, totals, pricing, progress, rules
                 )
                 result.tallies[strategy] = tally
                 result.outcomes[strategy] = outcomes

@@ -598,13 +598,7 @@ def replay(records: list[dict[str, Any]], strategy: str) -> Replay:
     return Replay(strategy, usages, models, [r["path"] for r in records])
 
 
-KNOWN_REGRESSIONS: Final = {
-    "codex-default": (
-        "P1 (tests/clients/data/pipeline-responses-additional-tools-dropped.json): promptcache drops "
-        "Codex's `additional_tools` input item, so the model gets no tools and every request ~6.2k "
-        "fewer input tokens"
-    ),
-}
+KNOWN_REGRESSIONS: Final[dict[str, str]] = {}
 """Traces whose no-regression checks fail because of a reported pipeline finding (xfail, not strict)."""
 
 

@@ -5,7 +5,8 @@ client is one-shot:
   1. `Say hello.`
   2. a prompt carrying the simulator's tool marker, `[[tool:NAME {"command": "echo promptcache-tool-ok"}]]`
      (NAME = the client's shell tool), so the simulator answers with a tool call, the client runs
-     `echo` and sends the result back, and the simulator then answers with text;
+     `echo` and sends the result back, and the simulator then answers with text (aider, which
+     offers no tools: a `[[reply:...]]` marker scripts a SEARCH/REPLACE edit that aider applies);
   3. `Thanks. What did the command print?`
 Outbound traffic the client would make besides the API (telemetry, update checks, model catalogs,
 plugin syncs) is turned off by the settings below and, where `unshare -n` works, made impossible.
@@ -42,6 +43,17 @@ SIM_REPLY: Final = "OK from promptcache-sim"
 
 def tool_prompt(tool: str, key: str = "command") -> str:
     return f'Now run this command: [[tool:{tool} {{"{key}":"echo {TOOL_MARK}"}}]]'
+
+
+EDIT_REPLY: Final = (
+    f"{SIM_REPLY} (scripted edit)\n\nhello.py\n```python\n<<<<<<< SEARCH\nprint('hello')\n=======\n"
+    f"print('{TOOL_MARK}')\n>>>>>>> REPLACE\n```"
+)
+"""aider's edit protocol: a SEARCH/REPLACE block in the reply text, which aider applies to the file."""
+EDIT_PROMPT: Final = f"Change hello.py to print {TOOL_MARK}. [[reply:{orjson.dumps(EDIT_REPLY).decode()}]]"
+"""One line (aider reads a prompt per stdin line): the simulator's `[[reply:"JSON string"]]` marker
+scripts EDIT_REPLY."""
+EDITED_FILE: Final = f"print('{TOOL_MARK}')\n"
 
 
 @dataclass
@@ -373,9 +385,10 @@ def _aider(recipe: Recipe, stack: Stack, tmp: Path) -> tuple[list[Turn], list[st
         "--model", recipe.model, "--cache-prompts", "--yes-always", "--no-check-update", "--no-analytics",
         "--no-auto-commits", "--no-show-release-notes", "--no-pretty", "--no-fancy-input",
     ]  # fmt: skip
-    # Turns 1-3 in one process (aider reads one prompt per stdin line; `/run` executes a shell
-    # command and, with --yes-always, adds its output to the chat); turn 4 resumes the session in a
-    # new process from .aider.chat.history.md.
+    # Turns 1-3 in one process (aider reads one prompt per stdin line; aider offers no tools, so
+    # turn 2's `[[reply:...]]` marker makes the simulator answer with a SEARCH/REPLACE edit block,
+    # which aider applies to hello.py and sends back as the file's new contents); turn 4 resumes
+    # the session in a new process from .aider.chat.history.md.
     first = run_isolated(stack, [*common, "hello.py"], env, work, stdin="\n".join(recipe.prompts[:3]) + "\n")
     second = run_isolated(
         stack, [*common, "--restore-chat-history", "--message", recipe.prompts[3], "hello.py"], env, work
@@ -430,10 +443,11 @@ RECIPES: Final = {
             _codex,
             (HELLO, tool_prompt("exec", "code"), THANKS),
             no_tool_reason=(
-                "Codex's default model gpt-6.2-sol sends no top-level `tools`: its tools travel in an "
-                "`additional_tools` input item (namespaces; the shell is the custom tool `exec`), which the "
-                "simulator does not read as offered tools, so the [[tool:exec]] marker cannot fire "
-                "(tests/clients/data/sim-responses-additional-tools.json)"
+                "Codex's default model gpt-6.2-sol sends its tools in an `additional_tools` input item "
+                "(namespaces; the shell is the custom tool `exec`, which runs JavaScript in Codex's own "
+                "sandbox). The simulator offers them and answers [[tool:exec ...]] with a custom_tool_call "
+                "(tests/clients/data/sim-responses-additional-tools.json, fixed), but this recipe's marker "
+                "passes a JSON command, not JavaScript, so no shell round trip is checked here yet"
             ),
         ),
         Recipe(
@@ -464,16 +478,11 @@ RECIPES: Final = {
             "/v1/messages",
             "claude-sonnet-4-5",
             None,
-            "aider 0.86.2 (PyPI aider-chat), three prompts on stdin then --restore-chat-history --message, "
+            "aider 0.86.2 (PyPI aider-chat), three prompts on stdin (the second scripts an edit) then "
+            "--restore-chat-history --message, "
             "--cache-prompts, Anthropic Messages via litellm, streamed",
             _aider,
-            (HELLO, f"/run echo {TOOL_MARK}", "What did the command print?", "Thanks."),
-            no_tool_reason=(
-                "aider 0.86.2 offers the model no tools (its edit protocol is SEARCH/REPLACE text in the "
-                "reply) and the simulator can script only tool calls or its fixed text reply, so a "
-                "simulator-driven tool round trip is impossible; the /run round trip (command run "
-                "locally, output sent upstream) is checked instead"
-            ),
+            (HELLO, EDIT_PROMPT, "What does hello.py print now?", "Thanks."),
         ),
     )
 }

@@ -33,7 +33,15 @@ from tests.clients.harness import (
     tool_exchanges,
     write_trace,
 )
-from tests.clients.recipes import RECIPES, SIM_REPLY, TOOL_MARK, ClientRun, codex_commands
+from tests.clients.recipes import (
+    EDIT_REPLY,
+    EDITED_FILE,
+    RECIPES,
+    SIM_REPLY,
+    TOOL_MARK,
+    ClientRun,
+    codex_commands,
+)
 
 pytestmark = pytest.mark.clients
 
@@ -65,11 +73,9 @@ def test_every_turn_completes(client_run: ClientRun) -> None:
 
 def test_tool_round_trip(client_run: ClientRun) -> None:
     recipe = RECIPES[client_run.name]
-    if recipe.tool is None and recipe.name == "aider":
-        # aider: `/run` executed the command locally and the next request carried its output.
-        texts = [conversation_text(r["body"]) for r in client_run.records]
-        assert any(f"echo {TOOL_MARK}" in t and t.count(TOOL_MARK) >= 2 for t in texts), texts[-1][-2000:]
-        pytest.skip(recipe.no_tool_reason)
+    if recipe.name == "aider":
+        _aider_edit_round_trip(client_run)
+        return
     if recipe.tool is None:
         pytest.skip(recipe.no_tool_reason)
     exchanges = [x for r in client_run.records for x in tool_exchanges(r["body"])]
@@ -88,6 +94,30 @@ def test_tool_round_trip(client_run: ClientRun) -> None:
         assert any(TOOL_MARK in c.get("aggregated_output", "") and c.get("exit_code") == 0 for c in commands)
 
 
+def _aider_edit_round_trip(run: ClientRun) -> None:
+    """aider offers no tools: the simulator scripts an edit block (`[[reply:...]]`), aider applies it
+    to hello.py, and the next request carries the edited file as the chat's file contents."""
+    assert run.home is not None
+    assert (run.home.parent / "work" / "hello.py").read_text() == EDITED_FILE
+    assert "Applied edit to hello.py" in run.turns[0].stdout, run.turns[0].stdout[-2000:]
+    listing = f"hello.py\n```\n{EDITED_FILE}```"
+    replied = [
+        i
+        for i, r in enumerate(run.records)
+        if any(m.get("role") == "assistant" and EDIT_REPLY in _text(m) for m in r["body"]["messages"])
+    ]
+    assert replied, "no request carries the scripted edit reply"
+    later = run.records[replied[0]]["body"]["messages"]
+    assert any(m.get("role") == "user" and listing in _text(m) for m in later), "edited file not sent back"
+
+
+def _text(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
+
+
 def test_session_continuity(client_run: ClientRun) -> None:
     recipe = RECIPES[client_run.name]
     ids = [i for i in client_run.session_ids if i is not None]
@@ -96,7 +126,10 @@ def test_session_continuity(client_run: ClientRun) -> None:
         assert len(ids) == len(recipe.prompts), f"a turn reported no session id: {client_run.session_ids}"
     main = client_run.main_records()
     text = conversation_text(main[-1]["body"])
-    wanted = [p if "[[tool:" not in p and not p.startswith("/run") else TOOL_MARK for p in recipe.prompts]
+    scripted = ("[[tool:", "[[reply:")
+    wanted = [
+        TOOL_MARK if any(m in p for m in scripted) or p.startswith("/run") else p for p in recipe.prompts
+    ]
     positions = [text.find(w) for w in wanted]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), (wanted, positions)
     # Earlier replies are kept in the history the client resends.
@@ -113,7 +146,8 @@ def test_session_continuity(client_run: ClientRun) -> None:
 def test_trace_holds_no_credentials(client_run: ClientRun) -> None:
     for record in client_run.records:
         assert DUMMY_KEY not in str(record)
-        assert set(record["headers"]) <= {"x-claude-code-session-id", "x-session-id"}
+        allowed = {"x-claude-code-session-id", "x-session-id", "anthropic-beta", "anthropic-version"}
+        assert set(record["headers"]) <= allowed
 
 
 def _replays(run: ClientRun) -> tuple[Replay, Replay]:

@@ -57,7 +57,6 @@ def test_every_finding_is_documented() -> None:
 P1 = finding("pipeline-responses-additional-tools-dropped.json")
 
 
-@_known(P1)
 def test_p1_responses_additional_tools_item_is_kept() -> None:
     body = P1["requests"][0]["body"]
     with Stack() as stack:
@@ -114,7 +113,6 @@ def test_p3_no_turn_marker_write_that_is_never_read() -> None:
 P4 = finding("explain-system-role-message-detected-as-openai.json")
 
 
-@_known(P4)
 def test_p4_explain_detects_anthropic_with_a_system_role_message(tmp_path: Path) -> None:
     empty, body = tmp_path / "a.json", tmp_path / "b.json"
     empty.write_text("{}")
@@ -146,7 +144,6 @@ def test_p5_trace_keeps_anthropic_beta(tmp_path: Path) -> None:
 S1 = finding("sim-tool-marker-trailing-system-message.json")
 
 
-@_known(S1)
 def test_s1_sim_marker_fires_before_a_trailing_system_message() -> None:
     with Stack(with_proxy=False) as stack:
         status, data = post(
@@ -163,7 +160,6 @@ def test_s1_sim_marker_fires_before_a_trailing_system_message() -> None:
 S2 = finding("sim-responses-additional-tools.json")
 
 
-@_known(S2)
 def test_s2_sim_offers_additional_tools() -> None:
     with Stack(with_proxy=False) as stack:
         status, data = post(
@@ -175,3 +171,20 @@ def test_s2_sim_offers_additional_tools() -> None:
     assert status == 200
     output = orjson.loads(data).get("output") or []
     assert any(item.get("name") == "exec" for item in output), output
+
+
+S3 = finding("sim-no-scripted-text-reply.json")
+
+
+def test_s3_sim_scripts_a_reply_text() -> None:
+    with Stack(with_proxy=False) as stack:
+        status, data = post(
+            stack.sim_url,
+            S3["path"],
+            S3["requests"][0]["body"],
+            _headers_for({"path": S3["path"], "headers": {}}),
+        )
+    assert status == 200
+    reply = orjson.loads(data)
+    text = S3["requests"][0]["body"]["messages"][-1]["content"][0]["text"]
+    assert reply["content"] == [{"type": "text", "text": text.split("[[reply:", 1)[1].removesuffix("]]")}]

@@ -10,7 +10,17 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.explain import Explanation, detect_path, explain, explain_command, plan_lines, render
+from proxy.explain import (
+    Explanation,
+    RequestInput,
+    Signals,
+    body_signals,
+    detect_path,
+    explain,
+    explain_command,
+    plan_lines,
+    render,
+)
 from proxy.providers import ANTHROPIC
 from proxy.providers.base import Block, Usage
 from proxy.rules import PACKAGED_DIR
@@ -229,6 +239,84 @@ def test_openai_chat_and_responses() -> None:
 )
 def test_detect_path(body: dict[str, Any], provider: str, path: str) -> None:
     assert detect_path({}, body, provider) == path
+
+
+CLAUDE_CODE_FIRST_TURN = {
+    "model": "claude-opus-5-5",
+    "max_tokens": 1024,
+    "system": [{"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}}],
+    "tools": [{"name": "Bash", "description": "Run a command", "input_schema": {"type": "object"}}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Say hello."}]},
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": "# Environment\nPrimary working directory: /work"}],
+        },
+    ],
+}
+
+
+def test_a_system_role_message_does_not_make_an_anthropic_body_openai() -> None:
+    """P4 (tests/clients/data/explain-system-role-message-detected-as-openai.json)."""
+    # system 2 + cache_control 2 + input_schema 2 + max_tokens with text blocks 1 + claude model 1;
+    # the system-role message is a weak OpenAI signal only.
+    assert body_signals(CLAUDE_CODE_FIRST_TURN) == Signals(anthropic=8, openai=1, responses=False)
+    assert detect_path({}, CLAUDE_CODE_FIRST_TURN) == "/v1/messages"
+    bare = {"messages": CLAUDE_CODE_FIRST_TURN["messages"]}
+    assert (
+        body_signals(bare) == Signals(anthropic=0, openai=1)
+        and detect_path({}, bare) == "/v1/chat/completions"
+    )
+    with_max_tokens = {**bare, "max_tokens": 10}
+    assert detect_path({}, with_max_tokens) == "/v1/messages"  # 1:1, a tie is Anthropic
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "expected"),
+    [
+        (
+            {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
+            None,
+            (2, 0),
+        ),
+        ({"thinking": {"type": "adaptive"}, "top_k": 5, "tool_choice": {"type": "any"}}, None, (6, 0)),
+        ({"messages": [{"role": "system", "content": "x"}]}, {"anthropic-version": "2023-06-01"}, (8, 1)),
+        ({"prompt_cache_key": "k", "messages": [{"role": "developer", "content": "x"}]}, None, (0, 4)),
+        (
+            {"model": "gpt-5.1", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            None,
+            (0, 3),
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "max_tokens": 5}, None, (0, 2)),
+    ],
+    ids=["tool_result", "anthropic-keys", "recorded-header", "openai-keys", "image_url", "function-tool"],
+)
+def test_body_signals(
+    body: dict[str, Any], headers: dict[str, str] | None, expected: tuple[int, int]
+) -> None:
+    signals = body_signals(body, headers)
+    assert (signals.anthropic, signals.openai, signals.responses) == (*expected, False)
+
+
+def test_responses_signals_and_recorded_paths() -> None:
+    responses = {"model": "gpt-6.2-sol", "instructions": "x", "input": [{"role": "system", "content": "y"}]}
+    assert body_signals(responses) == Signals(anthropic=0, openai=5, responses=True)
+    assert detect_path({}, responses) == "/v1/responses"
+    # A trace line's recorded path wins over the body shape, for auto and for --provider openai.
+    line = RequestInput({"model": "gpt-5.5", "messages": []}, "/v1/responses", {})
+    assert detect_path({}, line) == detect_path({}, line, "openai") == "/v1/responses"
+    assert detect_path({}, line, "anthropic") == "/v1/messages"
+
+
+def test_command_reads_trace_lines(tmp_path: Path) -> None:
+    """A recorded trace line (`proxy/record.py`) works as an input: its body, path and headers."""
+    line = {"gap": 0, "path": "/v1/messages", "headers": {"anthropic-version": "2023-06-01"}, "body": BASE}
+    out = io.StringIO()
+    assert explain_command(*_files(tmp_path, {}, line), out=out) == 1
+    assert out.getvalue().startswith("promptcache explain (anthropic, /v1/messages)\n  A: 0 blocks")
+    out = io.StringIO()
+    assert explain_command(*_files(tmp_path, line, {**line, "body": variant("none")}), out=out) == 0
+    assert "cause: none\n  B appends 2 block(s) to A\n" in out.getvalue()
 
 
 def _files(tmp_path: Path, a: Any, b: Any) -> tuple[str, str]:

@@ -14,13 +14,11 @@ from proxy.rules import RuleSet, load_rules
 from proxy.settings import UpstreamCapabilities
 
 RULES = load_rules()
-MOVING_RULES = dataclasses.replace(
-    RULES,
-    rules=tuple(
-        dataclasses.replace(r, move_to_user=True) if r.name in ("timestamp", "usage-counters") else r
-        for r in RULES.rules
-    ),
+"""The packaged rules: volatile segments move onto the newest user message."""
+STAYING_RULES = dataclasses.replace(
+    RULES, rules=tuple(dataclasses.replace(r, move_to_user=False) for r in RULES.rules)
 )
+"""The packaged rules with every `move_to_user` off: volatile segments sort last in the system."""
 CAPS = UpstreamCapabilities()
 
 

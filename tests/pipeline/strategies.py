@@ -7,6 +7,7 @@ thinking blocks; tool_result content with markers; shuffled tool schemas.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -34,6 +35,8 @@ LINES = [
     "</env>",
     "Tokens used: 1234 of 200000",
     "Use the tools when they help.",
+    "<context>",
+    "</context>",
     "",
     "   ",
 ]
@@ -249,14 +252,32 @@ def _lines(text: str) -> list[str]:
 
 
 TEXT_KINDS = ("text", "input_text")
+TAG_LINE = re.compile(r"\s*</?[A-Za-z_][\w.:-]*(\s[^<>]*)?>\s*")
+"""A line holding only an opening or closing tag: reorder may repeat it (a wrapper goes
+wherever its content goes), so the fingerprint counts whether it is present, not how often."""
+
+
+def _text_lines(out: Counter, value: Any) -> None:
+    """Lines of a string or of the text parts of a list; other parts as canonical blocks."""
+    if isinstance(value, str):
+        out.update(("line", line) for line in _lines(value))
+    elif isinstance(value, list):
+        for part in value:
+            if (
+                isinstance(part, dict)
+                and part.get("type") in TEXT_KINDS
+                and isinstance(part.get("text"), str)
+            ):
+                out.update(("line", line) for line in _lines(part["text"]))
+            else:
+                out[("block", "part", _canon(part, ""))] += 1
 
 
 def content_fingerprint(adapter: ProviderAdapter, path: str, body: dict[str, Any], key: str) -> Counter:
-    """Multiset of what the model sees: lines of text (system and messages), and every other
-    block in canonical form (sorted keys, markers removed). Invariant under the pipeline."""
+    """Multiset of what the model sees: lines of text (system, messages, tool outputs), and
+    every other block in canonical form (sorted keys, markers removed). Invariant under the
+    pipeline; tag lines (`TAG_LINE`) count once however often they appear."""
     out: Counter = Counter()
-    if adapter.name == "openai" and path == "/v1/responses" and isinstance(body.get("instructions"), str):
-        pass  # instructions is a block of the prefix; counted below
     for block in adapter.prefix_blocks(path, body):
         value = block.value
         if isinstance(value, str):
@@ -268,8 +289,15 @@ def content_fingerprint(adapter: ProviderAdapter, path: str, body: dict[str, Any
             extra = {k: v for k, v in value.items() if k not in ("type", "text", key)}
             if extra:
                 out[("extra", _canon(extra, key))] += 1
+        elif isinstance(value, dict) and block.kind == "function_call_output":
+            _text_lines(out, value.get("output"))
+            rest = {k: v for k, v in value.items() if k != "output"}
+            out[("block", block.kind, _canon(rest, key))] += 1
         elif value is not None:
             out[("block", block.kind, _canon(value, key))] += 1
+    for item in list(out):
+        if item[0] == "line" and TAG_LINE.fullmatch(item[1]):
+            out[item] = 1
     return out
 
 

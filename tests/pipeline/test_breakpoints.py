@@ -77,6 +77,44 @@ def test_ttls_from_the_plan_context_keep_one_hour_first() -> None:
     assert mapping == PlanContext((1,), "1h", "5m")
 
 
+def test_one_hour_pacing_lengthens_the_client_markers_and_never_shortens_them() -> None:
+    body = {
+        "model": "m",
+        "system": [{"type": "text", "text": "word " * 2000, "cache_control": EPH}],
+        "messages": [
+            *_chat(2),
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "q", "cache_control": {**EPH, "ttl": "5m"}}],
+            },
+        ],
+    }
+    paced, plan = place_breakpoints(
+        ANTHROPIC, MESSAGES, body, context=PlanContext(ttl_shared="1h", ttl_session="1h")
+    )
+    assert [(m.index, m.ttl, m.origin, m.reason) for m in plan.markers] == [
+        (0, "1h", "client", "client"),
+        (2, "1h", "injected", "turn"),
+        (3, "1h", "client", "client"),
+    ]
+    assert paced["system"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+    assert paced["messages"][2]["content"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+    assert place_breakpoints(ANTHROPIC, MESSAGES, paced, context=PlanContext(ttl_session="1h"))[0] == paced
+    short, short_plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext())
+    assert [m.ttl for m in short_plan.markers] == ["5m", "5m", "5m"]
+    assert short["messages"][2]["content"][0]["cache_control"] == {**EPH, "ttl": "5m"}
+    kept, _ = place_breakpoints(ANTHROPIC, MESSAGES, paced, context=PlanContext())
+    assert kept["messages"][2]["content"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+    stripped, _ = place_breakpoints(
+        ANTHROPIC,
+        MESSAGES,
+        body,
+        context=PlanContext(ttl_session="1h"),
+        caps=UpstreamCapabilities(strip_ttl=True),
+    )
+    assert stripped["system"][0]["cache_control"] == EPH
+
+
 def test_capabilities_strip_ttl_and_scope_and_keep_markers_off_tool_results() -> None:
     results = [{"type": "tool_result", "tool_use_id": "t", "content": "ok", "cache_control": EPH}]
     body = {

@@ -11,7 +11,7 @@ import orjson
 from proxy.pipeline.breakpoints import PlannedMarker
 from proxy.pipeline.canonicalise import SessionPins
 from proxy.providers import ANTHROPIC
-from tests.pipeline.helpers import optimise
+from tests.pipeline.helpers import STAYING_RULES, optimise
 
 MESSAGES = "/v1/messages"
 NO_NEW = 10**9
@@ -147,23 +147,34 @@ def _turn(billing: str, user: str) -> dict:
     }
 
 
-def test_first_system_block_that_changes_every_request_moves_after_the_stable_prompt() -> None:
+def test_first_system_block_that_changes_every_request_moves_onto_the_user_message() -> None:
     first, _ = optimise(ANTHROPIC, MESSAGES, _turn("a1b2c", "hi"))
     second, plan = optimise(ANTHROPIC, MESSAGES, _turn("d3e4f", "hello"))
     assert second == {
         "model": MODEL,
         "max_tokens": 100,
-        "system": [
-            _text(LONG, EPH),
-            _text("x-anthropic-billing-header: cc_version=2.1.3; cch=d3e4f;"),
+        "system": [_text(LONG, EPH)],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    _text("x-anthropic-billing-header: cc_version=2.1.3; cch=d3e4f;"),
+                    _text("hello", EPH),
+                ],
+            }
         ],
-        "messages": [{"role": "user", "content": [_text("hello", EPH)]}],
     }
-    assert first["system"][0] == second["system"][0]
+    assert first["system"] == second["system"]
     assert plan.markers == (
         PlannedMarker(0, "5m", "injected", "shared"),
         PlannedMarker(2, "5m", "injected", "last"),
     )
+    staying, _ = optimise(ANTHROPIC, MESSAGES, _turn("d3e4f", "hello"), STAYING_RULES)
+    assert staying["system"] == [
+        _text(LONG, EPH),
+        _text("x-anthropic-billing-header: cc_version=2.1.3; cch=d3e4f;"),
+    ]
+    assert staying["messages"] == [{"role": "user", "content": [_text("hello", EPH)]}]
 
 
 def _tool(name: str, schema: dict) -> dict:

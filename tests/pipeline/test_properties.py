@@ -19,7 +19,7 @@ from proxy.pipeline.reorder import reorder_body
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.openai_request import has_breakpoints
 from proxy.settings import UpstreamCapabilities
-from tests.pipeline.helpers import MOVING_RULES, RULES, optimise
+from tests.pipeline.helpers import RULES, STAYING_RULES, optimise
 from tests.pipeline.strategies import (
     ANTHROPIC_MARKER_KEY,
     OPENAI_MARKER_KEY,
@@ -32,7 +32,7 @@ from tests.pipeline.strategies import (
 
 MESSAGES = "/v1/messages"
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-rule_sets = st.sampled_from([RULES, MOVING_RULES])
+rule_sets = st.sampled_from([RULES, STAYING_RULES])
 min_tokens = st.sampled_from([0, 8, None])
 capabilities = st.sampled_from(
     [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from proxy.pipeline.reorder import reorder_body
 from proxy.pipeline.segments import classifier_for
 from proxy.providers import ANTHROPIC, OPENAI
-from tests.pipeline.helpers import MOVING_RULES, RULES
+from tests.pipeline.helpers import RULES, STAYING_RULES
 
 MESSAGES = "/v1/messages"
 EPH = {"type": "ephemeral"}
@@ -45,7 +45,7 @@ def test_one_marked_block_with_env_and_time_splits_and_the_marker_goes_to_its_st
         ],
         "messages": [{"role": "user", "content": "hi"}],
     }
-    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
+    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, STAYING_RULES)
     assert out["system"] == [
         {
             "type": "text",
@@ -61,6 +61,45 @@ def test_one_marked_block_with_env_and_time_splits_and_the_marker_goes_to_its_st
     ]
     assert plan.tiers == ("stable", "session", "volatile", "volatile")
     assert out["messages"] is body["messages"]
+    assert reorder_body(ANTHROPIC, MESSAGES, out, STAYING_RULES)[0] is out
+
+
+def test_packaged_rules_move_the_billing_header_and_the_time_onto_the_user_message() -> None:
+    body = {
+        "model": "claude-sonnet-4-6",
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=1;"},
+            {"type": "text", "text": CLAUDE_CODE_PROMPT, "cache_control": EPH},
+        ],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
+    assert out["system"] == [
+        {
+            "type": "text",
+            "text": "You are Claude Code.\n\nKeep answers short.\n\nUse the tools.",
+            "cache_control": EPH,
+        },
+        {
+            "type": "text",
+            "text": "<env>\nWorking directory: /home/alice/app\nToday's date: 2026-11-29\n</env>\n",
+        },
+    ]
+    assert out["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=1;"},
+                {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n\n"},
+                {"type": "text", "text": "hi"},
+            ],
+        }
+    ]
+    assert plan.tiers == ("stable", "session")
+    assert plan.moved == (
+        "x-anthropic-billing-header: cc_version=2.1.3; cch=1;",
+        "Current time: 2026-11-29T20:09:13Z\n\n",
+    )
     assert reorder_body(ANTHROPIC, MESSAGES, out, RULES)[0] is out
 
 
@@ -68,7 +107,7 @@ def test_string_system_splits_into_blocks_only_when_tiers_differ() -> None:
     stable = {"model": "m", "system": "You are helpful.\n\nBe brief.", "messages": []}
     assert reorder_body(ANTHROPIC, MESSAGES, stable, RULES)[0] is stable
     body = {"model": "m", "system": "Current time: 2026-11-29T20:09:13Z\nYou are helpful.", "messages": []}
-    out, _ = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
+    out, _ = reorder_body(ANTHROPIC, MESSAGES, body, RULES)  # no user message: nothing moves
     assert out["system"] == [
         {"type": "text", "text": "You are helpful."},
         {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n"},
@@ -86,7 +125,7 @@ def test_volatile_segment_moves_onto_the_newest_user_message_after_tool_results(
             {"role": "user", "content": [result, {"type": "text", "text": "continue"}]},
         ],
     }
-    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, MOVING_RULES)
+    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
     assert out["system"] == "You are helpful."
     assert out["messages"][:2] == body["messages"][:2]
     assert out["messages"][2]["content"] == [
@@ -103,11 +142,10 @@ def test_without_a_user_message_to_take_it_the_volatile_segment_stays_last() -> 
         "messages": [
             {"role": "system", "content": "Current time: 2026-11-29T20:09:13Z\nYou are helpful."},
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": []},
-            {"role": "tool", "tool_call_id": "c", "content": "ok"},
+            {"role": "assistant", "content": "Hello."},
         ],
     }
-    out, _ = reorder_body(OPENAI, "/v1/chat/completions", body, MOVING_RULES)
+    out, _ = reorder_body(OPENAI, "/v1/chat/completions", body, RULES)
     assert out["messages"][0] == {
         "role": "system",
         "content": [
@@ -116,6 +154,120 @@ def test_without_a_user_message_to_take_it_the_volatile_segment_stays_last() -> 
         ],
     }
     assert out["messages"][1:] == body["messages"][1:]
+
+
+def test_chat_tool_turn_last_takes_the_moved_text_as_its_first_part() -> None:
+    body = {
+        "model": "gpt-5.1",
+        "messages": [
+            {"role": "system", "content": "Current time: 2026-11-29T20:09:13Z\nYou are helpful."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": []},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"},
+        ],
+    }
+    out, plan = reorder_body(OPENAI, "/v1/chat/completions", body, RULES)
+    assert out["messages"] == [
+        {"role": "system", "content": "You are helpful."},
+        *body["messages"][1:3],
+        {
+            "role": "tool",
+            "tool_call_id": "c",
+            "content": [
+                {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n"},
+                {"type": "text", "text": "ok"},
+            ],
+        },
+    ]
+    assert plan.tiers == ("stable",) and reorder_body(OPENAI, "/v1/chat/completions", out, RULES)[0] is out
+
+
+def test_a_head_message_is_never_emptied_by_the_move() -> None:
+    body = {
+        "model": "gpt-5.1",
+        "messages": [
+            {"role": "developer", "content": "Current time: 2026-11-29T20:09:13Z"},
+            {"role": "system", "content": "You are helpful."},
+            {"role": "user", "content": "hi"},
+        ],
+    }
+    out, plan = reorder_body(OPENAI, "/v1/chat/completions", body, RULES)
+    assert out["messages"] == [body["messages"][1], body["messages"][0], body["messages"][2]]
+    assert plan.moved == () and plan.tiers == ("stable", "volatile")
+
+
+ENVIRONMENT = (
+    "<environment_context>\n"
+    "  <cwd>/home/dev/app</cwd>\n"
+    "  <current_time>2026-11-30T09:00:03Z</current_time>\n"
+    "</environment_context>"
+)
+
+
+def test_a_wrapped_line_moves_with_its_wrapper_and_the_rest_keeps_it() -> None:
+    segments = classifier_for(RULES).segments(ENVIRONMENT)
+    assert [(s.wrap, s.tier, s.rule) for s in segments] == [
+        (1, "stable", None),
+        (0, "session", "home-path"),
+        (0, "volatile", "timestamp"),
+        (-1, "stable", None),
+    ]
+    body = {
+        "model": "gpt-5.6",
+        "instructions": "You are a coding agent.",
+        "input": [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": ENVIRONMENT}],
+            },
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        ],
+    }
+    out, plan = reorder_body(OPENAI, "/v1/responses", body, RULES)
+    assert out["input"][0]["content"] == [
+        {
+            "type": "input_text",
+            "text": "<environment_context>\n  <cwd>/home/dev/app</cwd>\n</environment_context>",
+        }
+    ]
+    assert out["input"][1:3] == body["input"][1:3]
+    assert out["input"][3] == {
+        "type": "function_call_output",
+        "call_id": "c1",
+        "output": [
+            {
+                "type": "input_text",
+                "text": "<environment_context>\n"
+                "  <current_time>2026-11-30T09:00:03Z</current_time>\n"
+                "</environment_context>",
+            },
+            {"type": "input_text", "text": "ok"},
+        ],
+    }
+    assert plan.tiers == ("stable", "session")
+    assert reorder_body(OPENAI, "/v1/responses", out, RULES)[0] is out
+    kept, staying = reorder_body(OPENAI, "/v1/responses", body, STAYING_RULES)
+    assert kept["input"] == body["input"]  # nothing leaves: the section sorts whole, volatile
+    assert staying.tiers == ("stable", "volatile")
+
+
+def test_a_wrapped_section_sorts_as_one_piece_with_its_latest_tier() -> None:
+    text = "Intro.\n<ctx>\nKeep it short.\n  <cwd>/home/dev/app</cwd>\n</ctx>\nOutro."
+    segments = classifier_for(RULES).segments(text)
+    assert "".join(s.text for s in segments) == text
+    assert [s.wrap for s in segments] == [0, 1, 0, 0, -1, 0]
+    body = {"model": "m", "system": text, "messages": [{"role": "user", "content": "hi"}]}
+    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
+    assert out["system"] == [
+        {"type": "text", "text": "Intro.\nOutro."},
+        {"type": "text", "text": "<ctx>\nKeep it short.\n  <cwd>/home/dev/app</cwd>\n</ctx>\n"},
+    ]
+    assert plan.tiers == ("stable", "session")
+    unpaired = "<ctx>\nCurrent time: 2026-11-30T09:00:03Z\nYou are helpful.\n"
+    assert [s.wrap for s in classifier_for(RULES).segments(unpaired)] == [0, 0, 0]
 
 
 def test_openai_head_messages_sort_across_messages_and_keep_roles() -> None:
@@ -127,15 +279,50 @@ def test_openai_head_messages_sort_across_messages_and_keep_roles() -> None:
             {"role": "user", "content": "hi"},
         ],
     }
-    out, plan = reorder_body(OPENAI, "/v1/chat/completions", body, RULES)
+    out, plan = reorder_body(OPENAI, "/v1/chat/completions", body, STAYING_RULES)
     assert out["messages"] == [body["messages"][1], body["messages"][0], body["messages"][2]]
     assert plan.tiers == ("stable", "volatile")
 
 
 def test_responses_instructions_sort_inside_the_string() -> None:
     body = {"model": "gpt-5.1", "instructions": "Tokens used: 5 of 100\nYou are helpful.\n", "input": "hi"}
-    out, plan = reorder_body(OPENAI, "/v1/responses", body, RULES)
+    out, plan = reorder_body(OPENAI, "/v1/responses", body, STAYING_RULES)
     assert out == {**body, "instructions": "You are helpful.\nTokens used: 5 of 100\n"}
     assert plan.tiers == ("volatile",)
     unterminated = {**body, "instructions": "Tokens used: 5 of 100\nYou are helpful."}
-    assert reorder_body(OPENAI, "/v1/responses", unterminated, RULES)[0] is unterminated
+    assert reorder_body(OPENAI, "/v1/responses", unterminated, STAYING_RULES)[0] is unterminated
+    moved, moved_plan = reorder_body(OPENAI, "/v1/responses", body, RULES)
+    assert moved == {
+        **body,
+        "instructions": "You are helpful.\n",
+        "input": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Tokens used: 5 of 100\n"},
+                    {"type": "input_text", "text": "hi"},
+                ],
+            }
+        ],
+    }
+    assert moved_plan.tiers == ("stable",)
+
+
+def test_a_head_item_without_content_is_kept_in_place_when_the_head_is_rebuilt() -> None:
+    tools = {"type": "additional_tools", "role": "developer", "tools": [{"type": "function", "name": "wait"}]}
+    body = {
+        "model": "gpt-6.2-sol",
+        "input": [
+            tools,
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "Tokens used: 5 of 100"}],
+            },
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are helpful."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        ],
+    }
+    out, plan = reorder_body(OPENAI, "/v1/responses", body, STAYING_RULES)
+    assert out["input"] == [tools, body["input"][2], body["input"][1], body["input"][3]]
+    assert plan.tiers == ("stable", "volatile")

@@ -4,8 +4,8 @@ Every client fault of tests/pipeline/test_client_faults.py is answered 400 by th
 sent, and 200 after the pipeline.
 
 Ten turns of one conversation. Without promptcache the first system line changes every turn, so
-nothing is ever read. With promptcache (optimise, the timestamp rule set to `move_to_user`) the
-timestamp goes onto the newest user message, the system prompt is byte-stable, the replay stage
+nothing is ever read. With promptcache (the packaged rules: the timestamp rule is `move_to_user`)
+the timestamp goes onto the newest user message, the system prompt is byte-stable, the replay stage
 sends the earlier user message exactly as sent before (timestamp included), and every turn
 after the first reads the whole previous request. Expected token counts come from the
 simulator's own `count_tokens` on the bodies it actually received (a recording relay sits
@@ -14,8 +14,6 @@ between proxy and simulator).
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,7 +22,6 @@ import pytest
 from aiohttp import web
 
 from proxy.providers import ANTHROPIC
-from proxy.rules import PACKAGED_DIR
 from tests.pipeline.helpers import optimise
 
 sim_app = pytest.importorskip("proxy.sim.app")
@@ -66,7 +63,9 @@ class Relay:
         raw = await request.read()
         self.bodies.append(orjson.loads(raw))
         headers = {
-            k: v for k, v in request.headers.items() if k.lower() in ("x-api-key", "anthropic-version")
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() in ("x-api-key", "anthropic-version", "anthropic-beta", "authorization")
         }
         headers["content-type"] = "application/json"
         async with aiohttp.ClientSession() as client:
@@ -138,20 +137,7 @@ async def _tokens(sim: str, body: dict[str, Any], messages: int) -> int:
         return with_probe - await count({"model": MODEL, "messages": [PROBE]})
 
 
-@pytest.fixture
-def moving_rules(tmp_path: Path) -> Path:
-    text = (PACKAGED_DIR / "default.yaml").read_text(encoding="utf-8")
-    text, count = re.subn(
-        r"(  - name: timestamp\n(?:    .*\n)*?    tier: volatile\n)", r"\1    move_to_user: true\n", text
-    )
-    assert count == 1
-    (tmp_path / "default.yaml").write_text(text, encoding="utf-8")
-    return tmp_path
-
-
-async def test_per_turn_timestamp_reads_nothing_without_and_everything_before_with(
-    make_proxy, moving_rules
-) -> None:
+async def test_per_turn_timestamp_reads_nothing_without_and_everything_before_with(make_proxy) -> None:
     runner, sim = await sim_app.start_sim("127.0.0.1", 0, clock=sim_clock.Clock.manual_at())
     relay = Relay(sim)
     try:
@@ -160,7 +146,7 @@ async def test_per_turn_timestamp_reads_nothing_without_and_everything_before_wi
         assert [u["cache_read_input_tokens"] for u in direct] == [0] * 10
         assert all(u["cache_creation_input_tokens"] > 0 for u in direct)
 
-        proxy = await make_proxy(upstream=relay.url, rules_dir=moving_rules)
+        proxy = await make_proxy(upstream=relay.url)
         usages = await _converse(proxy.url, sim)
         sent = relay.bodies
         assert len(sent) == 10

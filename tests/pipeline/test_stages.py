@@ -55,11 +55,20 @@ async def test_optimise_rewrites_counts_and_leaves_the_plan_in_notes() -> None:
     assert exchange.failed_stage is None
     sent = orjson.loads(exchange.outgoing)
     assert list(sent) == ["model", "max_tokens", "tools", "system", "messages"]
-    assert sent["system"][0] == {"type": "text", "text": PROMPT, "cache_control": {"type": "ephemeral"}}
-    assert sent["system"][1] == {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n"}
+    assert sent["system"] == [{"type": "text", "text": PROMPT, "cache_control": {"type": "ephemeral"}}]
+    assert sent["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n"},
+                {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}},
+            ],
+        }
+    ]
     plan = exchange.notes["plan"]
     assert isinstance(plan, Plan) and plan.positions == (2, 4)
-    assert exchange.notes["system_tiers"] == ("stable", "volatile")
+    assert exchange.notes["system_tiers"] == ("stable",)
+    assert exchange.notes["system_moved_to_user"] == 1
     registry = services.metrics.registry
     assert (
         registry.get_sample_value(
@@ -122,5 +131,6 @@ async def test_through_the_proxy_the_upstream_receives_the_optimised_body(
     received = orjson.loads(fake_upstream.received[-1].body)
     assert received["system"][0]["cache_control"] == {"type": "ephemeral"}
     assert received["messages"][0]["content"] == [
-        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+        {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n"},
+        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}},
     ]

@@ -74,3 +74,12 @@ def test_round_trip_property(values: list[bytes], chain: bytes, arrivals: list[f
 def test_malformed_records_raise_record_error(data: bytes) -> None:
     with pytest.raises(RecordError):
         decode_record(data)
+
+
+def test_decoded_sidecars_know_their_value_digest() -> None:
+    import xxhash
+
+    decoded = decode_record(encode_record(FULL))
+    assert all(s.value_digest == xxhash.xxh3_128_digest(s.value) for s in decoded.sidecars)
+    assert all(s.sent_digest() == xxhash.xxh3_128_digest(s.value) for s in FULL.sidecars)  # computed
+    assert FULL.sidecars[0] == Sidecar(0, b"\x02" * 16, b'{"role":"user","content":"hi"}', b"\x05" * 16, b"x")

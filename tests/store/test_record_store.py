@@ -113,3 +113,30 @@ async def test_locked_sqlite_is_counted_then_recovers(metrics: Metrics, tmp_path
     holder.close()
     assert await store.load("t", "s") == RECORD
     await store.close()
+
+
+async def test_a_read_of_unchanged_bytes_is_not_decoded_again(metrics: Metrics) -> None:
+    backend = open_store("memory://")
+    store = RecordStore(backend, metrics)
+    assert await store.save("t", "s", RECORD)
+    first = await store.load("t", "s")
+    assert first is RECORD  # the bytes are the ones written: the record written
+    other = SessionRecord(chain=b"\x09" * 16, ends=(3,), model="m2", params_digest=b"\x01" * 16)
+    from proxy.store.record import encode_record
+
+    await backend.put("t", "s", encode_record(other), 60)  # another replica wrote: decoded anew
+    assert await store.load("t", "s") == other
+    assert await store.load("t", "other") is None
+    await backend.put("u", "s", b"garbage", 60)  # another key: never the memo of ("t", "s")
+    assert await store.load("u", "s") is None
+
+
+async def test_the_decoded_memo_is_bounded(metrics: Metrics, monkeypatch: pytest.MonkeyPatch) -> None:
+    import proxy.store as store_module
+
+    monkeypatch.setattr(store_module, "MEMO_ENTRIES", 3)
+    store = RecordStore(open_store("memory://"), metrics)
+    for i in range(10):
+        assert await store.save("t", f"s{i}", RECORD)
+    assert len(store._memo) == 3
+    assert list(store._memo) == [("t", "s7"), ("t", "s8"), ("t", "s9")]

@@ -9,7 +9,7 @@ import pytest
 
 from proxy.sim.tokens import TokenCounter
 from proxy.workloads import text
-from proxy.workloads.oracle import optimum
+from proxy.workloads.oracle import causal_ttls, optimum
 from proxy.workloads.stable import stable_forms
 from proxy.workloads.suite import COMMITTED_DIR, SUITE
 from proxy.workloads.trace import Trace, TraceRequest, load_trace
@@ -48,8 +48,33 @@ def test_append_only_session_reads_the_whole_previous_request():
     t3 = t2 + message_tokens("a2") + message_tokens("u3")
     best = optimum(trace)
     assert [b.total for b in best.requests] == [t1, t2, t3]
-    assert [b.read for b in best.requests] == [0, t1, t2]  # 1-hour entries outlive the 400 s gap
-    assert best.read == t1 + t2 and best.limit_binding == 0
+    # No gap over 5 minutes was seen before the 400 s one: a causal policy wrote 5-minute
+    # entries at request 1, gone by request 2 (it was [0, t1, t2] with 1-hour entries always).
+    assert causal_ttls(trace) == [300.0, 300.0, 3600.0]
+    assert [b.read for b in best.requests] == [0, t1, 0]
+    assert best.read == t1 and best.limit_binding == 0
+
+
+def test_after_a_long_gap_entries_live_an_hour_and_a_client_1h_marker_counts_from_the_start():
+    messages = [turns("u1"), turns("u1", "a1", "u2"), turns("u1", "a1", "u2", "a2", "u3")]
+    t1 = COUNTER.count(SYSTEM) + message_tokens("u1")
+    t2 = t1 + message_tokens("a1") + message_tokens("u2")
+    paced = Trace("t", "", tuple(request(gap, m) for gap, m in zip((0, 400, 1000), messages, strict=True)))
+    assert causal_ttls(paced) == [300.0, 3600.0, 3600.0]
+    assert [b.read for b in optimum(paced).requests] == [0, 0, t2]
+    first = request(0, messages[0])
+    marked = {
+        **first.body,
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+    }
+    client_1h = Trace(
+        "t", "", (TraceRequest(0, first.path, marked), request(400, messages[1]), request(1000, messages[2]))
+    )
+    assert causal_ttls(client_1h) == [3600.0, 3600.0, 3600.0]
+    assert [b.read for b in optimum(client_1h).requests] == [0, t1, t2]
+    # a 5-minute entry refreshed within 5 minutes stays readable
+    quick = Trace("t", "", tuple(request(gap, m) for gap, m in zip((0, 250, 250), messages, strict=True)))
+    assert [b.read for b in optimum(quick).requests] == [0, t1, t2]
 
 
 def test_entries_expire_after_an_hour_idle_and_below_the_minimum_nothing_is_written():

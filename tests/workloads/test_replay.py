@@ -11,6 +11,7 @@ import pytest
 
 from proxy import replay
 from proxy.workloads.oracle import optimum
+from proxy.workloads.report import ordered_causes
 from proxy.workloads.runner import Progress, replay_traces
 from proxy.workloads.strategies import STRATEGIES, naive_body
 from proxy.workloads.suite import COMMITTED_DIR, SUITE
@@ -45,12 +46,36 @@ async def test_small_trace_exact_totals():
     assert (naive.read, naive.write_5m, naive.write_1h, naive.none) == (t1, t2 + t3, 0, 0)
     assert naive.cost == pytest.approx((t1 * OPUS_READ + (t2 + t3) * OPUS_WRITE_5M) / 1e6)
     assert naive.uncached_cost == none.cost == pytest.approx((t1 + t2 + t3) * OPUS_INPUT / 1e6)
-    assert result.optimum_read == t1 + t2 and result.optimum_total == t1 + t2 + t3
-    assert result.attainment("naive") == pytest.approx(t1 / (t1 + t2))
+    # the oracle's TTLs are causal: no gap over 5 minutes before the 400 s one, so no read there
+    assert result.optimum_read == t1 and result.optimum_total == t1 + t2 + t3
+    assert result.attainment("naive") == pytest.approx(1.0)
     assert pc.errors == 0 and result.stage_errors == 0
     assert all(
         o.read <= bound for o, bound in zip(result.outcomes["promptcache"], result.optimum_reads, strict=True)
     )
+
+
+async def test_small_trace_divergence_causes():
+    report = await replay_traces([small_trace()], list(STRATEGIES))
+    (result,) = report.traces
+    causes = {s: [o.cause for o in result.outcomes[s]] for s in STRATEGIES}
+    assert causes == {
+        # the client's bytes: each request appends to the previous one
+        "none": ["first_request", "none", "none"],
+        # naive turns the last message's string content into a marked text block, which the
+        # canonical form tells from the plain string it is sent as on the next turn (finding P2:
+        # tests/clients/data/pipeline-content-string-vs-text-block.json); after 400 s the read
+        # request 2's markers predicted came back as a write
+        "naive": ["first_request", "messages_changed", "expired"],
+        # what the proxy counted in promptcache_prefix_divergences_total, request by request
+        "promptcache": ["first_request", "none", "expired"],
+    }
+    assert {s: result.tallies[s].causes for s in STRATEGIES} == {
+        "none": {"first_request": 1, "none": 2},
+        "naive": {"first_request": 1, "messages_changed": 1, "expired": 1},
+        "promptcache": {"first_request": 1, "none": 1, "expired": 1},
+    }
+    assert report.total("naive").causes == {"first_request": 1, "messages_changed": 1, "expired": 1}
 
 
 def test_naive_marks_the_last_system_block_and_last_message_only():
@@ -87,7 +112,21 @@ async def test_optimum_bounds_every_strategy_on_every_committed_trace():
         assert errors == (
             {"none": 5, "naive": 5} if result.name == "client-markers-5" else {"none": 0, "naive": 0}
         )
+    # Every 2xx request has a cause, under every strategy (the proxy measured each of its own).
+    for result in report.traces:
+        for strategy in STRATEGIES:
+            tally = result.tallies[strategy]
+            assert sum(tally.causes.values()) == tally.requests - tally.errors, (result.name, strategy)
     by_name = {r.name: r for r in report.traces}
+    # The client's bytes, as promptcache's measurement names their divergences.
+    assert {name: ordered_causes(r.tallies["none"].causes) for name, r in by_name.items()} == NONE_CAUSES
+    for name in ("cc-billing-header", "model-switch", "shared-system-sessions", "tools-shuffled"):
+        assert by_name[name].tallies["naive"].causes == by_name[name].tallies["none"].causes, name
+    assert by_name["no-markers"].tallies["naive"].causes == {
+        "first_request": 1,
+        "none": 4,
+        "messages_changed": 7,
+    }
     for name in ("openai-chat-agent", "openai-responses-agent"):
         assert by_name[name].tallies["naive"] == by_name[name].tallies["none"]
     # pre-5.6 OpenAI caching has nothing to choose: the oracle's raw bound is the simulator's count
@@ -96,6 +135,26 @@ async def test_optimum_bounds_every_strategy_on_every_committed_trace():
     assert [o.read for o in chat.outcomes["none"]] == raw
     # a stable session with no client markers: a marker on the last block each turn is optimal
     assert by_name["no-markers"].tallies["naive"].read == by_name["no-markers"].optimum_read
+
+
+NONE_CAUSES = {
+    "cc-billing-header": {"first_request": 1, "system_volatile_text": 13},
+    "volatile-system-counters": {"first_request": 1, "system_volatile_text": 14},
+    "tools-shuffled": {"first_request": 1, "tools_changed": 12},
+    "schema-keys-reordered": {"first_request": 1, "tools_changed": 12},
+    "history-rerendered": {"first_request": 1, "messages_changed": 1, "history_rewritten": 9},
+    "no-markers": {"none": 11, "first_request": 1},
+    "client-markers-4": {"none": 11, "first_request": 1},
+    "client-markers-5": {"first_request": 1},
+    "tool-loop-parallel": {"none": 23, "first_request": 1},
+    "human-pacing": {"none": 1, "first_request": 1, "expired": 5},
+    "compaction": {"none": 15, "first_request": 1, "history_rewritten": 1},
+    "model-switch": {"none": 5, "first_request": 1, "model_changed": 2},
+    "openai-chat-agent": {"first_request": 1, "system_volatile_text": 9},
+    "openai-responses-agent": {"first_request": 1, "system_volatile_text": 12},
+    "shared-system-sessions": {"none": 12, "first_request": 4},
+}
+"""Causes of the committed traces' requests sent as the client sent them (`none`)."""
 
 
 def _args(**overrides):
@@ -125,9 +184,21 @@ def test_cli_json_and_text(tmp_path, capsys):
         == trace["strategies"]["naive"]["read"]
         == trace["outcomes"]["naive"][1]["read"]
     )
+    naive_causes = {"first_request": 1, "messages_changed": 1, "expired": 1}
+    assert trace["strategies"]["naive"]["causes"] == out["total"]["naive"]["causes"] == naive_causes
+    assert list(naive_causes) == list(trace["strategies"]["naive"]["causes"])  # CAUSES order
+    assert [o["cause"] for o in trace["outcomes"]["naive"]] == [
+        "first_request",
+        "messages_changed",
+        "expired",
+    ]
     assert replay.run(_args(traces=[str(tmp_path)], strategy="none")) == 0
-    text = capsys.readouterr().out
-    assert "small" in text and "optimum" in text and text.splitlines()[-2].startswith("TOTAL")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("small ") and lines[3].startswith("small                      optimum")
+    assert lines[4] == "small                      none        causes: none 2, first_request 1"
+    assert lines[-3].startswith("TOTAL                      none ")
+    assert lines[-2].startswith("TOTAL                      optimum")
+    assert lines[-1] == "TOTAL                      none        causes: none 2, first_request 1"
 
 
 def test_cli_bad_arguments(capsys):

@@ -1,0 +1,139 @@
+"""Divergence causes of replayed requests, named as promptcache's measurement names them.
+
+`promptcache replay` prints, per trace and strategy, how many requests had each cause of
+`proxy.measure.CAUSES` (DESIGN.md sections 1 and 6). Two sources:
+- `promptcache`: the proxy measures its own traffic; `cause_counts(registry)` sums its
+  `promptcache_prefix_divergences_total{provider,section,cause}` by cause, and
+  `new_cause(before, after)` names the one cause a single request added.
+- `none` / `naive` (no proxy in the path): `CauseTracker` applies `proxy.measure`'s pure core
+  (`find_divergence`, `predict_read`, `is_expired`) to each request's body as sent upstream,
+  against the previous 2xx request of the same conversation. A conversation is the explicit
+  session promptcache would use (`proxy.sessions.explicit_session`: a session header,
+  `metadata.user_id`'s session, `prompt_cache_key`, `user`); requests without one form a single
+  conversation (consecutive requests), where the proxy would infer sessions from shared
+  prefixes. `history_rewritten` is the offline verdict `promptcache explain` uses: the first
+  changed block belongs to an earlier message than the previous request's last one. Volatile
+  rules and per-model minimums come from the rules the proxy loads by default.
+
+Invariant: bodies are read, never modified. Counts are requests (2xx only: the proxy measures
+no failed request, and a failed request is never a conversation's reference).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from proxy.measure import (
+    find_divergence,
+    is_expired,
+    lookback_positions,
+    marker_positions,
+    params_digest,
+    predict_read,
+    request_model,
+    volatile_checker,
+)
+from proxy.prefix import chain_blocks
+from proxy.providers import route
+from proxy.providers.base import Block, JSONObject, Usage
+from proxy.rules import RuleSet
+from proxy.sessions import explicit_session
+
+DIVERGENCES_METRIC = "promptcache_prefix_divergences"
+"""Family name of `promptcache_prefix_divergences_total` as `prometheus_client` collects it."""
+
+
+def cause_counts(registry: CollectorRegistry) -> Counter[str]:
+    """Requests per cause in a proxy's `promptcache_prefix_divergences_total` (all providers and
+    sections summed)."""
+    out: Counter[str] = Counter()
+    for metric in registry.collect():
+        if metric.name != DIVERGENCES_METRIC:
+            continue
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.value:
+                out[sample.labels["cause"]] += int(sample.value)
+    return out
+
+
+def new_cause(before: Mapping[str, int], after: Mapping[str, int]) -> str | None:
+    """The cause whose count grew between two `cause_counts` readings (one request), else None."""
+    grown = [cause for cause, n in after.items() if n > before.get(cause, 0)]
+    return grown[0] if len(grown) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class SentRequest:
+    """A conversation's reference request (`proxy.measure.PreviousRequest`)."""
+
+    chain: bytes
+    ends: tuple[int, ...]
+    model: str
+    params_digest: bytes
+    breakpoints: tuple[int, ...]
+    message_indices: tuple[int | None, ...]
+    """`Block.message_index` of each block."""
+
+
+class CauseTracker:
+    """Causes of one strategy's requests over one trace, in send order (module docstring)."""
+
+    def __init__(self, rules: RuleSet | None, session_headers: Sequence[str]) -> None:
+        self._session_headers = tuple(session_headers)
+        self._is_volatile: Callable[[Block], bool] | None = volatile_checker(rules)
+        self._min_tokens: Callable[[str], int] = rules.min_tokens if rules is not None else lambda _: 0
+        self._previous: dict[Any, SentRequest] = {}
+
+    def cause(self, path: str, headers: Mapping[str, str], body: JSONObject, usage: Usage | None) -> str:
+        """The cause of a 2xx request sent as `body` with response `usage`; it becomes the
+        reference of its conversation."""
+        adapter, _ = route(path)
+        blocks = adapter.prefix_blocks(path, body)
+        chain = chain_blocks(blocks)
+        model = request_model(body)
+        params = params_digest(adapter, path, body)
+        lowered = {k.lower(): v for k, v in headers.items()}
+        key = (path, explicit_session(lowered, body, self._session_headers))
+        previous = self._previous.get(key)
+        probe = find_divergence(previous, chain, blocks, model, params)
+        divergence = find_divergence(
+            previous,
+            chain,
+            blocks,
+            model,
+            params,
+            history_rewritten=_rewritten(previous, probe.section, probe.block_index),
+            is_volatile=self._is_volatile,
+        )
+        predicted = 0
+        if previous is not None and divergence.cause not in ("model_changed", "params_changed"):
+            _, predicted = predict_read(
+                previous.breakpoints,
+                previous.ends,
+                divergence.shared_blocks,
+                marker_positions(blocks, body),
+                lookback_positions(blocks),
+                min_tokens=self._min_tokens(model),
+            )
+        self._previous[key] = SentRequest(
+            chain.chain,
+            chain.ends,
+            model,
+            params,
+            marker_positions(blocks, body),
+            tuple(b.message_index for b in blocks),
+        )
+        return "expired" if is_expired(predicted, usage) else divergence.cause
+
+
+def _rewritten(previous: SentRequest | None, section: str, index: int) -> bool:
+    """The first changed block belongs to an earlier message than the reference's last one."""
+    if previous is None or section != "messages" or index >= len(previous.message_indices):
+        return False
+    last = max((m for m in previous.message_indices if m is not None), default=-1)
+    return (previous.message_indices[index] or 0) < last

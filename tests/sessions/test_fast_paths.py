@@ -1,0 +1,318 @@
+"""The hot-path twins agree with the straightforward definitions, on generated bodies.
+
+Each reference below is the plain definition (what the code computed before it was made
+incremental): `prefix_blocks` + per-block `orjson.dumps` for the chain, `strip_markers` + sorted
+dumps + masking for message digests, `orjson.loads(upstream bytes)` for the body sent, and a
+record built from those. The fast paths must give the very same values, including when memos
+are warm (a second request) and when replay rewrote messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import re
+from typing import Any
+
+import orjson
+import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict, CIMultiDictProxy
+from prometheus_client import CollectorRegistry
+
+from proxy.exchange import Exchange
+from proxy.measure import (
+    find_divergence,
+    kind_positions,
+    lookback_positions,
+    marker_positions,
+    params_digest,
+    predict_read,
+    request_model,
+    with_top_marker,
+)
+from proxy.metrics import Metrics
+from proxy.pipeline import run_request_stages
+from proxy.pipeline.observe import observe
+from proxy.pipeline.replay import Masker, mask_strings, span_pattern, strip_markers, view_messages
+from proxy.pipeline.session import sent_markers, update_pins
+from proxy.prefix import MARKER_KEYS, PrefixChain, RunBlocks, chain_blocks, scan_prompt
+from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers.base import Usage
+from proxy.rules import load_rules, volatile_patterns
+from proxy.services import Services
+from proxy.sessions import SessionState, upstream_hosts
+from proxy.settings import Settings
+from proxy.store import RecordStore
+from proxy.store.memory import MemoryStore
+from proxy.store.record import Sidecar
+from tests.pipeline.strategies import anthropic_bodies, openai_bodies
+
+MESSAGES = "/v1/messages"
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PATTERNS = volatile_patterns(load_rules())
+
+
+# --- references --------------------------------------------------------------------------------
+
+
+def _old_strip(value: Any) -> Any:
+    if not isinstance(value, dict) or not (MARKER_KEYS & value.keys() or "content" in value):
+        return value
+    out = {k: v for k, v in value.items() if k not in MARKER_KEYS}
+    content = out.get("content")
+    if isinstance(content, list) and any(isinstance(p, dict) and MARKER_KEYS & p.keys() for p in content):
+        out["content"] = [
+            {k: v for k, v in p.items() if k not in MARKER_KEYS} if isinstance(p, dict) else p for p in content
+        ]
+    return out
+
+
+def ref_chain(blocks: list[Any]) -> PrefixChain:
+    out, ends, previous, total, last = bytearray(), [], b"", 0, None
+    for block in blocks:
+        value = block.value
+        data = orjson.dumps(value) if isinstance(value, str) else orjson.dumps(_old_strip(value))
+        boundary = b"1" if block.message_index != last else b"0"
+        last = block.message_index
+        head = f"{block.section}\x00{block.role or ''}\x00".encode() + boundary
+        previous = xxhash.xxh3_128_digest(previous + xxhash.xxh3_128_digest(head + b"\x00" + data))
+        out += previous
+        total += len(data)
+        ends.append(total)
+    return PrefixChain(bytes(out), tuple(ends))
+
+
+def ref_digests(value: Any, patterns: Any) -> tuple[bytes, bytes]:
+    stripped = strip_markers(value)
+    exact = xxhash.xxh3_128_digest(orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS))
+    spans = tuple(span_pattern(p) for p in patterns)
+    if not spans:
+        return exact, exact
+    masked = orjson.dumps(mask_strings(stripped, spans), option=orjson.OPT_SORT_KEYS)
+    return exact, xxhash.xxh3_128_digest(masked)
+
+
+def ref_view(adapter: Any, path: str, body: dict[str, Any], patterns: Any) -> tuple[Any, ...]:
+    head = xxhash.xxh3_128()
+    array_key, system = None, set()
+    for block in adapter.prefix_blocks(path, body):
+        if block.message_index is None:
+            head.update(block.section.encode() + b"\x00" + ref_digests(block.value, patterns)[1])
+            continue
+        if array_key is None:
+            array_key = block.path.split("[", 1)[0].split(".", 1)[0]
+        if block.section == "system":
+            system.add(block.message_index)
+    items = body.get(array_key) if array_key is not None else None
+    elements = items if isinstance(items, list) else ([] if items is None else [items])
+    pairs = [ref_digests(item, patterns) for item in elements]
+    digests = tuple(p[1] for p in pairs)
+    for position in sorted(system):
+        head.update(b"system-message\x00" + digests[position])
+    head_digest = head.digest()
+    boundaries, previous = [], head_digest
+    for digest in digests:
+        previous = xxhash.xxh3_128_digest(previous + digest)
+        boundaries.append(previous)
+    keys = tuple(xxhash.xxh3_128_digest(orjson.dumps(strip_markers(item))) for item in elements)
+    return (array_key, head_digest, digests, tuple(p[0] for p in pairs), frozenset(system), tuple(boundaries), keys)
+
+
+def _view_tuple(view: Any) -> tuple[Any, ...]:
+    return (
+        view.array_key,
+        view.head,
+        view.digests,
+        view.exact,
+        view.system_positions,
+        view.boundaries,
+        view.keys,
+    )
+
+
+# --- pure twins --------------------------------------------------------------------------------
+
+
+def _check_scan(adapter: Any, path: str, body: dict[str, Any]) -> None:
+    blocks = adapter.prefix_blocks(path, body)
+    whole = scan_prompt(adapter.layout(path, body))
+    per_key = scan_prompt(
+        [run for key in adapter.prefix_keys(path) if key in body for run in adapter.layout(path, {key: body[key]})]
+    )
+    for scan in (whole, per_key):
+        assert scan.chain == ref_chain(blocks)
+        assert list(scan.blocks) == blocks and len(scan.blocks) == len(blocks)
+        assert [scan.blocks[i] for i in range(-len(blocks), 0)] == blocks
+        assert scan.kinds == [b.kind for b in blocks]
+        assert all(v is b.value for v, b in zip(scan.values, blocks, strict=True))
+        assert with_top_marker(scan.marked, len(blocks), body) == marker_positions(blocks, body)
+        assert kind_positions(scan.kinds) == lookback_positions(blocks)
+        assert scan.tools == sum(1 for b in blocks if b.section == "tools")
+        assert all(b.section == "tools" for b in blocks[: scan.tools])
+    assert list(RunBlocks(adapter.layout(path, body))) == blocks
+    assert chain_blocks(blocks) == ref_chain(blocks)
+
+
+@FAST
+@given(anthropic_bodies())
+def test_scan_prompt_is_chain_of_prefix_blocks_anthropic(body: dict[str, Any]) -> None:
+    _check_scan(ANTHROPIC, MESSAGES, body)
+
+
+@FAST
+@given(openai_bodies())
+def test_scan_prompt_is_chain_of_prefix_blocks_openai(case: tuple[str, dict[str, Any]]) -> None:
+    _check_scan(OPENAI, *case)
+
+
+def _check_view(adapter: Any, path: str, body: dict[str, Any]) -> None:
+    for patterns in (PATTERNS, (re.compile(r"\d+"),), ()):
+        masker = Masker(patterns)
+        expected = ref_view(adapter, path, body, patterns)
+        cold = view_messages(adapter, path, body, masker)
+        warm = view_messages(adapter, path, copy.deepcopy(body), masker, adapter.layout(path, body))
+        assert _view_tuple(cold) == expected
+        assert _view_tuple(warm) == expected
+
+
+@FAST
+@given(anthropic_bodies())
+def test_view_matches_reference_anthropic(body: dict[str, Any]) -> None:
+    _check_view(ANTHROPIC, MESSAGES, body)
+
+
+@FAST
+@given(openai_bodies())
+def test_view_matches_reference_openai(case: tuple[str, dict[str, Any]]) -> None:
+    _check_view(OPENAI, *case)
+
+
+def test_examine_memo_is_bounded_and_content_keyed() -> None:
+    masker = Masker([re.compile(r"\d+")], memo_size=3)
+    a = {"role": "user", "content": "turn 1"}
+    first = masker.examine(a)
+    for i in range(10):
+        masker.examine({"role": "user", "content": f"x{i}"})
+    assert len(masker._exact) == 3 and len(masker._memo) == 3
+    assert masker.examine(copy.deepcopy(a)) == first  # recomputed after eviction: same values
+    edited = {"role": "user", "content": "turn 1!"}
+    assert masker.examine(edited)[0] != first[0]
+
+
+# --- the whole request path --------------------------------------------------------------------
+
+
+def _services(mode: str) -> Services:
+    s = Settings(mode=mode)
+    metrics = Metrics(CollectorRegistry())
+    services = Services(settings=s, metrics=metrics, rules=load_rules(s.rules_dir))
+    services.store = RecordStore(MemoryStore(), metrics)
+    services.sessions = SessionState(b"k" * 32, (), upstream_hosts(s))
+    return services
+
+
+async def _send(services: Services, adapter: Any, path: str, body: dict[str, Any]) -> Exchange:
+    headers = CIMultiDictProxy(CIMultiDict({"x-api-key": "key-a", "prompt_cache_key": "x"}))
+    ex = Exchange(adapter, path, "", headers, orjson.dumps(body))
+    await run_request_stages(ex, services)
+    ex.status = 200
+    ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")
+    await observe(ex, services)
+    return ex
+
+
+async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], second: dict[str, Any]) -> None:
+    for mode in ("optimise", "observe"):
+        services = _services(mode)
+        previous = None
+        for body in (first, second, second):
+            ex = await _send(services, adapter, path, body)
+            assert ex.failed_stage is None
+            sent = orjson.loads(ex.outgoing)
+            blocks = adapter.prefix_blocks(path, sent)
+            chain = ref_chain(blocks)
+            assert ex.notes["sent_chain"] == chain
+            # the measurement, from the reference chain and blocks of the bytes sent
+            got = ex.notes["measurement"]
+            expected = find_divergence(
+                previous,
+                chain,
+                blocks,
+                request_model(sent),
+                params_digest(adapter, path, sent),
+                history_rewritten=ex.notes.get("history_rewritten") is not None,
+                is_volatile=None,
+            )
+            assert (got.divergence.block_index, got.divergence.byte_offset) == (
+                expected.block_index,
+                expected.byte_offset,
+            )
+            assert got.divergence.shared_blocks == expected.shared_blocks
+            assert got.prompt_blocks == len(blocks) and got.prompt_bytes == chain.total_bytes
+            if previous is not None and got.divergence.cause not in ("model_changed", "params_changed"):
+                rules = services.rules
+                assert (got.predicted_breakpoint, got.predicted_read_tokens) == predict_read(
+                    previous.breakpoints,
+                    previous.ends,
+                    got.divergence.shared_blocks,
+                    marker_positions(blocks, sent),
+                    lookback_positions(blocks),
+                    min_tokens=rules.min_tokens(request_model(sent)),
+                )
+            # the record, from the reference view of the client's body and the bytes sent
+            record = await services.store.load(ex.tenant, ex.session_id)
+            assert record is not None
+            assert (record.chain, record.ends) == (chain.chain, chain.ends)
+            assert (record.breakpoints, record.ttls) == sent_markers(blocks, sent)
+            pins = update_pins(ex.notes.get("session_pins"), blocks, adapter.tool_shape(path))
+            assert record.pins == pins
+            client = orjson.loads(ex.raw)
+            array_key, _, digests, exact, system, _, _ = ref_view(adapter, path, client, PATTERNS)
+            items = sent.get(array_key) if array_key else None
+            if isinstance(client.get(array_key), list) and isinstance(items, list) and len(items) == len(digests):
+                expected_sidecars = tuple(
+                    Sidecar(i, digests[i], orjson.dumps(strip_markers(item)), exact[i])
+                    for i, item in enumerate(items)
+                    if i not in system
+                )
+                assert record.sidecars == expected_sidecars
+                assert all(s.sent_digest() == xxhash.xxh3_128_digest(s.value) for s in record.sidecars)
+            else:
+                assert record.sidecars == ()
+            previous = record
+
+
+def _next_turn(body: dict[str, Any], key: str, reply: Any, ask: Any) -> dict[str, Any]:
+    """The same conversation one turn later, the first message's keys reordered (replay)."""
+    later = copy.deepcopy(body)
+    items = later.get(key)
+    if not isinstance(items, list):
+        return later
+    if items and isinstance(items[0], dict):
+        items[0] = dict(reversed(list(items[0].items())))
+    items += [reply, ask]
+    return later
+
+
+@FAST
+@given(anthropic_bodies(), st.booleans())
+def test_request_path_matches_reference_anthropic(body: dict[str, Any], marked: bool) -> None:
+    ask: dict[str, Any] = {
+        "role": "user",
+        "content": [{"type": "text", "text": "Current time: 2026-11-30T01:02:03Z go"}],
+    }
+    if marked:
+        ask["content"][0]["cache_control"] = {"type": "ephemeral"}
+    second = _next_turn(body, "messages", {"role": "assistant", "content": "ok"}, ask)
+    asyncio.run(_check_request_path(ANTHROPIC, MESSAGES, body, second))
+
+
+@FAST
+@given(openai_bodies())
+def test_request_path_matches_reference_openai(case: tuple[str, dict[str, Any]]) -> None:
+    path, body = case
+    key = "input" if path == "/v1/responses" else "messages"
+    second = _next_turn(body, key, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"})
+    asyncio.run(_check_request_path(OPENAI, path, body, second))

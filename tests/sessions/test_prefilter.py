@@ -1,0 +1,61 @@
+"""`proxy.pipeline.prefilter`: a text the prefilter rejects never holds a match (soundness), and
+filtered masking equals unfiltered masking."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.pipeline.prefilter import needs
+from proxy.pipeline.replay import mask_filtered, mask_strings, span_pattern
+from proxy.rules import load_rules, volatile_patterns
+from tests.pipeline.strategies import LINES
+
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+RULE_SPANS = tuple(span_pattern(p) for p in volatile_patterns(load_rules()))
+EXTRA = tuple(
+    re.compile(p, f)
+    for p, f in [
+        (r"ab(?i:cd)EF\d", 0),
+        (r"(?i)x(?-i:Yz)", 0),
+        (r"(foo|bar\d)+baz", 0),
+        (r"(?:k|q)?token", re.IGNORECASE),
+        (r"[0-9]{2}|zz", 0),
+        (r"(?=abc)abc", 0),
+        (r"(a)\1", 0),
+        (r"(?>at)om", 0),
+    ]
+)
+PATTERNS = RULE_SPANS + EXTRA
+# Letters of the patterns' literals in both cases, digits, separators, and characters whose
+# case folding differs between `re` and `str.lower` (Kelvin sign, long s, dotted I).
+ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFKTXYZ0123456789 -:_=%/.\n\u212a\u017f\u0130"
+words = st.sampled_from(
+    ["token", "TOKENS used", "context", "Current time", "2026-11-29T20:09", "epoch", "request_id:",
+     "x-anthropic-billing-header:", "total cost", "abcdEF7", "xYz", "bar1baz", "atom", "aa"]
+)
+texts = st.lists(st.one_of(st.text(ALPHABET, max_size=12), words, st.sampled_from(LINES)), max_size=8).map("".join)
+
+
+@FAST
+@given(texts)
+def test_a_rejected_text_never_matches(text: str) -> None:
+    for pattern in PATTERNS:
+        need = needs(pattern)
+        if need is not None and not need.admits(text):
+            assert pattern.search(text) is None, (pattern.pattern, text)
+
+
+def test_the_packaged_rules_get_conditions() -> None:
+    assert all(needs(p) is not None for p in RULE_SPANS)
+    assert needs(re.compile(r"(?=abc)")) is None  # a lookahead alone: no condition, always run
+
+
+@FAST
+@given(st.lists(texts, max_size=4))
+def test_filtered_masking_is_masking(values: list[str]) -> None:
+    value = {"content": [{"type": "text", "text": t} for t in values], "role": "user"}
+    filters = tuple((p, needs(p)) for p in PATTERNS)
+    assert mask_filtered(value, filters) == mask_strings(value, PATTERNS)
