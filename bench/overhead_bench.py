@@ -22,15 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bodies import anthropic_body, small_body  # noqa: E402
-from proxy_bench import free_port, pct, wait_ready  # noqa: E402
+from proxy_bench import free_port, pct, run_load, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-HEADERS = {"x-api-key": "bench", "anthropic-version": "2023-06-01", "content-type": "application/json"}
 
 NGINX_CONF = """
 worker_processes 1;
@@ -52,29 +50,6 @@ http {{
   }}
 }}
 """
-
-
-async def load(url: str, body: bytes, concurrency: int, total: int) -> tuple[list[float], float]:
-    latencies: list[float] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
-        for _ in range(10):
-            async with http.post(url, data=body, headers=HEADERS) as r:
-                await r.read()
-        remaining = total
-
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                t0 = time.perf_counter()
-                async with http.post(url, data=body, headers=HEADERS) as r:
-                    await r.read()
-                latencies.append(time.perf_counter() - t0)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return latencies, total / elapsed
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -130,11 +105,11 @@ async def main() -> None:
         for body_name, body in bodies.items():
             for concurrency in (1, 16, 64):
                 total = n_small if body_name == "1KB" else max(n_small // 6, 40)
-                d_lat, d_rps = await load(targets["direct"] + "/v1/messages", body, concurrency, total)
+                d_lat, d_rps = await run_load(targets["direct"] + "/v1/messages", body, concurrency, total)
                 d50, d99 = pct(d_lat, 0.5), pct(d_lat, 0.99)
                 cells, rps = [], {}
                 for column in columns:
-                    lat, r = await load(targets[column] + "/v1/messages", body, concurrency, total)
+                    lat, r = await run_load(targets[column] + "/v1/messages", body, concurrency, total)
                     rps[column] = r
                     cells.append(f"{pct(lat, 0.5) - d50:7.2f}/{pct(lat, 0.99) - d99:7.2f}/{r:7.0f}")
                 ratio = rps["optimise"] / rps["bare"]

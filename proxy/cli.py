@@ -69,8 +69,17 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     if settings.admin_port is not None:
         admin = web.AppRunner(create_admin_app(runner.app), access_log=None)
         await admin.setup()
-        await web.TCPSite(admin, settings.host, settings.admin_port).start()
         runners.append(admin)
+        try:
+            await web.TCPSite(admin, settings.host, settings.admin_port).start()
+        except OSError as exc:
+            print(
+                f"promptcache: cannot listen on {settings.host}:{settings.admin_port} (admin_port): {exc.strerror}",
+                file=sys.stderr,
+            )
+            for item in reversed(runners):
+                await item.cleanup()
+            return 1
     _tune_gc()
     print(f"promptcache {__version__} listening on {url} (mode {settings.mode})", flush=True)
     print(f"  Anthropic: ANTHROPIC_BASE_URL={url}    OpenAI: OPENAI_BASE_URL={url}/v1", flush=True)

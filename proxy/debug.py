@@ -66,6 +66,8 @@ def record_summary(record: Any) -> dict[str, Any]:
         "last_response_id": record.last_response_id,
         "sidecars": len(record.sidecars),
         "sidecar_bytes": sum(len(s.exact) for s in record.sidecars),
+        "pinned_segments": len(record.pins.get("pinned_segments") or ()),
+        "tail_misses": record.tail_misses,
     }
 
 

@@ -48,13 +48,16 @@ HOP_BY_HOP: Final = frozenset(
         "upgrade",
     }
 )
-_DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length"}
+_DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length", "content-encoding"}
+"""`Content-Encoding` goes too: aiohttp's server inflates a gzip/deflate request body before we
+read it, so the bytes forwarded are identity-encoded."""
 _DROP_RESPONSE: Final = HOP_BY_HOP
 _MAX_TEE_JSON_BYTES: Final = 64 * 1024 * 1024
 
 
 def request_headers(incoming: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """Headers to send upstream: all but hop-by-hop, `Host` and `Content-Length`."""
+    """Headers to send upstream: all but hop-by-hop, `Host`, `Content-Length` and
+    `Content-Encoding` (the body we forward is already inflated)."""
     out: CIMultiDict[str] = CIMultiDict()
     connection_listed = {
         token.strip().lower() for value in incoming.getall("connection", []) for token in value.split(",")
@@ -129,6 +132,12 @@ class UsageTee:
             pass
 
 
+def _take_usage(exchange: Exchange, reader: UsageReader) -> None:
+    usage = reader.result()
+    if usage.seen:
+        exchange.usage = usage
+
+
 async def forward(
     request: web.Request,
     exchange: Exchange,
@@ -178,23 +187,28 @@ async def forward(
             upstream.headers.get("content-type", ""),
             upstream.headers.get("content-encoding", ""),
         )
-        await response.prepare(request)
         try:
+            await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
                 tee.feed(chunk)
         except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerTimeoutError) as exc:
             _log.warning("upstream stream ended early: %s", type(exc).__name__)
             exchange.notes["stream_error"] = type(exc).__name__
+            _take_usage(exchange, reader)
             if request.transport is not None:
                 request.transport.close()
             return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away: the upstream is closed below; usage already seen (billed
+            # by the upstream, e.g. Anthropic's `message_start`) is still counted.
+            exchange.notes["client_gone"] = True
+            _take_usage(exchange, reader)
+            raise
         await response.write_eof()
         is_complete = True
         tee.finish()
-        usage = reader.result()
-        if usage.seen:
-            exchange.usage = usage
+        _take_usage(exchange, reader)
         return response
     finally:
         if is_complete:

@@ -11,6 +11,7 @@ and time; never a header value, never a body.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Final
@@ -22,7 +23,7 @@ from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.exchange import Exchange
 from proxy.forward import forward, local_error
 from proxy.pipeline import run_request_stages
-from proxy.pipeline.observe import observe
+from proxy.pipeline.observe import observe, record_usage
 from proxy.providers import route
 from proxy.providers.base import TOO_LARGE
 
@@ -30,8 +31,12 @@ _log = logging.getLogger("promptcache.access")
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
+CLIENT_CLOSED: Final = 499
+"""Pseudo-status of a request whose client went away before the response ended (nginx's 499)."""
+
+
 def outcome_for(status: int) -> str:
-    """Metric outcome of an HTTP status (0 = no status: the proxy failed)."""
+    """Metric outcome of an HTTP status (0 = no status: the proxy failed; 499 = client gone)."""
     if 200 <= status < 400:
         return "ok"
     if status in (502, 504) or status >= 500:
@@ -54,6 +59,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     pm.in_flight.inc()
     status = 0
+    exchange: Exchange | None = None
     try:
         upstream_base = request.app[UPSTREAMS][adapter.name]
         session = request.app[CLIENT_SESSIONS][adapter.name]
@@ -69,6 +75,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             if services.recorder is not None:
                 services.recorder.record(path, request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
+            exchange.notes["is_pipeline"] = True
             await run_request_stages(exchange, services)
             response = await forward(
                 request, exchange, session, upstream_base, pm, read_timeout, exchange.outgoing
@@ -81,12 +88,27 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         response = await forward(request, exchange, session, upstream_base, pm, read_timeout, body)
         status = exchange.status
         return response
+    except (asyncio.CancelledError, ConnectionResetError):
+        # The client disconnected (mid-body or mid-stream): a client outcome, not ours.
+        status = CLIENT_CLOSED
+        if exchange is not None and exchange.notes.get("is_pipeline"):
+            record_usage(exchange, services)
+        raise
     finally:
         elapsed = time.perf_counter() - started
         pm.in_flight.dec()
         pm.outcome[outcome_for(status)].inc()
         pm.duration.observe(elapsed)
-        _log.info("%s %s %s -> %s in %.1f ms", adapter.name, request.method, request.path, status, elapsed * 1000)
+        session = exchange.session_id if exchange is not None else None
+        _log.info(
+            "%s %s %s -> %s in %.1f ms%s",
+            adapter.name,
+            request.method,
+            request.path,
+            status,
+            elapsed * 1000,
+            f" session={session}" if session else "",
+        )
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -5,7 +5,7 @@ Pure core (plain data in, plain data out, no I/O), used by `measure()` and by `p
 - `find_divergence(previous, current, ...)` compares chain digests (`proxy.prefix`) and returns
   a `Divergence`: the first block the current request does not share with the previous one, as
   block index, byte offset in the canonical stream and estimated tokens before it, with the
-  section it lies in and one cause from `CAUSES`. Precedence follows the provider's render order
+  section it lies in and one cause from `proxy.metrics.CAUSES`. Precedence follows the provider's render order
   (the earliest change wins, as in Anthropic's cache diagnostics): `model_changed`, then a
   change in `tools`, then `params_changed`, then `system` (`system_volatile_text` when the
   changed block matched a volatile rule) and `messages` (`history_rewritten` when the session
@@ -49,19 +49,7 @@ from proxy.services import Services
 
 _log = logging.getLogger("promptcache.measure")
 
-CAUSES: Final = (
-    "none",
-    "first_request",
-    "model_changed",
-    "tools_changed",
-    "system_changed",
-    "system_volatile_text",
-    "messages_changed",
-    "params_changed",
-    "history_rewritten",
-    "expired",
-)
-"""The bounded cause label set (DESIGN.md section 6)."""
+
 LOOKBACK_POSITIONS: Final = 20
 """Positions a breakpoint checks for an earlier entry, counting itself (PROVIDERS.md 1.5)."""
 RUN_KINDS: Final = frozenset({"tool_use", "tool_result"})
@@ -91,7 +79,7 @@ class Divergence:
     """Where and why the current request stops sharing the previous request's prefix."""
 
     cause: str
-    """One of `CAUSES` (never `expired`: that needs the response)."""
+    """One of `proxy.metrics.CAUSES` (never `expired`: that needs the response)."""
     section: str
     """`tools`, `system`, `messages`, or `none` when no block changed."""
     block_index: int

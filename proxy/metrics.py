@@ -31,6 +31,7 @@ STAGES: Final = (
     "session",
     "canonicalise",
     "reorder",
+    "pin",
     "replay",
     "diagnostics",
     "breakpoints",

@@ -6,7 +6,19 @@ Pure functions over the adapter's `prefix_blocks` (the provider's render order).
   `prompt_cache_breakpoint`) removed at the block and inside a nested `content` list: markers
   are not part of what a provider caches. Key order is kept (providers hash bytes, so a
   reordered key is a real change).
-- Block digest `d_i = xxh3_128(section, role, message boundary, bytes)`; chain digest
+- String shorthand (`canonical_value`, the one normalisation point of every digest: these
+  block bytes, and the message digests of `proxy.pipeline.replay` behind session inference,
+  replay matching and `history_rewritten`): a string `system` or string message content is
+  shorthand for one text block (Messages API: `content: "x"` means
+  `[{"type": "text", "text": "x"}]`), and the provider renders both forms identically; a hit
+  needs identical rendered content, not identical JSON (PROVIDERS.md 1.5). So a string block
+  is digested as the bytes of `{"type":"text","text":...}` (`digest_bytes`), equal to a
+  one-text-block list whose block has exactly those two keys in that order, markers aside.
+  Any other key (`citations`) or another block type is a real difference. OpenAI's
+  `input_text` / `output_text` parts and a `tool_result`'s own string `content` are not
+  folded (no client seen switching them; a missed equality costs a prediction, never a
+  wrong byte). Byte offsets keep counting the block as sent (a string's own JSON).
+- Block digest `d_i = xxh3_128(section, role, message boundary, digest_bytes)`; chain digest
   `c_i = xxh3_128(c_{i-1} || d_i)` (DESIGN.md section 2). Two requests share a prefix up to
   block `i` exactly when their chain digests at `i` are equal.
 - Offsets are cumulative canonical byte lengths; tokens are estimated as bytes / 4, rounded up
@@ -48,6 +60,34 @@ def may_hold_marker(data: bytes) -> bool:
 def estimate_tokens(n_bytes: int) -> int:
     """Rough token estimate of `n_bytes` canonical bytes (ceil(bytes / 4))."""
     return -(-n_bytes // BYTES_PER_TOKEN)
+
+
+_TEXT_HEAD: Final = b'{"type":"text","text":'
+"""`orjson.dumps({"type": "text", "text": s})` is `_TEXT_HEAD + orjson.dumps(s) + b"}"`."""
+
+
+def text_block(text: str) -> dict[str, str]:
+    """The one text block a string content (or string `system`) is shorthand for."""
+    return {"type": "text", "text": text}
+
+
+def canonical_value(value: Any) -> Any:
+    """`value` in the form every digest compares (module docstring, string shorthand): a string
+    is its text block; a message (an object with a `role`) whose `content` is a string has it
+    as a one-block list. Anything else is returned as is; `value` is never mutated."""
+    if isinstance(value, str):
+        return text_block(value)
+    if isinstance(value, dict) and "role" in value:
+        content = value.get("content")
+        if isinstance(content, str):
+            return {**value, "content": [text_block(content)]}
+    return value
+
+
+def digest_bytes(value: Any, data: bytes) -> bytes:
+    """What a block's digest covers, given its bytes `data` (`value_bytes(value)`): the same
+    bytes, except a string block is written as its text block (`canonical_value`)."""
+    return _TEXT_HEAD + data + b"}" if isinstance(value, str) else data
 
 
 def _strip_markers(value: Any) -> Any:
@@ -111,7 +151,7 @@ def chain_blocks(blocks: Sequence[Block]) -> PrefixChain:
         boundary = b"1" if block.message_index != last_message else b"0"
         last_message = block.message_index
         head = f"{block.section}\x00{block.role or ''}\x00".encode() + boundary
-        d = xxhash.xxh3_128_digest(head + b"\x00" + data)
+        d = xxhash.xxh3_128_digest(head + b"\x00" + digest_bytes(block.value, data))
         previous = xxhash.xxh3_128_digest(previous + d)
         out += previous
         total += len(data)
@@ -274,6 +314,12 @@ def scan_prompt(runs: Sequence[Run]) -> PromptScan:
                 if fixed is None:
                     kind = value.get("type")
                     kinds.append(kind if type(kind) is str else "unknown")
+                keyed = data
+            elif isinstance(value, str):
+                data = dumps(value)
+                keyed = _TEXT_HEAD + data + b"}"
+                if fixed is None:
+                    kinds.append("text")
             else:
                 if isinstance(value, dict) and _has_marker(value):
                     if value.get("cache_control") is not None or value.get("prompt_cache_breakpoint") is not None:
@@ -283,7 +329,8 @@ def scan_prompt(runs: Sequence[Run]) -> PromptScan:
                     data = dumps(value)
                 if fixed is None:
                     kinds.append(run_kind(run, value))
-            previous = digest(previous + digest(head + data))
+                keyed = data
+            previous = digest(previous + digest(head + keyed))
             out += previous
             total += len(data)
             ends.append(total)

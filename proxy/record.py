@@ -11,6 +11,7 @@ order by one dedicated thread, so the event loop never blocks on the file.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,7 +51,9 @@ class TraceRecorder:
         future.add_done_callback(self._pending.discard)
 
     def _append(self, line: bytes) -> None:
-        with self.path.open("ab") as handle:
+        # 0600: a trace holds whole prompts.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "ab") as handle:
             handle.write(line)
 
     async def close(self) -> None:

@@ -36,7 +36,7 @@ VERSION: Final = 1
 MODELS_FILE: Final = "models.yaml"
 
 _RULE_KEYS: Final = frozenset(
-    {"name", "kind", "pattern", "tier", "end", "until", "move_to_user", "description"}
+    {"name", "kind", "pattern", "tier", "end", "until", "move_to_user", "pin", "pin_changes_to_user", "description"}
 )
 _RULES_TOP: Final = frozenset({"version", "description", "rules"})
 _MODELS_TOP: Final = frozenset({"version", "description", "default_min_tokens", "min_tokens"})
@@ -69,6 +69,12 @@ class Rule:
     it; see rules/README.md)."""
     source: str = ""
     """`file:line` where the rule is written."""
+    pin: bool = False
+    """`session` only: the segment is sent with its first-seen bytes while its fields are
+    unchanged, whitespace and formatting aside (`proxy.pipeline.pins`, rules/README.md)."""
+    pin_changes_to_user: bool = False
+    """With `pin`: when the fields do change, the first-seen bytes stay in the system prompt and
+    the new value travels as a leading text block of the newest user message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +214,21 @@ def _rule(doc: _Doc, i: int, raw: Any, names: dict[str, str]) -> Rule | None:
         doc.error(at + ("move_to_user",), "must be true or false")
     elif move and tier != "volatile":
         doc.error(at + ("move_to_user",), "only a `volatile` segment can move to the user message")
+    pin = raw.get("pin", False)
+    if not isinstance(pin, bool):
+        doc.error(at + ("pin",), "must be true or false")
+    elif pin and tier != "session":
+        doc.error(at + ("pin",), "only a `session` segment can be pinned")
+    to_user = raw.get("pin_changes_to_user", False)
+    if not isinstance(to_user, bool):
+        doc.error(at + ("pin_changes_to_user",), "must be true or false")
+    elif to_user and pin is not True:
+        doc.error(at + ("pin_changes_to_user",), "needs `pin: true`")
     if "description" in raw and not isinstance(raw["description"], str):
         doc.error(at + ("description",), "must be a string")
     if len(doc.errors) != count or pattern is None:
         return None
-    return Rule(name, kind, pattern, tier, end, until, bool(move), names[name])
+    return Rule(name, kind, pattern, tier, end, until, bool(move), names[name], bool(pin), bool(to_user))
 
 
 def _rules_file(path: Path, errors: list[str], names: dict[str, str]) -> list[Rule]:
@@ -311,6 +327,11 @@ def check_rules_command(dir: str | None = None) -> int:
     ruleset = load_rules(dir)
     print(f"ok: {len(ruleset.rules)} rules, {len(ruleset.min_tokens_by_prefix)} model minimums")
     return 0
+
+
+def pinned_rules(ruleset: RuleSet) -> dict[str, Rule]:
+    """Rule name -> rule, for the rules with `pin: true` (read-only; the pins stage)."""
+    return {rule.name: rule for rule in ruleset.rules if rule.pin}
 
 
 def volatile_patterns(ruleset: RuleSet) -> tuple[re.Pattern[str], ...]:

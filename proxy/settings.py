@@ -2,7 +2,8 @@
 
 Sources, later wins: defaults < YAML file (`--config FILE`) < `PROMPTCACHE_*` environment
 variables < command-line flags. Environment names are the field names upper-cased with the
-`PROMPTCACHE_` prefix (`PROMPTCACHE_PORT=9000`); list fields take comma-separated values.
+`PROMPTCACHE_` prefix (`PROMPTCACHE_PORT=9000`); list fields and capability flags take
+comma-separated values (`PROMPTCACHE_ANTHROPIC_CAPABILITIES=strip_ttl,strip_scope`).
 
 `load_settings` raises `SettingsError` whose message names every invalid setting and where it
 came from; `promptcache serve` prints it and exits with status 2.
@@ -80,6 +81,30 @@ class Settings(BaseModel):
     cache_diagnostics: bool = False
     """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
 
+    @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
+    @classmethod
+    def _capabilities(cls, value: Any) -> Any:
+        """Also accept a list of flag names or a comma-separated string: `strip_ttl,strip_scope`."""
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            return {str(flag): True for flag in value}
+        return value
+
+    @field_validator("session_headers", mode="before")
+    @classmethod
+    def _headers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, value: str) -> str:
+        if value and len(value) < 32:
+            raise ValueError("must be at least 32 characters (or empty to generate one)")
+        return value
+
     @field_validator("upstream")
     @classmethod
     def _upstream(cls, value: str) -> str:
@@ -106,19 +131,12 @@ class SettingsError(ValueError):
     """Invalid settings; the message names each bad setting and its source."""
 
 
-_LIST_FIELDS = frozenset({"session_headers"})
-
-
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
-        name = key[len(ENV_PREFIX) :].lower()
-        if name in _LIST_FIELDS:
-            values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
-        else:
-            values[name] = raw
+        values[key[len(ENV_PREFIX) :].lower()] = raw
     return values
 
 

@@ -30,8 +30,13 @@ _log = logging.getLogger("promptcache.tenant")
 
 
 def credential_of(headers: Mapping[str, str]) -> str:
-    """The upstream credential a request carries: `x-api-key`, else `Authorization`, else ``."""
-    return headers.get("x-api-key") or headers.get("authorization") or ""
+    """The upstream credential a request carries: `x-api-key`, else `api-key`, else
+    `Authorization` without its `Bearer ` scheme (the same key sent either way is one tenant:
+    the anthropic SDK 2.x sends `Authorization: Bearer`, curl users `x-api-key`), else ``."""
+    value = headers.get("x-api-key") or headers.get("api-key") or headers.get("authorization") or ""
+    if value[:7].lower() == "bearer ":
+        return value[7:].strip()
+    return value
 
 
 def tenant_id(secret: bytes, credential: str, host: str) -> str:

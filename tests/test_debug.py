@@ -20,6 +20,10 @@ async def test_debug_session_shows_record_and_last_measurement(fake_upstream: Fa
         async with http.get(proxy.url + "/debug/sessions/conv-1", headers={"x-api-key": "sk-tenant-a"}) as r:
             assert r.status == 200
             seen = await r.json()
+        # The same key as a bearer token is the same tenant.
+        bearer = {"Authorization": "Bearer sk-tenant-a"}
+        async with http.get(proxy.url + "/debug/sessions/conv-1", headers=bearer) as r:
+            assert r.status == 200
         async with http.get(proxy.url + "/debug/sessions/conv-1", headers={"x-api-key": "sk-tenant-b"}) as r:
             assert r.status == 404
             assert await r.json() == {"error": "no such session for this credential"}

@@ -96,6 +96,16 @@ async def test_client_disconnect_closes_upstream(fake_upstream: FakeUpstream, ma
         response.close()
     await asyncio.wait_for(fake_upstream.client_gone.wait(), timeout=5)
     assert fake_upstream.client_gone.is_set()
+    # The handler's own unwinding runs on this loop: yield to it (no timed sleep).
+    for _ in range(1000):
+        if proxy.sample("promptcache_requests_in_flight", provider="anthropic") == 0:
+            break
+        await asyncio.sleep(0)
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="client_error") == 1
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="proxy_error") == 0
+    # message_start already carried the usage the upstream bills: it is counted.
+    assert proxy.sample("promptcache_input_tokens_total", provider="anthropic", cache="read") == 3000
+    assert proxy.sample("promptcache_input_tokens_total", provider="anthropic", cache="none") == 21
 
 
 async def test_gzip_response_reaches_sdk_intact(fake_upstream: FakeUpstream, make_proxy) -> None:
@@ -178,3 +188,20 @@ async def test_record_writes_a_workload_trace_without_credentials(
     ]
     assert lines[0]["gap"] == 0.0 and lines[1]["gap"] >= 0.0
     assert b"sk-ant-secret-value-123" not in trace.read_bytes()
+
+
+async def test_gzip_request_body_is_forwarded_inflated(fake_upstream: FakeUpstream, make_proxy) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    raw = orjson.dumps(BODY)
+    async with aiohttp.ClientSession() as http:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            headers = {**HEADERS, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+            async with http.post(proxy.url + path, data=gzip.compress(raw), headers=headers) as r:
+                assert r.status in (200, 404)
+                await r.read()
+    assert [(x.path, "content-encoding" in x.headers) for x in fake_upstream.received] == [
+        ("/v1/messages", False),
+        ("/v1/messages/count_tokens", False),
+    ]
+    assert orjson.loads(fake_upstream.received[0].body)["messages"] == BODY["messages"]
+    assert fake_upstream.received[1].body == raw

@@ -148,3 +148,52 @@ def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert check_rules_command(str(_folder(tmp_path, "version: 1\nrules: 3\n"))) == 1
     assert capsys.readouterr().err == f"{tmp_path / 'default.yaml'}:2: rules: must be a list of rules\n"
     assert check_rules_command(str(tmp_path / "missing")) == 1
+
+
+def test_pin_options_are_validated(tmp_path: Path) -> None:
+    text = """\
+version: 1
+rules:
+  - name: env
+    kind: section
+    pattern: '^<env>'
+    end: '</env>'
+    tier: session
+    pin: true
+    pin_changes_to_user: true
+  - name: stamp
+    kind: line
+    pattern: 'x'
+    tier: volatile
+    pin: true
+  - name: cwd
+    kind: line
+    pattern: 'cwd:'
+    tier: session
+    pin: 'yes'
+    pin_changes_to_user: true
+  - name: date
+    kind: line
+    pattern: 'date:'
+    tier: session
+    pin_changes_to_user: 1
+"""
+    errors = check_rules(_folder(tmp_path, text))
+    where = [e.split(": ", 2)[0].rsplit(":", 1)[1] + " " + e.split(": ", 2)[1] for e in errors]
+    assert where == [
+        "14 rules[1].pin",
+        "19 rules[2].pin",
+        "20 rules[2].pin_changes_to_user",
+        "25 rules[3].pin_changes_to_user",
+    ]
+    assert errors[0].endswith("only a `session` segment can be pinned")
+    assert errors[1].endswith("must be true or false") and errors[2].endswith("needs `pin: true`")
+    good = text.split("  - name: stamp")[0]
+    (rule,) = load_rules(_folder(tmp_path, good)).rules
+    assert (rule.pin, rule.pin_changes_to_user) == (True, True)
+
+
+def test_packaged_pins_are_session_context_rules() -> None:
+    rules = load_rules()
+    assert [r.name for r in rules.rules if r.pin] == ["env-block", "date", "cwd-host-home"]
+    assert all(r.tier == "session" and not r.pin_changes_to_user for r in rules.rules if r.pin)

@@ -40,3 +40,25 @@ def test_serve_exits_2_on_invalid_setting() -> None:
     )
     assert result.returncode == 2
     assert "invalid setting port (--port): Input should be greater than or equal to 0" in result.stderr
+
+
+def test_capabilities_and_headers_accept_lists_and_comma_strings(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("openai_capabilities: [no_tool_message_markers]\nsession_headers: x-a, x-b\n")
+    settings = load_settings(config, environ={"PROMPTCACHE_ANTHROPIC_CAPABILITIES": "strip_ttl,strip_scope"})
+    assert settings.anthropic_capabilities.model_dump() == {
+        "strip_ttl": True,
+        "strip_scope": True,
+        "no_tool_message_markers": False,
+    }
+    assert settings.openai_capabilities.no_tool_message_markers is True
+    assert settings.session_headers == ("x-a", "x-b")
+
+
+def test_short_secret_is_refused() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(environ={"PROMPTCACHE_SECRET": "short"})
+    assert str(info.value) == (
+        "invalid setting secret (PROMPTCACHE_SECRET): "
+        "Value error, must be at least 32 characters (or empty to generate one)"
+    )

@@ -26,7 +26,17 @@ from typing import Final, Protocol
 import orjson
 
 from proxy.exchange import Exchange
-from proxy.pipeline import breakpoints, canonicalise, diagnostics, parse, reorder, replay, serialise, session
+from proxy.pipeline import (
+    breakpoints,
+    canonicalise,
+    diagnostics,
+    parse,
+    pins,
+    reorder,
+    replay,
+    serialise,
+    session,
+)
 from proxy.providers.base import JSONObject
 from proxy.services import Services
 
@@ -47,6 +57,7 @@ REQUEST_STAGES: Final[tuple[Stage, ...]] = (
     session.STAGE,
     canonicalise.STAGE,
     reorder.STAGE,
+    pins.STAGE,
     replay.STAGE,
     diagnostics.STAGE,
     breakpoints.STAGE,

@@ -22,6 +22,15 @@ Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
   (`rules/models.yaml`, 1.6) is skipped. The estimate is the proxy's own: UTF-8 bytes of the
   blocks up to it / 4, rounded up (text blocks count their text, other blocks their JSON
   without markers), deliberately independent of the simulator's tokenizer.
+- Wasted tails (`PlanContext.tail_misses`): a write is only worth its 1.25x when a later
+  request reads it, and a read needs the prefix up to the marked block byte for byte (1.5).
+  When the session's last `TAIL_MISSES_TO_SKIP` requests each rewrote the newest message of
+  the request before them (aider appends a reminder to its newest user message and drops it
+  next turn), a marker on the newest message would be written and never read; the first
+  candidate then goes to the end of the previous turn instead (the last block the client
+  has kept so far, reason `turn`). A client's own markers are never moved for it. As soon
+  as a request keeps the previous newest message (the count is back to 0), the last block
+  is marked again. Deterministic: the count comes from the session record.
 - TTLs (1.7, 1.9): injected markers take the TTLs of `PlanContext` (pacing, `proxy.pacing`).
   When the session's TTL is 1h (the next read is expected more than 5 minutes away and the
   reads repay the 2x write), every 5m marker becomes 1h, the client's included, so the tail
@@ -67,9 +76,16 @@ from proxy.providers.base import JSONObject, ProviderAdapter
 from proxy.services import Services
 from proxy.settings import UpstreamCapabilities
 
+TAIL_MISSES_TO_SKIP: Final = 1
+"""Consecutive rewritten newest messages after which the newest message gets no new marker."""
+
 
 def _ttl(value: Any) -> str:
     return "1h" if value == "1h" else "5m"
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +98,14 @@ class PlanContext:
     """TTL of the marker ending tools + stable system (shared across sessions): `5m` or `1h`."""
     ttl_session: str = "5m"
     """TTL of every other marker the planner adds."""
+    tail_misses: int = 0
+    """Consecutive requests of the session, this one included, that rewrote the newest message
+    of the request before them (`SessionRecord.tail_misses`): a marker there was never read."""
+
+    @property
+    def skips_tail(self) -> bool:
+        """No new marker on the newest message (module docstring, wasted tails)."""
+        return self.tail_misses >= TAIL_MISSES_TO_SKIP
 
     @classmethod
     def coerce(cls, value: Any) -> PlanContext | None:
@@ -94,6 +118,7 @@ class PlanContext:
                 tuple(value.get("previous_breakpoints", ())),
                 _ttl(value.get("ttl_shared", value.get("shared_ttl"))),
                 _ttl(value.get("ttl_session", value.get("session_ttl"))),
+                _count(value.get("tail_misses")),
             )
         raise TypeError(f"plan_context must be PlanContext or a mapping, not {type(value).__name__}")
 

@@ -8,6 +8,7 @@ reaches the client.
 from __future__ import annotations
 
 import logging
+import time
 
 from proxy.debug import remember_measurement
 from proxy.exchange import Exchange
@@ -31,12 +32,16 @@ def record_usage(exchange: Exchange, services: Services) -> None:
 
 
 async def observe(exchange: Exchange, services: Services) -> None:
-    """Response-side measurement; never raises."""
+    """Response-side measurement and the session record write; never raises.
+
+    Timed as `promptcache_stage_duration_seconds{stage="observe"}` (store write included)."""
+    started = time.perf_counter()
     try:
         record_usage(exchange, services)
         measure(exchange, services)
         remember_measurement(exchange, services)
     except Exception as exc:  # noqa: BLE001 - fail open
-        services.metrics.stage_errors.labels("observe").inc()
+        services.metrics.stage_error_counters["observe"].inc()
         _log.warning("observe failed (%s)", type(exc).__name__)
     await after_response(exchange, services)
+    services.metrics.stage_timers["observe"].observe(time.perf_counter() - started)

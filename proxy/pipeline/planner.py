@@ -128,8 +128,11 @@ class Planner:
         ctx = self.context
         injected = 0
         last = self.legal.at_or_before(self.view.size - 1)
+        first = "last"
+        if ctx.skips_tail:  # the newest message came back rewritten: its write is never read
+            last, first = self._turn_boundary(), "turn"
         steps: list[tuple[str, str]] = [
-            ("last", ctx.ttl_session),
+            (first, ctx.ttl_session),
             ("shared", ctx.ttl_shared),
             ("bridge", ctx.ttl_session),
             ("turn", ctx.ttl_session),
@@ -138,7 +141,7 @@ class Planner:
         for reason, ttl in steps:
             if len(self.final) >= self.policy.max_markers:
                 break
-            if reason == "last":
+            if reason == first:
                 index = last
             elif reason == "shared":
                 index = self.legal.at_or_before(stable_end) if stable_end >= 0 else None

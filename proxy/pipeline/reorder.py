@@ -43,8 +43,9 @@ from typing import Final
 
 from proxy.exchange import Exchange
 from proxy.pipeline.canonicalise import canonicalise_body
+from proxy.pipeline.layout import LayoutCache
 from proxy.pipeline.segments import TIER_RANK, Classifier, classifier_for, render, section_tiers
-from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, rules_for
+from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, layout_cache, rules_for
 from proxy.providers.base import JSONObject, ProviderAdapter, SystemPart, SystemUnit
 from proxy.rules import RuleSet
 from proxy.services import Services
@@ -134,9 +135,6 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
     )
 
 
-def _message_count(adapter: ProviderAdapter, path: str, body: JSONObject) -> int:
-    """Distinct message-array elements in the prefix (system-section messages included)."""
-    return len({run.message for run in adapter.layout(path, body) if run.message is not None})
 
 
 def reorder_body(
@@ -145,13 +143,15 @@ def reorder_body(
     body: JSONObject,
     rules: RuleSet,
     caps: UpstreamCapabilities = NO_CAPABILITY_LIMITS,
+    cache: LayoutCache | None = None,
 ) -> tuple[JSONObject, SystemPlan]:
     """`body` with its system prompt in durable-first order (pure; `body` is not mutated).
 
     Text moved onto the user message can make an empty text block there removable, so the
     result is canonicalised again (`caps` as for canonicalise) to stay idempotent. When no
     message can take the moved text, or moving it would remove a whole system-section message
-    (the message array would shift and replay's positions with it), nothing moves."""
+    (the message array would shift and replay's positions with it), nothing moves. `cache`
+    shares layout and scan results with the other stages of the request."""
     units = adapter.system_units(path, body)
     classifier = classifier_for(rules)
     plan = plan_system(units, classifier)
@@ -161,18 +161,19 @@ def reorder_body(
     if not plan.moved:
         return new_body, plan
     with_text = adapter.with_user_text(path, new_body, plan.moved)
+    cache = cache if cache is not None else LayoutCache()
     if with_text is None or plan.emptied:
         staying = plan_system(units, classifier, allow_move=False)
         kept = adapter.with_system(path, body, staying.parts) if staying.changed else body
-        if with_text is None or _shifts(adapter, path, kept, with_text):
+        if with_text is None or _shifts(adapter, path, kept, with_text, cache):
             return kept, staying
-    return canonicalise_body(adapter, path, with_text, caps=caps)[0], plan
+    return canonicalise_body(adapter, path, with_text, caps=caps, cache=cache)[0], plan
 
 
-def _shifts(adapter: ProviderAdapter, path: str, kept: JSONObject, moved: JSONObject) -> bool:
+def _shifts(adapter: ProviderAdapter, path: str, kept: JSONObject, moved: JSONObject, cache: LayoutCache) -> bool:
     """True when moving removed a whole message: `moved` (text moved out) has fewer
     message-array elements than `kept` (the same system prompt sorted, nothing moved)."""
-    return _message_count(adapter, path, kept) != _message_count(adapter, path, moved)
+    return cache.message_count(adapter, path, kept) != cache.message_count(adapter, path, moved)
 
 
 class ReorderStage:
@@ -184,7 +185,8 @@ class ReorderStage:
         if body is None:
             return
         caps = capabilities_for(services, exchange.adapter)
-        new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps)
+        cache = layout_cache(exchange)
+        new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache)
         exchange.notes["system_tiers"] = plan.tiers
         exchange.notes["system_moved_to_user"] = len(plan.moved)
         count_markers(exchange, services, moved=plan.markers_moved, dropped=plan.markers_dropped)

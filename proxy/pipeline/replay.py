@@ -2,7 +2,11 @@
 
 Pure core:
 - `Masker.digest(value)`: xxh3-128 of orjson(value, OPT_SORT_KEYS) after removing cache
-  markers (`cache_control`, `prompt_cache_breakpoint`: not part of the provider's cache key)
+  markers (`cache_control`, `prompt_cache_breakpoint`: not part of the provider's cache key),
+  writing string content as its one text block (`proxy.prefix.canonical_value`: the string is
+  shorthand for that block and renders identically, PROVIDERS.md 1.5; the same normalisation
+  as the prefix chain's block bytes, so inference, replay and divergence agree: a client that
+  re-sends a message as a string after a one-block list, or back, sends "the same" message),
   and replacing by `MASK` the text the rules' volatile patterns match inside string values,
   each match extended to the end of its token (`span_pattern`). Only that span is masked, never
   the rest of its line: an edit next to a timestamp is still an edit. Sorted keys make a client
@@ -21,10 +25,13 @@ Pure core:
   bytes: a content key, never an object identity).
 - `first_mismatch(...)`: the first earlier message whose digest differs from its stored
   sidecar: the client rewrote history there (`notes["history_rewritten"]`).
+- `tail_rewritten(...)`: the previous request's newest message is the first one changed (the
+  breakpoint planner's wasted-tail count, `SessionRecord.tail_misses`).
 - `splice(...)`: earlier messages (never the newest) whose digest matches their sidecar, up to
   the first mismatch, are replaced by the stored value (parsed with orjson, so key order and
-  content are exactly what was sent before); a message whose bytes already equal the stored
-  value is left as is. Copy-on-write: returns a new list, never edits the input.
+  content are exactly what was sent before: also the form, a string or a one-block list, the
+  provider cached); a message whose bytes already equal the stored value is left as is.
+  Copy-on-write: returns a new list, never edits the input.
 
 DESIGN.md section 4 says `orjson.Fragment`; spliced values are parsed instead, so the
 breakpoints stage can still place markers on replayed messages (a Fragment is opaque).
@@ -50,7 +57,7 @@ import xxhash
 
 from proxy.exchange import Exchange
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
-from proxy.prefix import MARKER_KEYS
+from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
 from proxy.services import Services
 from proxy.store.record import Sidecar
@@ -168,8 +175,9 @@ def mask_filtered(value: Any, filters: Sequence[tuple[re.Pattern[str], Needs | N
 
 
 class Masker:
-    """Masked canonical digests (16 bytes) of messages and blocks: markers removed, text that a
-    volatile pattern matches masked, keys sorted.
+    """Masked canonical digests (16 bytes) of messages and blocks: markers removed, string
+    content as its text block (`canonical_value`), text that a volatile pattern matches
+    masked, keys sorted.
 
     Memoised by the digest of the exact (unmasked, sorted) bytes, at most `memo_size` entries
     (LRU), and seeded from stored sidecars (`seed`): each turn only new or edited messages are
@@ -214,7 +222,7 @@ class Masker:
             key = digest(data)
             exact = exact_memo.get(key)
             if exact is None:
-                exact = exact_memo[key] = digest(dumps(stripped, option=sort_keys))
+                exact = exact_memo[key] = digest(dumps(canonical_value(stripped), option=sort_keys))
                 if len(exact_memo) > size:
                     exact_memo.popitem(last=False)
             else:
@@ -238,7 +246,7 @@ class Masker:
             self._memo.move_to_end(exact)
             return masked
         masked = xxhash.xxh3_128_digest(
-            orjson.dumps(mask_filtered(stripped, self.filters), option=orjson.OPT_SORT_KEYS)
+            orjson.dumps(mask_filtered(canonical_value(stripped), self.filters), option=orjson.OPT_SORT_KEYS)
         )
         self._remember(exact, masked)
         return masked
@@ -350,6 +358,26 @@ def first_mismatch(digests: Sequence[bytes], sidecars: Sequence[Sidecar], skip: 
         if digest != digests[i]:
             return i
     return None
+
+
+def tail_rewritten(digests: Sequence[bytes], sidecars: Sequence[Sidecar], skip: frozenset[int]) -> bool:
+    """Whether this request rewrote the previous request's newest message (its last sidecar)
+    and nothing before it: the client re-sends its newest message changed every turn (aider
+    drops the reminder it appended), so a cache write on that message is never read
+    (PROVIDERS.md 1.5: a read needs the prefix byte for byte up to the marked block).
+
+    False without sidecars, when the request holds fewer messages (a fork or a truncation: not
+    this pattern), or when an earlier message changed first (compaction, an edit)."""
+    if not sidecars:
+        return False
+    last = max(s.position for s in sidecars)
+    if last >= len(digests):
+        return False
+    stored = {s.position: s.digest for s in sidecars}
+    for i in range(last):
+        if i not in skip and stored.get(i, digests[i]) != digests[i]:
+            return False
+    return stored[last] != digests[last]
 
 
 @dataclass(frozen=True, slots=True)

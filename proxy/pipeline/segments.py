@@ -5,7 +5,10 @@ Contract:
   exactly `text`. Deterministic: the same text and rules give the same segments.
 - Rules only ever look at single lines (a pattern is `re.search`ed in a line without its
   `\\n`), so each distinct line is matched once and remembered (bounded cache): a prompt that
-  differs from an earlier one in one line (a timestamp) costs one line of matching.
+  differs from an earlier one in one line (a timestamp) costs one line of matching. A pattern
+  that cannot tell digits apart (`_digit_blind`: the packaged rules) is matched once per line
+  with its digits zeroed, so a timestamp line seen with other digits costs no matching. Split
+  positions are remembered per line shape (`Classifier`), results per text.
 - Structure, by precedence (rules/README.md):
   1. `block`: tests the first non-blank line; a match makes the whole text one segment;
   2. `section`: starts at a matching line and runs to the first later line matching `end`
@@ -38,7 +41,7 @@ import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from proxy.rules import Rule, RuleSet
 
@@ -49,6 +52,7 @@ _OPEN_TAG: Final = re.compile(r"\s*<([A-Za-z_][\w.:-]*)(?:\s[^<>]*)?>\s*")
 _CLOSE_TAG: Final = re.compile(r"\s*</([A-Za-z_][\w.:-]*)\s*>\s*")
 _WRAP_OPEN: Final = "open"
 _WRAP_CLOSE: Final = "close"
+_ABSENT: Any = object()
 G = TypeVar("G", bound=Hashable)
 
 
@@ -110,8 +114,55 @@ def section_tiers(segments: Sequence[Segment], leaving: Sequence[bool]) -> list[
     return out
 
 
+_LineInfo = tuple[int, bool, str | None, str | None]
+"""What the rules and the wrapper pairing see of one line: `(rule mask, blank, opening tag
+name, closing tag name)`."""
+_BLANK: Final[_LineInfo] = (0, True, None, None)
+
+
+_ZERO_DIGITS: Final = str.maketrans("123456789", "000000000")
+_DIGITS: Final = frozenset(range(ord("0"), ord("9") + 1))
+
+
+def _digit_blind(pattern: re.Pattern[str]) -> bool:
+    """True when `pattern` cannot tell one ASCII digit from another: no digit literal, every
+    character class holds all of 0-9 or none, no backreference. Then a line and the same line
+    with every digit made `0` match alike (digits keep their positions and classes), so a
+    timestamp line that changes on every request is matched once. False when unsure."""
+    try:  # the stdlib's own regex parser (private: any surprise means no shortcut)
+        import re._constants as sre
+        import re._parser as sre_parse
+
+        return _blind(sre_parse.parse(pattern.pattern, pattern.flags), sre, sre_parse.SubPattern)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _blind(node: Any, sre: Any, subpattern: type) -> bool:
+    if isinstance(node, tuple) and len(node) == 2 and isinstance(node[0], sre._NamedIntConstant):
+        op, arg = node
+        if op in (sre.LITERAL, sre.NOT_LITERAL):
+            return arg not in _DIGITS
+        if op == sre.RANGE:
+            low, high = arg
+            return high < ord("0") or low > ord("9") or (low <= ord("0") and high >= ord("9"))
+        if op in (sre.GROUPREF, sre.GROUPREF_EXISTS):
+            return False
+        if op in (sre.CATEGORY, sre.AT, sre.ANY, sre.NEGATE):
+            return True
+        return _blind(arg, sre, subpattern)
+    if isinstance(node, list | tuple | subpattern):
+        return all(_blind(item, sre, subpattern) for item in node)
+    return node is None or isinstance(node, int | str)
+
+
 class Classifier:
-    """Segments text by one `RuleSet`; keeps bounded caches of line matches and results."""
+    """Segments text by one `RuleSet`; keeps bounded caches of line matches and results.
+
+    Segmenting only ever looks at what `_LineInfo` holds of each line, so a text is reduced to
+    its line shape (the info id of each line) and the split positions are remembered per shape:
+    a prompt that differs from an earlier one in one line (a timestamp) costs one line of
+    matching and a dict lookup per line."""
 
     def __init__(self, rules: RuleSet) -> None:
         self.rules = rules
@@ -134,19 +185,56 @@ class Classifier:
         self._paragraph_mask = sum(bit for bit, _ in self._by_kind["paragraph"])
         self._line_mask = sum(bit for bit, _ in self._by_kind["line"])
         self._lines: dict[str, int] = {}
+        """Line -> index into `_infos`."""
+        self._infos: list[_LineInfo] = []
+        self._info_ids: dict[_LineInfo, int] = {}
+        self._shapes: dict[tuple[int, ...], tuple[tuple[int, Any], ...] | None] = {}
+        """Line shape -> `(first line, rule or wrapper kind)` of each segment; `None`: the
+        whole text is one unclassified segment."""
         self._texts: dict[str, tuple[Segment, ...]] = {}
+        tests = list(enumerate(self._tests))
+        self._blind = [(bit, p) for bit, p in tests if _digit_blind(p)]
+        self._sighted = [(bit, p) for bit, p in tests if not _digit_blind(p)]
+        self._masks: dict[str, int] = {}
+        """Line with its digits made `0` -> mask of the digit-blind tests."""
 
     def _mask(self, line: str) -> int:
-        mask = self._lines.get(line)
-        if mask is None:
-            mask = 0
-            for bit, pattern in enumerate(self._tests):
-                if pattern.search(line) is not None:
-                    mask |= 1 << bit
-            if len(self._lines) >= _LINE_CACHE_LIMIT:
-                self._lines.clear()
-            self._lines[line] = mask
+        mask = 0
+        for bit, pattern in self._sighted:
+            if pattern.search(line) is not None:
+                mask |= 1 << bit
+        if self._blind:
+            digitless = line.translate(_ZERO_DIGITS)
+            blind = self._masks.get(digitless)
+            if blind is None:
+                blind = 0
+                for bit, pattern in self._blind:
+                    if pattern.search(line) is not None:
+                        blind |= 1 << bit
+                self._masks[digitless] = blind
+            mask |= blind
         return mask
+
+    def _line_id(self, line: str) -> int:
+        if not line or line.isspace():
+            info = _BLANK
+        else:
+            mask = self._mask(line)
+            opening = closing = None
+            close_tag = _CLOSE_TAG.fullmatch(line)
+            if close_tag is not None:
+                closing = close_tag.group(1)
+            else:
+                open_tag = _OPEN_TAG.fullmatch(line)
+                if open_tag is not None and not line.rstrip().endswith("/>"):
+                    opening = open_tag.group(1)
+            info = (mask, False, opening, closing)
+        ident = self._info_ids.get(info)
+        if ident is None:
+            ident = self._info_ids[info] = len(self._infos)
+            self._infos.append(info)
+        self._lines[line] = ident
+        return ident
 
     def segments(self, text: str) -> tuple[Segment, ...]:
         cached = self._texts.get(text)
@@ -161,26 +249,40 @@ class Classifier:
         lines = text.split("\n")
         if not lines[-1]:
             lines.pop()
-        blank = [not line or line.isspace() for line in lines]
-        if all(blank):
+        found = list(map(self._lines.get, lines))
+        if None in found:
+            if len(self._lines) + found.count(None) > _LINE_CACHE_LIMIT:
+                self._lines.clear()
+                self._infos.clear()
+                self._info_ids.clear()
+                self._shapes.clear()
+                self._masks.clear()
+                found = [None] * len(lines)
+            ids = [self._line_id(line) if ident is None else ident for ident, line in zip(found, lines, strict=True)]
+        else:
+            ids = cast(list[int], found)
+        shape_key = tuple(ids)
+        shape = self._shapes.get(shape_key, _ABSENT)
+        if shape is _ABSENT:
+            infos = self._infos
+            shape = self._shape([infos[i] for i in ids])
+            if len(self._shapes) >= _TEXT_CACHE_LIMIT:
+                self._shapes.clear()
+            self._shapes[shape_key] = shape
+        if shape is None:
             return (Segment(text),)
-        known = self._lines.get
-        masks = [0 if is_blank else known(line, -1) for is_blank, line in zip(blank, lines, strict=True)]
-        if -1 in masks:
-            masks = [self._mask(line) if mask < 0 else mask for mask, line in zip(masks, lines, strict=True)]
-        first = blank.index(False)
-        for bit, rule in self._by_kind["block"]:
-            if masks[first] & bit:
-                return (Segment(text, rule.tier, rule.name, rule.move_to_user),)
-        spans = self._spans(masks, blank)
-        if len(spans) == 1 and spans[0][2] is None:
-            return (Segment(text),)
-        spans = _split_wrappers(spans, lines, blank)
-        offsets = list(accumulate([len(line) + 1 for line in lines], initial=0))
+        if len(shape) == 1 and shape[0][1] is not None:
+            rule = shape[0][1]
+            return (Segment(text, rule.tier, rule.name, rule.move_to_user),)
+        ends = list(accumulate(map(len, lines)))
         out = []
-        for k, (begin, _, rule) in enumerate(spans):
-            start = 0 if k == 0 else offsets[begin]
-            end = offsets[spans[k + 1][0]] if k + 1 < len(spans) else len(text)
+        for k, (begin, rule) in enumerate(shape):
+            start = 0 if k == 0 else ends[begin - 1] + begin
+            if k + 1 < len(shape):
+                after = shape[k + 1][0]
+                end = ends[after - 1] + after
+            else:
+                end = len(text)
             chunk = text[start:end]
             if rule is None:
                 out.append(Segment(chunk))
@@ -189,6 +291,23 @@ class Classifier:
             else:
                 out.append(Segment(chunk, rule.tier, rule.name, rule.move_to_user))
         return tuple(out)
+
+    def _shape(self, infos: list[_LineInfo]) -> tuple[tuple[int, Any], ...] | None:
+        """The split of a text whose lines are `infos` (see `_shapes`); one element: the
+        whole text is one segment of that (`block`) rule."""
+        blank = [info[1] for info in infos]
+        if all(blank):
+            return None
+        masks = [info[0] for info in infos]
+        first = blank.index(False)
+        for bit, rule in self._by_kind["block"]:
+            if masks[first] & bit:
+                return ((0, rule),)
+        spans = self._spans(masks, blank)
+        if len(spans) == 1 and spans[0][2] is None:
+            return None
+        spans = _split_wrappers(spans, infos, blank)
+        return tuple((begin, rule) for begin, _, rule in spans)
 
     def _spans(self, masks: list[int], blank: list[bool]) -> list[list]:
         """`[start, end, rule]` spans covering every non-blank line, in order."""
@@ -243,11 +362,11 @@ class Classifier:
         return n
 
 
-def _wrappers(spans: list[list], lines: list[str], blank: list[bool]) -> dict[int, str]:
+def _wrappers(spans: list[list], infos: list[_LineInfo], blank: list[bool]) -> dict[int, str]:
     """Line index -> `_WRAP_OPEN` / `_WRAP_CLOSE` for the tag lines of every wrapper (module
     docstring): tag lines in unclassified spans, paired by name with a stack (an unmatched
     tag is plain text), kept when a classified line lies between them."""
-    classified = [False] * len(lines)
+    classified = [False] * len(infos)
     free: list[int] = []
     for begin, end, rule in spans:
         if rule is None:
@@ -261,9 +380,9 @@ def _wrappers(spans: list[list], lines: list[str], blank: list[bool]) -> dict[in
     for i in free:
         if blank[i]:
             continue
-        closing = _CLOSE_TAG.fullmatch(lines[i])
+        _, _, opening, closing = infos[i]
         if closing is not None:
-            name = closing.group(1)
+            name = closing
             depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d][0] == name), None)
             if depth is None:
                 continue
@@ -272,16 +391,15 @@ def _wrappers(spans: list[list], lines: list[str], blank: list[bool]) -> dict[in
             if any(classified[start + 1 : i]):
                 kept[start], kept[i] = _WRAP_OPEN, _WRAP_CLOSE
             continue
-        opening = _OPEN_TAG.fullmatch(lines[i])
-        if opening is not None and not lines[i].rstrip().endswith("/>"):
-            stack.append((opening.group(1), i))
+        if opening is not None:
+            stack.append((opening, i))
     return kept
 
 
-def _split_wrappers(spans: list[list], lines: list[str], blank: list[bool]) -> list[list]:
+def _split_wrappers(spans: list[list], infos: list[_LineInfo], blank: list[bool]) -> list[list]:
     """`spans` with every wrapper tag line (`_wrappers`) as a span of its own; the blank
     lines after a tag line stay with it."""
-    tags = _wrappers(spans, lines, blank)
+    tags = _wrappers(spans, infos, blank)
     if not tags:
         return spans
     out: list[list] = []

@@ -15,14 +15,19 @@ Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also
    are left in `notes["client_runs"]` for the response side (`proxy.measure.sent_prompt`);
 4. `notes["history_rewritten"]` = the first earlier message whose real content changed
    (absent when none); `notes["arrivals"]` (epoch seconds, this request included);
+   `notes["tail_misses"]`: the previous record's count plus one when this request rewrote the
+   previous request's newest message first (`proxy.pipeline.replay.tail_rewritten`), else 0;
 5. `notes["session_pins"]` (the previous record's pins: the mapping form of
    `proxy.pipeline.canonicalise.SessionPins`, `None` without one) and `notes["plan_context"]`
-   (`proxy.pipeline.breakpoints.PlanContext`: previous marker positions, TTLs from pacing).
+   (`proxy.pipeline.breakpoints.PlanContext`: previous marker positions, TTLs from pacing,
+   `tail_misses`).
 
 Response side: `after_response(exchange, services)` runs after the last byte went to the
 client, for 2xx responses only (a 4xx or 5xx never updates state). It builds the new
 `SessionRecord` from what was SENT (chain, markers and their TTLs, model, params, sidecars,
-pins), writes it (bounded, failing soft) and registers the request in the inference index.
+pins: tool pins from the blocks sent, pinned system segments from the pin stage's
+`notes["pinned_segments"]`, `tail_misses`), writes it (bounded, failing soft) and registers
+the request in the inference index.
 It never raises. Nothing is digested twice: the chain and markers come from
 `proxy.measure.sent_prompt` (computed once per request), a sidecar's bytes from the message
 view (`MessageView.key_of`: its digest) or the replay stage (`notes["replayed_bytes"]`) when the
@@ -50,12 +55,14 @@ from proxy.measure import (
 from proxy.pacing import MAX_ARRIVALS, plan_ttls
 from proxy.pipeline.blocks import marker_ttl
 from proxy.pipeline.breakpoints import PlanContext
+from proxy.pipeline.pins import PINS_KEY
 from proxy.pipeline.replay import (
     Masker,
     MessageView,
     compact,
     first_mismatch,
     stripped_bytes,
+    tail_rewritten,
     view_messages,
 )
 from proxy.pipeline.support import layout_cache, rules_for
@@ -124,13 +131,17 @@ class SessionStage:
         arrivals = ((previous.arrivals if previous is not None else ()) + (now,))[-MAX_ARRIVALS:]
         exchange.notes["arrivals"] = arrivals
         shared_arrivals = state.heads.observe(tenant, view.head, now)
+        tail_misses = 0
         if previous is not None:
             rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions)
             if rewritten is not None:
                 exchange.notes["history_rewritten"] = rewritten
+            if tail_rewritten(view.digests, previous.sidecars, view.system_positions):
+                tail_misses = previous.tail_misses + 1
+        exchange.notes["tail_misses"] = tail_misses
         exchange.notes["session_pins"] = previous.pins if previous is not None and previous.pins else None
         shared_ttl, session_ttl = plan_ttls(arrivals, shared_arrivals)
-        exchange.notes["plan_context"] = make_plan_context(previous, shared_ttl, session_ttl)
+        exchange.notes["plan_context"] = make_plan_context(previous, shared_ttl, session_ttl, tail_misses)
 
 
 def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> list[Run]:
@@ -156,10 +167,13 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
     return runs
 
 
-def make_plan_context(previous: SessionRecord | None, shared_ttl: str, session_ttl: str) -> PlanContext:
+def make_plan_context(
+    previous: SessionRecord | None, shared_ttl: str, session_ttl: str, tail_misses: int = 0
+) -> PlanContext:
     """What the breakpoints stage needs from the session: the previous request's marker
-    positions (bridge breakpoints) and the TTLs pacing chose."""
-    return PlanContext(previous.breakpoints if previous is not None else (), shared_ttl, session_ttl)
+    positions (bridge breakpoints), the TTLs pacing chose and the count of consecutive
+    rewritten newest messages (wasted tail writes)."""
+    return PlanContext(previous.breakpoints if previous is not None else (), shared_ttl, session_ttl, tail_misses)
 
 
 def sent_markers(
@@ -232,6 +246,17 @@ def pins_after(
             if len(inputs) < MAX_PINNED_TOOLS:
                 inputs[name] = call_input
     return {"pinned_tool_order": order, "pinned_schemas": schemas, "pinned_inputs": inputs}
+
+
+def record_pins(notes: Mapping[str, Any], tool_pins: dict[str, Any]) -> dict[str, Any]:
+    """`tool_pins` plus the pinned system segments (`proxy.pipeline.pins`): the pin stage's
+    mapping for this request, else (the stage did not run: `observe` mode, no rules with
+    `pin`) the previous record's, kept as is."""
+    segments = notes.get(PINS_KEY)
+    if segments is None:
+        previous = notes.get("session_pins")
+        segments = previous.get(PINS_KEY) if isinstance(previous, Mapping) else None
+    return {**tool_pins, PINS_KEY: segments} if segments else tool_pins
 
 
 def build_sidecars(
@@ -313,9 +338,10 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         arrivals=tuple(notes.get("arrivals", ())),
         last_response_id=usage.response_id if usage is not None else None,
         sidecars=sidecars,
-        pins=pins_after(notes.get("session_pins"), values[: prompt.tools], calls, shape),
+        pins=record_pins(notes, pins_after(notes.get("session_pins"), values[: prompt.tools], calls, shape)),
         turns=(previous.turns if previous is not None else 0) + 1,
         head=view.head if view is not None else b"",
+        tail_misses=notes.get("tail_misses", 0),
     )
 
 

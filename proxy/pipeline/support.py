@@ -35,11 +35,14 @@ def capabilities_for(services: Services, adapter: ProviderAdapter) -> UpstreamCa
 
 def count_markers(exchange: Exchange, services: Services, **actions: int) -> None:
     """Add to `promptcache_breakpoints_total{provider, action}` (action: injected, moved,
-    dropped, kept); zero counts resolve no label."""
-    counter = services.metrics.breakpoints
+    dropped, kept) through the children resolved at start (`Metrics.by_provider`)."""
+    resolved = services.metrics.by_provider.get(exchange.provider)
     for action, n in actions.items():
         if n:
-            counter.labels(exchange.provider, action).inc(n)
+            child = resolved.breakpoints.get(action) if resolved is not None else None
+            if child is None:
+                child = services.metrics.breakpoints.labels(exchange.provider, action)
+            child.inc(n)
 
 
 def layout_cache(exchange: Exchange) -> LayoutCache:

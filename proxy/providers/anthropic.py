@@ -195,6 +195,9 @@ class AnthropicAdapter:
     def layout(self, path: str, body: JSONObject) -> list[Run]:
         return anthropic_request.layout(body)
 
+    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] | None:
+        return anthropic_request.relayout(key, value, previous, runs)
+
     def prefix_keys(self, path: str) -> tuple[str, ...]:
         return anthropic_request.PREFIX_KEYS
 

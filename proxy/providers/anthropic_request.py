@@ -20,7 +20,10 @@ Provider rules (platform.claude.com/docs/en/build-with-claude/prompt-caching; PR
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from itertools import compress, count
+from operator import is_not
 from typing import Any, Final
 
 from proxy.providers.base import JSONObject, MarkerPolicy, Run, SystemPart, SystemUnit, ToolShape
@@ -81,18 +84,91 @@ def layout(body: JSONObject) -> list[Run]:
         runs.append(Run("system", ("system",), system, True))
     messages = body.get("messages")
     if isinstance(messages, list):
-        append = runs.append
-        for m, message in enumerate(messages):
-            if type(message) is not dict and not isinstance(message, dict):
-                continue
-            role = message.get("role")
-            if type(role) is not str:
-                role = role if isinstance(role, str) else None
-            content = message.get("content")
-            if type(content) is list or isinstance(content, list):
-                append(Run("messages", ("messages", m, "content"), content, True, None, role, m))
-            else:
-                append(Run("messages", ("messages", m, "content"), content, False, "text", role, m))
+        runs.extend(_message_runs(messages))
+    return runs
+
+
+def relayout(key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] | None:
+    """`layout({key: value})` given `runs == layout({key: previous})`: a message's run depends
+    only on the message and its index, so the runs of the messages `value` shares with
+    `previous` (the same objects at the same positions: bodies are copy-on-write) are reused
+    and only the others are laid out. `None` (lay out from scratch) for other keys, when a
+    previous message was not an object (runs and messages would not line up), or when most
+    of many messages changed."""
+    if key != "messages" or type(value) is not list or type(previous) is not list or len(runs) != len(previous):
+        return None
+    shared = min(len(value), len(previous))
+    changed = list(compress(count(), map(is_not, value, previous)))
+    if len(changed) > 8 and len(changed) * 4 > shared:
+        return None
+    out = runs[:shared]
+    for m in changed:
+        message = value[m]
+        if not isinstance(message, dict):
+            return None
+        out[m] = _message_run(m, message)
+    if len(value) > shared:
+        out.extend(_message_runs(value, shared))
+    return out
+
+
+_RUN_FIELDS: Final = ("section", "key", "value", "is_list", "kind", "role", "message")
+if tuple(f.name for f in dataclasses.fields(Run)) != _RUN_FIELDS:  # _message_run sets each one
+    raise RuntimeError(f"Run fields changed: update _message_run ({_RUN_FIELDS})")
+_KEYS: Final = tuple(("messages", m, "content") for m in range(1024))
+"""`Run.key` of message `m`'s content, shared (tuples are immutable; no content in them)."""
+_new = object.__new__
+
+
+def _message_run(m: int, message: JSONObject) -> Run:
+    """The run of message `m` (built without the dataclass `__init__`: `layout` makes one per
+    message, ~300 ns each with `Run(...)`)."""
+    role = message.get("role")
+    if type(role) is not str:
+        role = role if isinstance(role, str) else None
+    content = message.get("content")
+    run = _new(Run)
+    run.section = "messages"
+    run.key = _KEYS[m] if m < len(_KEYS) else ("messages", m, "content")
+    run.value = content
+    if type(content) is list or isinstance(content, list):
+        run.is_list = True
+        run.kind = None
+    else:
+        run.is_list = False
+        run.kind = "text"
+    run.role = role
+    run.message = m
+    return run
+
+
+def _message_runs(messages: list[Any], start: int = 0) -> list[Run]:
+    """The runs of `messages[start:]` (the hot loop of `layout`; `_message_run` inlined)."""
+    runs: list[Run] = []
+    append = runs.append
+    keys = _KEYS if len(messages) <= len(_KEYS) else [("messages", m, "content") for m in range(len(messages))]
+    m = start - 1
+    for message in messages[start:] if start else messages:
+        m += 1
+        if type(message) is not dict and not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if type(role) is not str:
+            role = role if isinstance(role, str) else None
+        content = message.get("content")
+        run = _new(Run)
+        run.section = "messages"
+        run.key = keys[m]
+        run.value = content
+        if type(content) is list or isinstance(content, list):
+            run.is_list = True
+            run.kind = None
+        else:
+            run.is_list = False
+            run.kind = "text"
+        run.role = role
+        run.message = m
+        append(run)
     return runs
 
 

@@ -240,6 +240,13 @@ class ProviderAdapter(Protocol):
         its share (the pipeline's `LayoutCache` relies on it)."""
         ...
 
+    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] | None:
+        """`layout(path, {key: value})`, given `runs == layout(path, {key: previous})`: the
+        runs of the parts `value` shares with `previous` (same objects) reused, the rest laid
+        out. `None` when the adapter cannot do better than laying out from scratch. The
+        pipeline's `LayoutCache` calls it when a stage replaced a few messages."""
+        ...
+
     def prefix_keys(self, path: str) -> tuple[str, ...]:
         """Top-level keys that hold the prefix, in render order (canonical key order)."""
         ...

@@ -186,6 +186,9 @@ class OpenAIAdapter:
     def layout(self, path: str, body: JSONObject) -> list[Run]:
         return openai_request.layout(path, body)
 
+    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] | None:
+        return None
+
     def prefix_keys(self, path: str) -> tuple[str, ...]:
         return openai_request.prefix_keys(path)
 

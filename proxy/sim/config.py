@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +25,22 @@ from typing import Any, Final, TypeVar
 
 import yaml
 
-DEFAULT_PATH: Final = Path(__file__).resolve().parents[2] / "rules" / "simulator.yaml"
-"""`rules/simulator.yaml` at the repository root."""
+
+def _default_path() -> Path:
+    """`rules/simulator.yaml` at the repository root, else where a wheel installs the rules
+    (`<prefix>/share/promptcache/rules`). Kept separate from the proxy's own lookup on purpose:
+    the simulator imports nothing from the proxy."""
+    source = Path(__file__).resolve().parents[2] / "rules" / "simulator.yaml"
+    if source.is_file():
+        return source
+    for prefix in (sys.prefix, sys.base_prefix):
+        installed = Path(prefix) / "share" / "promptcache" / "rules" / "simulator.yaml"
+        if installed.is_file():
+            return installed
+    return source
+
+
+DEFAULT_PATH: Final = _default_path()
 
 _GLOB_CHARS: Final = frozenset("*?[")
 

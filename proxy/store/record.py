@@ -8,7 +8,8 @@ Encoding (`encode_record` / `decode_record`), compact and versioned:
 
     b"PCR1" | u32 big-endian header length | orjson(header) | blob
 
-The header is a small orjson object (scalars, tuples, pins); the blob holds the binary fields
+The header is a small orjson object (scalars, tuples, pins; a key added later, such as `tm`,
+is optional on reading, so older records of the same version still decode); the blob holds the binary fields
 back to back: `chain`, `params_digest`, then per sidecar its masked digest, exact digest and
 value bytes, with lengths recorded in the header. Sidecar values stay raw bytes: replay
 compares them with the current message without parsing, and parses only what it splices.
@@ -78,11 +79,17 @@ class SessionRecord:
     sidecars: tuple[Sidecar, ...] = ()
     """One per message of the last request sent (system-section messages excluded), by position."""
     pins: dict[str, Any] = field(default_factory=dict)
-    """First-seen orders the canonicalise stage keeps stable (`tool_order`, `schema_keys`, ...)."""
+    """First-seen shapes the session keeps stable: tool order, schemas and call inputs
+    (`pinned_tool_order`, `pinned_schemas`, `pinned_inputs`: canonicalise) and the first-seen
+    text of pinned system segments (`pinned_segments`: `proxy.pipeline.pins`)."""
     turns: int = 0
     """Successful requests recorded for this session so far."""
     head: bytes = b""
     """Masked digest of the tools and top-level system (the prefix sessions may share)."""
+    tail_misses: int = 0
+    """Consecutive requests, the last one included, that rewrote the newest message of the
+    request before them (`proxy.pipeline.replay.tail_rewritten`): a marker on the newest
+    message is never read, so the planner stops writing one (`PlanContext.tail_misses`)."""
 
 
 def encode_record(record: SessionRecord) -> bytes:
@@ -101,6 +108,7 @@ def encode_record(record: SessionRecord) -> bytes:
         "pins": record.pins,
         "turns": record.turns,
         "head": record.head.hex(),
+        "tm": record.tail_misses,
     }
     head = orjson.dumps(header)
     parts = [_HEAD.pack(MAGIC, len(head)), head, record.chain, record.params_digest]
@@ -156,6 +164,7 @@ def decode_record(data: bytes) -> SessionRecord:
             pins=header["pins"],
             turns=header["turns"],
             head=bytes.fromhex(header["head"]),
+            tail_misses=int(header.get("tm", 0)),
         )
     except RecordError:
         raise

@@ -13,7 +13,7 @@ client's prompt (the oracle's token count): the client would have to send it aga
 whatever broke it.
 
 Divergence causes (`Tally.causes`, `RequestOutcome.cause`): requests per cause of
-`proxy.measure.CAUSES`, measured as `proxy/workloads/divergence.py` describes (2xx requests
+`proxy.metrics.CAUSES`, measured as `proxy/workloads/divergence.py` describes (2xx requests
 only). The text output prints them, non-zero ones in `CAUSES` order, on one `causes:` line per
 trace and strategy and per strategy in total; the JSON output carries them as `causes` objects.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from proxy.measure import CAUSES
+from proxy.metrics import CAUSES
 from proxy.workloads.strategies import STRATEGIES
 
 
@@ -41,7 +41,7 @@ class Tally:
     cost: float = 0.0
     uncached_cost: float = 0.0
     causes: dict[str, int] = field(default_factory=dict)
-    """Requests per divergence cause (`proxy.measure.CAUSES`)."""
+    """Requests per divergence cause (`proxy.metrics.CAUSES`)."""
 
     def add(self, other: Tally) -> None:
         for name in ("requests", "errors", "read", "write_5m", "write_1h", "none"):

@@ -195,7 +195,7 @@ class Stack:
                     upstream=self.sim_url,
                     store="memory://",
                     state_dir=Path(self._tmp),
-                    secret="client-suite-secret",
+                    secret="client-suite-secret-0123456789abcdef",
                     mode=self.mode,
                     record=self.record,
                     log_level="WARNING",

@@ -71,7 +71,6 @@ def test_p1_responses_additional_tools_item_is_kept() -> None:
 P2 = finding("pipeline-content-string-vs-text-block.json")
 
 
-@_known(P2)
 @pytest.mark.parametrize("headers", [{"x-session-id": "s-1"}, {}], ids=["session-header", "inferred"])
 def test_p2_string_content_equals_single_text_block(headers: dict[str, str]) -> None:
     with Stack() as stack:
@@ -85,8 +84,11 @@ def test_p2_string_content_equals_single_text_block(headers: dict[str, str]) -> 
             )
             assert status == 200
             reads.append(read_usage(P2["path"], data).read)
+        sent = orjson.loads(stack.upstream_bodies[1])
     assert reads[1] > 0  # the simulator (the judge) sees B extend A
     assert _divergence_causes(stack) == {"first_request": 1.0, "none": 1.0}
+    # replay sends the form sent before (a one-block list), not the client's string
+    assert sent["messages"][0]["content"] == [{"type": "text", "text": "Say hello."}]
 
 
 P3 = finding("pipeline-aider-turn-marker-never-read.json")
@@ -108,6 +110,27 @@ def test_p3_no_turn_marker_write_that_is_never_read() -> None:
                 total += pricing.cost(P3["path"], request["body"]["model"], read_usage(P3["path"], data))
         costs[strategy] = total
     assert costs["promptcache"] <= costs["none"] * 1.001, costs
+
+
+def test_p3_second_request_spends_no_write_on_the_rewritten_tail() -> None:
+    """The part of P3 a session can know: A's newest message came back rewritten in B, so B
+    marks no block of its own newest message (that write would never be read either) and
+    reads what the client alone reads. A itself has no history to learn from (the xfail above:
+    its tail write is the whole remaining cost gap on a two-request trace)."""
+    reads = {}
+    for strategy in ("none", "promptcache"):
+        with Stack(with_proxy=strategy == "promptcache") as stack:
+            base = stack.proxy_url if strategy == "promptcache" else stack.sim_url
+            for request in P3["requests"]:
+                status, data = post(
+                    base, P3["path"], request["body"], _headers_for({"path": P3["path"], "headers": {}})
+                )
+                assert status == 200
+            reads[strategy] = read_usage(P3["path"], data).read
+            if strategy == "promptcache":
+                sent = orjson.loads(stack.upstream_bodies[1])
+    assert not any("cache_control" in block for block in sent["messages"][-1]["content"])
+    assert reads["promptcache"] == reads["none"] > 0
 
 
 P4 = finding("explain-system-role-message-detected-as-openai.json")

@@ -47,6 +47,7 @@ contexts = st.one_of(
         st.lists(st.integers(0, 12), max_size=3).map(tuple),
         st.sampled_from(["5m", "1h"]),
         st.sampled_from(["5m", "1h"]),
+        st.integers(0, 2),  # tail_misses: 1 and more skip the newest message's tail
     ),
 )
 

@@ -77,15 +77,26 @@ def ref_chain(blocks: list[Any]) -> PrefixChain:
         boundary = b"1" if block.message_index != last else b"0"
         last = block.message_index
         head = f"{block.section}\x00{block.role or ''}\x00".encode() + boundary
-        previous = xxhash.xxh3_128_digest(previous + xxhash.xxh3_128_digest(head + b"\x00" + data))
+        # a string is digested as the text block it is shorthand for (proxy.prefix)
+        keyed = orjson.dumps({"type": "text", "text": value}) if isinstance(value, str) else data
+        previous = xxhash.xxh3_128_digest(previous + xxhash.xxh3_128_digest(head + b"\x00" + keyed))
         out += previous
         total += len(data)
         ends.append(total)
     return PrefixChain(bytes(out), tuple(ends))
 
 
+def _shorthand(value: Any) -> Any:
+    """String content as the one text block it is shorthand for (proxy.prefix.canonical_value)."""
+    if isinstance(value, str):
+        return {"type": "text", "text": value}
+    if isinstance(value, dict) and "role" in value and isinstance(value.get("content"), str):
+        return {**value, "content": [{"type": "text", "text": value["content"]}]}
+    return value
+
+
 def ref_digests(value: Any, patterns: Any) -> tuple[bytes, bytes]:
-    stripped = strip_markers(value)
+    stripped = _shorthand(strip_markers(value))
     exact = xxhash.xxh3_128_digest(orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS))
     spans = tuple(span_pattern(p) for p in patterns)
     if not spans:
@@ -267,7 +278,13 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
             assert (record.chain, record.ends) == (chain.chain, chain.ends)
             assert (record.breakpoints, record.ttls) == sent_markers(blocks, sent)
             pins = update_pins(ex.notes.get("session_pins"), blocks, adapter.tool_shape(path))
-            assert record.pins == pins
+            segments = record.pins.get("pinned_segments")  # the pin stage's (proxy.pipeline.pins)
+            assert {k: v for k, v in record.pins.items() if k != "pinned_segments"} == pins
+            assert segments == (ex.notes.get("pinned_segments") or None)
+            if segments:
+                client_text = orjson.dumps(first).decode()  # first-seen: the client's own text
+                assert mode == "optimise"
+                assert all(orjson.dumps(text).decode()[1:-1] in client_text for text in segments.values())
             client = orjson.loads(ex.raw)
             array_key, _, digests, exact, system, _, _ = ref_view(adapter, path, client, PATTERNS)
             items = sent.get(array_key) if array_key else None

@@ -25,7 +25,9 @@ def test_tenant_id_is_hmac_of_host_and_credential() -> None:
 
 def test_credential_header_precedence() -> None:
     assert credential_of(CIMultiDict({"X-Api-Key": "k", "Authorization": "Bearer b"})) == "k"
-    assert credential_of(CIMultiDict({"Authorization": "Bearer b"})) == "Bearer b"
+    assert credential_of(CIMultiDict({"Authorization": "Bearer b"})) == "b"
+    assert credential_of(CIMultiDict({"Authorization": "bearer  b "})) == "b"
+    assert credential_of(CIMultiDict({"api-key": "azure"})) == "azure"
     assert credential_of(CIMultiDict()) == ""
 
 

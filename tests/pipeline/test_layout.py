@@ -1,0 +1,126 @@
+"""The per-request layout cache's shortcuts give exactly what a fresh layout and scan give.
+
+`AnthropicAdapter.relayout` (runs of unchanged messages reused) must equal `layout`, and a scan
+that reuses a previous scan's prefix (`scan(..., previous)`) must equal a scan from scratch,
+whatever the edit: messages replaced (by copies or by other messages), appended, dropped, non-
+object messages, other keys, OpenAI bodies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.pipeline.layout import LayoutCache, Scan, scan
+from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers.base import Run
+from tests.pipeline.strategies import anthropic_bodies, openai_bodies
+
+MESSAGES = "/v1/messages"
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _fields(runs: list[Run]) -> list[tuple[Any, ...]]:
+    return [(r.section, r.key, id(r.value), r.is_list, r.kind, r.role, r.message) for r in runs]
+
+
+def _scan_fields(part: Scan) -> tuple[Any, ...]:
+    return (
+        _fields(part.runs),
+        part.starts,
+        part.spans,
+        list(part.spans),
+        part.size,
+        [(i, id(m)) for i, m in part.markers],
+        part.nested,
+        part.nulls,
+        part.empties,
+        part.calls,
+        part.call_positions,
+        part.groups,
+    )
+
+
+@st.composite
+def edited(draw: st.DrawFn, items: list[Any], others: list[Any]) -> list[Any]:
+    """`items` with a few elements replaced (a shallow copy, another element, a non-object),
+    then maybe some dropped from the end or others appended."""
+    new = list(items)
+    pool = [*others, "not a message", 7]
+    for _ in range(draw(st.integers(0, 3))):
+        if not new:
+            break
+        i = draw(st.integers(0, len(new) - 1))
+        choice = draw(st.sampled_from(["copy", "other"]))
+        new[i] = dict(new[i]) if choice == "copy" and isinstance(new[i], dict) else draw(st.sampled_from(pool))
+    if new and draw(st.booleans()):
+        del new[draw(st.integers(0, len(new) - 1)) :]
+    new.extend(draw(st.lists(st.sampled_from(pool), max_size=3)))
+    return new
+
+
+@FAST
+@given(st.data(), anthropic_bodies(), anthropic_bodies())
+def test_relayout_is_layout_anthropic(data: st.DataObject, body: dict, other: dict) -> None:
+    old = body["messages"]
+    if data.draw(st.booleans()):
+        old = [*old, "not a message"]
+    new = data.draw(edited(old, other["messages"]))
+    runs = ANTHROPIC.layout(MESSAGES, {"messages": old})
+    again = ANTHROPIC.relayout(MESSAGES, "messages", new, old, runs)
+    if again is not None:
+        assert _fields(again) == _fields(ANTHROPIC.layout(MESSAGES, {"messages": new}))
+    for key in ("system", "tools"):
+        assert ANTHROPIC.relayout(MESSAGES, key, new, old, runs) is None
+
+
+@FAST
+@given(st.data(), anthropic_bodies(), anthropic_bodies())
+def test_incremental_scan_is_a_fresh_scan_anthropic(data: st.DataObject, body: dict, other: dict) -> None:
+    policy = ANTHROPIC.marker_policy(MESSAGES, body)
+    kinds = ANTHROPIC.tool_shape(MESSAGES).call_kinds
+    old = body["messages"]
+    new = data.draw(edited(old, other["messages"]))
+    runs = ANTHROPIC.layout(MESSAGES, {"messages": old})
+    previous = scan(runs, policy, kinds)
+    new_runs = ANTHROPIC.relayout(MESSAGES, "messages", new, old, runs)
+    if new_runs is None:
+        new_runs = ANTHROPIC.layout(MESSAGES, {"messages": new})
+    assert _scan_fields(scan(new_runs, policy, kinds, previous)) == _scan_fields(scan(new_runs, policy, kinds))
+
+
+@FAST
+@given(st.data(), openai_bodies(), openai_bodies())
+def test_incremental_scan_is_a_fresh_scan_openai(data: st.DataObject, case: tuple, other: tuple) -> None:
+    path, body = case
+    key = "input" if path == "/v1/responses" else "messages"
+    old = body.get(key)
+    others = other[1].get("input", other[1].get("messages"))
+    if not isinstance(old, list) or not isinstance(others, list):
+        return
+    new = data.draw(edited(old, others))
+    policy = OPENAI.marker_policy(path, body)
+    kinds = OPENAI.tool_shape(path).call_kinds
+    previous = scan(OPENAI.layout(path, {key: old}), policy, kinds)
+    new_runs = OPENAI.layout(path, {key: new})
+    assert _scan_fields(scan(new_runs, policy, kinds, previous)) == _scan_fields(scan(new_runs, policy, kinds))
+
+
+@FAST
+@given(st.data(), anthropic_bodies(), anthropic_bodies())
+def test_layout_cache_after_an_edit_is_a_fresh_one(data: st.DataObject, body: dict, other: dict) -> None:
+    policy = ANTHROPIC.marker_policy(MESSAGES, body)
+    kinds = ANTHROPIC.tool_shape(MESSAGES).call_kinds
+    cache = LayoutCache()
+    cache.scans(ANTHROPIC, MESSAGES, body, policy, kinds)
+    if data.draw(st.booleans()):
+        cache.message_count(ANTHROPIC, MESSAGES, body)  # the edited body's count builds on it
+    edited_body = {**body, "messages": data.draw(edited(body["messages"], other["messages"]))}
+    warm = cache.scans(ANTHROPIC, MESSAGES, edited_body, policy, kinds)
+    cold = LayoutCache().scans(ANTHROPIC, MESSAGES, edited_body, policy, kinds)
+    assert [(k, _scan_fields(s)) for k, s in warm] == [(k, _scan_fields(s)) for k, s in cold]
+    assert cache.message_count(ANTHROPIC, MESSAGES, edited_body) == len(
+        {r.message for r in ANTHROPIC.layout(MESSAGES, edited_body) if r.message is not None}
+    )
