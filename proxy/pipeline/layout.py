@@ -101,11 +101,12 @@ class Scan:
         return self._messages
 
 
-def _same_prefix(old: list[Run], new: list[Run]) -> int:
+def _same_prefix(old: list[Run], new: list[Run], known: int = 0) -> int:
     """How many leading runs of `new` scan exactly like those of `old`: the same run (reused
     by `ProviderAdapter.relayout`; runs are never edited), or the same value object (bodies
-    are copy-on-write) in the same section, shape and kind."""
-    n = next(compress(count(), map(is_not, old, new)), min(len(old), len(new)))
+    are copy-on-write) in the same section, shape and kind. `known`: the first runs known to
+    be the same objects (`relayout` says how many)."""
+    n = known or next(compress(count(), map(is_not, old, new)), min(len(old), len(new)))
     for a, b in zip(old[n:], new[n:], strict=False):
         if a.value is not b.value or a.is_list is not b.is_list or a.kind != b.kind or a.section != b.section:
             break
@@ -146,14 +147,14 @@ def _actions(policy: MarkerPolicy, call_kinds: frozenset[str]) -> dict[Any, int]
     return action
 
 
-def _scan(runs: list[Run], key: str, action: dict[Any, int], previous: Scan | None) -> Scan:
+def _scan(runs: list[Run], key: str, action: dict[Any, int], previous: Scan | None, known: int = 0) -> Scan:
     out = Scan(runs)
     get_action = action.get
     removable = {"type", "text", key}
     first = 0
     index = 0
     if previous is not None:
-        first = _same_prefix(previous.runs, runs)
+        first = _same_prefix(previous.runs, runs, known)
         if first:
             index = _adopt(out, previous, first)
             out._base = (previous, first)
@@ -271,12 +272,9 @@ class LayoutCache:
             hit = self._scans.get(key)
             if hit is None or hit[0] is not value:
                 previous = hit[1] if hit is not None else None
-                runs = None
-                if hit is not None:
-                    runs = adapter.relayout(path, key, value, hit[0], hit[1].runs)
-                if runs is None:
-                    runs = adapter.layout(path, {key: value})
-                hit = self._scans[key] = (value, _scan(runs, policy.key, self._actions, previous))
+                redone = adapter.relayout(path, key, value, hit[0], hit[1].runs) if hit is not None else None
+                runs, known = redone if redone is not None else (adapter.layout(path, {key: value}), 0)
+                hit = self._scans[key] = (value, _scan(runs, policy.key, self._actions, previous, known))
             out.append((key, hit[1]))
         return out
 

@@ -173,9 +173,7 @@ class AnthropicAdapter:
         """Prompt-affecting parameters outside the blocks (PROVIDERS.md 1.8)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
 
-    def with_cache_diagnostics(
-        self, path: str, body: JSONObject, previous_id: str | None
-    ) -> JSONObject | None:
+    def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking for cache diagnostics against response `previous_id`.
 
         Sends `diagnostics: {"previous_message_id": <id or null>}` (null opts in on a first turn;
@@ -195,7 +193,7 @@ class AnthropicAdapter:
     def layout(self, path: str, body: JSONObject) -> list[Run]:
         return anthropic_request.layout(body)
 
-    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] | None:
+    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
         return anthropic_request.relayout(key, value, previous, runs)
 
     def prefix_keys(self, path: str) -> tuple[str, ...]:

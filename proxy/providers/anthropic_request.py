@@ -65,9 +65,7 @@ POLICY: Final = MarkerPolicy(
     top_level_key=MARKER_KEY,
 )
 
-TOOL_SHAPE: Final = ToolShape(
-    name_path=("name",), schema_path=("input_schema",), call_kinds=frozenset({"tool_use"})
-)
+TOOL_SHAPE: Final = ToolShape(name_path=("name",), schema_path=("input_schema",), call_kinds=frozenset({"tool_use"}))
 PREFIX_KEYS: Final = ("tools", "system", "messages")
 
 
@@ -88,13 +86,13 @@ def layout(body: JSONObject) -> list[Run]:
     return runs
 
 
-def relayout(key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] | None:
-    """`layout({key: value})` given `runs == layout({key: previous})`: a message's run depends
-    only on the message and its index, so the runs of the messages `value` shares with
-    `previous` (the same objects at the same positions: bodies are copy-on-write) are reused
-    and only the others are laid out. `None` (lay out from scratch) for other keys, when a
-    previous message was not an object (runs and messages would not line up), or when most
-    of many messages changed."""
+def relayout(key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
+    """`layout({key: value})` given `runs == layout({key: previous})`, and how many leading
+    runs are `runs`' own: a message's run depends only on the message and its index, so the
+    runs of the messages `value` shares with `previous` (the same objects at the same
+    positions: bodies are copy-on-write) are reused and only the others are laid out. `None`
+    (lay out from scratch) for other keys, when a previous message was not an object (runs and
+    messages would not line up), or when most of many messages changed."""
     if key != "messages" or type(value) is not list or type(previous) is not list or len(runs) != len(previous):
         return None
     shared = min(len(value), len(previous))
@@ -109,7 +107,7 @@ def relayout(key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] 
         out[m] = _message_run(m, message)
     if len(value) > shared:
         out.extend(_message_runs(value, shared))
-    return out
+    return out, changed[0] if changed else shared
 
 
 _RUN_FIELDS: Final = ("section", "key", "value", "is_list", "kind", "role", "message")

@@ -240,11 +240,12 @@ class ProviderAdapter(Protocol):
         its share (the pipeline's `LayoutCache` relies on it)."""
         ...
 
-    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] | None:
+    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
         """`layout(path, {key: value})`, given `runs == layout(path, {key: previous})`: the
         runs of the parts `value` shares with `previous` (same objects) reused, the rest laid
-        out. `None` when the adapter cannot do better than laying out from scratch. The
-        pipeline's `LayoutCache` calls it when a stage replaced a few messages."""
+        out; with how many leading runs are `runs`' own objects. `None` when the adapter cannot
+        do better than laying out from scratch. The pipeline's `LayoutCache` calls it when a
+        stage replaced a few messages."""
         ...
 
     def prefix_keys(self, path: str) -> tuple[str, ...]:
@@ -269,9 +270,7 @@ class ProviderAdapter(Protocol):
         when the request has no user message that can take them."""
         ...
 
-    def with_cache_diagnostics(
-        self, path: str, body: JSONObject, previous_id: str | None
-    ) -> JSONObject | None:
+    def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking the provider to diagnose cache misses against the response
         `previous_id`, or `None` when the provider has no such feature (body unchanged)."""
         ...

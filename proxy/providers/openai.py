@@ -112,9 +112,7 @@ class OpenAIAdapter:
 
     def error_body(self, kind: ErrorKind, message: str) -> bytes:
         """`{"error":{"message":...,"type":...,"param":null,"code":null}}` as the API answers."""
-        return orjson.dumps(
-            {"error": {"message": message, "type": kind.openai_type, "param": None, "code": None}}
-        )
+        return orjson.dumps({"error": {"message": message, "type": kind.openai_type, "param": None, "code": None}})
 
     def usage_reader(self, path: str) -> OpenAIUsage:
         return OpenAIUsage(path)
@@ -171,9 +169,7 @@ class OpenAIAdapter:
         """Prompt-affecting parameters outside the messages (PROVIDERS.md 2.1)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
 
-    def with_cache_diagnostics(
-        self, path: str, body: JSONObject, previous_id: str | None
-    ) -> JSONObject | None:
+    def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """OpenAI has no request-level cache diagnostics: always `None` (body unchanged)."""
         return None
 
@@ -186,7 +182,7 @@ class OpenAIAdapter:
     def layout(self, path: str, body: JSONObject) -> list[Run]:
         return openai_request.layout(path, body)
 
-    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> list[Run] | None:
+    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
         return None
 
     def prefix_keys(self, path: str) -> tuple[str, ...]:

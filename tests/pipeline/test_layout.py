@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.layout import LayoutCache, Scan, scan
+from proxy.pipeline.layout import LayoutCache, Scan, _actions, _scan, scan
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import Run
 from tests.pipeline.strategies import anthropic_bodies, openai_bodies
@@ -71,7 +71,9 @@ def test_relayout_is_layout_anthropic(data: st.DataObject, body: dict, other: di
     runs = ANTHROPIC.layout(MESSAGES, {"messages": old})
     again = ANTHROPIC.relayout(MESSAGES, "messages", new, old, runs)
     if again is not None:
-        assert _fields(again) == _fields(ANTHROPIC.layout(MESSAGES, {"messages": new}))
+        new_runs, reused = again
+        assert _fields(new_runs) == _fields(ANTHROPIC.layout(MESSAGES, {"messages": new}))
+        assert all(a is b for a, b in zip(runs[:reused], new_runs[:reused], strict=True))
     for key in ("system", "tools"):
         assert ANTHROPIC.relayout(MESSAGES, key, new, old, runs) is None
 
@@ -85,10 +87,11 @@ def test_incremental_scan_is_a_fresh_scan_anthropic(data: st.DataObject, body: d
     new = data.draw(edited(old, other["messages"]))
     runs = ANTHROPIC.layout(MESSAGES, {"messages": old})
     previous = scan(runs, policy, kinds)
-    new_runs = ANTHROPIC.relayout(MESSAGES, "messages", new, old, runs)
-    if new_runs is None:
-        new_runs = ANTHROPIC.layout(MESSAGES, {"messages": new})
-    assert _scan_fields(scan(new_runs, policy, kinds, previous)) == _scan_fields(scan(new_runs, policy, kinds))
+    again = ANTHROPIC.relayout(MESSAGES, "messages", new, old, runs)
+    new_runs, known = again if again is not None else (ANTHROPIC.layout(MESSAGES, {"messages": new}), 0)
+    fresh = _scan_fields(scan(new_runs, policy, kinds))
+    assert _scan_fields(scan(new_runs, policy, kinds, previous)) == fresh
+    assert _scan_fields(_scan(new_runs, policy.key, _actions(policy, kinds), previous, known)) == fresh
 
 
 @FAST
