@@ -27,8 +27,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bodies import anthropic_body, small_body  # noqa: E402
-from overhead_bench import HEADERS, peak_rss_mb  # noqa: E402
-from proxy_bench import free_port, pct, wait_ready  # noqa: E402
+from overhead_bench import peak_rss_mb  # noqa: E402
+from proxy_bench import HEADERS, free_port, pct, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bodies import anthropic_body, small_body  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+HEADERS = {"x-api-key": "bench", "anthropic-version": "2023-06-01", "content-type": "application/json"}
 
 
 def free_port() -> int:
@@ -52,7 +53,7 @@ async def run_load(url: str, body: bytes, concurrency: int, total: int) -> tuple
     Returns the per-request latencies (seconds) and the requests per second of the measured part.
     """
     latencies: list[float] = []
-    headers = {"x-api-key": "bench", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+    headers = HEADERS
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as http:
         for _ in range(min(20, total)):

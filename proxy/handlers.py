@@ -99,7 +99,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         pm.in_flight.dec()
         pm.outcome[outcome_for(status)].inc()
         pm.duration.observe(elapsed)
-        session = exchange.session_id if exchange is not None else None
+        session_id = exchange.session_id if exchange is not None else None
         _log.info(
             "%s %s %s -> %s in %.1f ms%s",
             adapter.name,
@@ -107,7 +107,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             request.path,
             status,
             elapsed * 1000,
-            f" session={session}" if session else "",
+            f" session={session_id}" if session_id else "",
         )
 
 
@@ -118,7 +118,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: upstream sessions are open."""
-    ready = bool(request.app.get(CLIENT_SESSIONS))
+    ready = CLIENT_SESSIONS in request.app and bool(request.app[CLIENT_SESSIONS])
     return web.json_response({"status": "ready" if ready else "starting"}, status=200 if ready else 503)
 
 

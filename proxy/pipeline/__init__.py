@@ -44,10 +44,15 @@ _log = logging.getLogger("promptcache.pipeline")
 
 
 class Stage(Protocol):
-    name: str
-    """Metric label; one of `proxy.metrics.STAGES`."""
-    rewrites: bool
-    """True when the stage changes what goes upstream (skipped in `observe` mode)."""
+    @property
+    def name(self) -> str:
+        """Metric label; one of `proxy.metrics.STAGES`."""
+        ...
+
+    @property
+    def rewrites(self) -> bool:
+        """True when the stage changes what goes upstream (skipped in `observe` mode)."""
+        ...
 
     async def run(self, exchange: Exchange, services: Services) -> None: ...
 

@@ -299,6 +299,20 @@ class LayoutCache:
             offset += part.size
         return view_of(scans), marks, nested
 
+    def system_messages(self, adapter: ProviderAdapter, path: str, body: JSONObject) -> bool:
+        """True when a run of `body`'s system section is a message-array element (OpenAI head
+        messages): only then can rewriting the system prompt add or remove messages. False for
+        a system prompt outside the array (Anthropic `system`, Responses `instructions`)."""
+        policy = adapter.marker_policy(path, body)
+        for _, part in self.scans(adapter, path, body, policy, adapter.tool_shape(path).call_kinds):
+            groups, runs = part.groups, part.runs
+            for g, (section, first, _) in enumerate(groups):
+                if section == "system":
+                    end = groups[g + 1][_GROUP_RUN] if g + 1 < len(groups) else len(runs)
+                    if any(run.message is not None for run in runs[first:end]):
+                        return True
+        return False
+
     def message_count(self, adapter: ProviderAdapter, path: str, body: JSONObject) -> int:
         """Distinct message-array elements in the prefix of `body` (`Run.message` values)."""
         policy = adapter.marker_policy(path, body)

@@ -75,6 +75,22 @@ def _worst(tiers: Sequence[str]) -> str:
     return max(tiers, key=TIER_RANK.__getitem__)
 
 
+def _join_lines(pieces: Sequence[str]) -> str | None:
+    """Concatenate reordered pieces of one string without joining two lines.
+
+    When the only piece without a final newline is not last (the text's unterminated last line
+    moved up), that newline moves with the order: every piece loses one final `\n` and the
+    pieces are joined with `\n`, so the same lines and the same characters come out, the last
+    line still unterminated. `None` when more than one piece is unterminated.
+    """
+    open_ended = [i for i, p in enumerate(pieces) if not p.endswith("\n")]
+    if not open_ended or open_ended == [len(pieces) - 1]:
+        return "".join(pieces)
+    if len(open_ended) > 1:
+        return None
+    return "\n".join(p[:-1] if p.endswith("\n") else p for p in pieces)
+
+
 def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move: bool = True) -> SystemPlan:
     """Split, classify and stable-sort `units` (pure)."""
     ranked: list[tuple[int, str, SystemPart]] = []
@@ -107,9 +123,8 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         if not unit.splittable:
             tier = _worst(tiers)
             pieces = [texts[t] for t in tiers]
-            if all(p.endswith("\n") for p in pieces[:-1]):
-                text = "".join(pieces)
-            else:  # an unterminated last line would join another: keep the order
+            text = _join_lines(pieces)
+            if text is None:  # more than one unterminated piece: keep the order
                 text = render(segments, ["" if g != _MOVED else g for g in groups])[""]
             is_whole = text == unit.text
             changed = changed or not is_whole
@@ -162,7 +177,8 @@ def reorder_body(
         return new_body, plan
     with_text = adapter.with_user_text(path, new_body, plan.moved)
     cache = cache if cache is not None else LayoutCache()
-    if with_text is None or plan.emptied:
+    # a system prompt outside the message array cannot take a message with it: no shift to check
+    if with_text is None or (plan.emptied and cache.system_messages(adapter, path, body)):
         staying = plan_system(units, classifier, allow_move=False)
         kept = adapter.with_system(path, body, staying.parts) if staying.changed else body
         if with_text is None or _shifts(adapter, path, kept, with_text, cache):

@@ -138,7 +138,7 @@ def _digit_blind(pattern: re.Pattern[str]) -> bool:
         return False
 
 
-def _blind(node: Any, sre: Any, subpattern: type) -> bool:
+def _blind(node: Any, sre: Any, subpattern: Any) -> bool:
     if isinstance(node, tuple) and len(node) == 2 and isinstance(node[0], sre._NamedIntConstant):
         op, arg = node
         if op in (sre.LITERAL, sre.NOT_LITERAL):

@@ -216,10 +216,15 @@ class SystemPart:
 class ProviderAdapter(Protocol):
     """The provider-specific half of promptcache. See the module docstring."""
 
-    name: str
-    """`anthropic` or `openai`: also the `provider` metric label."""
-    pipeline_paths: frozenset[str]
-    """Request paths (without a routing prefix) that run through the pipeline."""
+    @property
+    def name(self) -> str:
+        """`anthropic` or `openai`: also the `provider` metric label."""
+        ...
+
+    @property
+    def pipeline_paths(self) -> frozenset[str]:
+        """Request paths (without a routing prefix) that run through the pipeline."""
+        ...
 
     def error_body(self, kind: ErrorKind, message: str) -> bytes: ...
 

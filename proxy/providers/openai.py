@@ -29,6 +29,7 @@ from proxy.providers.base import (
     LastWins,
     MarkerPolicy,
     Run,
+    Section,
     SystemPart,
     SystemUnit,
     ToolShape,
@@ -146,7 +147,7 @@ class OpenAIAdapter:
             role = item.get("role")
             role = role if isinstance(role, str) else None
             in_head = in_head and role in _SYSTEM_ROLES
-            section = "system" if in_head else "messages"
+            section: Section = "system" if in_head else "messages"
             base = f"{array_key}[{m}]"
             item_type = item.get("type")
             if role is None and isinstance(item_type, str):

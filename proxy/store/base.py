@@ -24,8 +24,10 @@ _KEY_PART: Final = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 class SessionStore(Protocol):
     """A tenant-partitioned key-value store with per-entry TTLs (bytes in, bytes out)."""
 
-    backend: str
-    """Metric label: `memory`, `sqlite` or `redis`."""
+    @property
+    def backend(self) -> str:
+        """`memory`, `sqlite` or `redis` (the metric label)."""
+        ...
 
     async def get(self, tenant: str, session: str) -> bytes | None: ...
 

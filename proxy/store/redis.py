@@ -20,8 +20,9 @@ from redis.backoff import NoBackoff
 from proxy.store.base import check_key
 
 KEY_PREFIX: Final = "promptcache"
-CONNECT_TIMEOUT: Final = 0.25
-"""Seconds to open a connection."""
+CONNECT_TIMEOUT: Final = 1.0
+"""Seconds to open a connection. Request latency is bounded by `RecordStore`'s own, shorter
+per-call timeouts; this one only has to survive a loaded machine opening many connections."""
 SOCKET_TIMEOUT: Final = 2.0
 """Seconds to wait on a reply (`RecordStore` usually gives up sooner)."""
 

@@ -14,8 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.pipeline.layout import LayoutCache, Scan, _actions, _scan, scan
+from proxy.pipeline.reorder import plan_system
+from proxy.pipeline.segments import classifier_for
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import Run
+from tests.pipeline.helpers import RULES, STAYING_RULES
 from tests.pipeline.strategies import anthropic_bodies, openai_bodies
 
 MESSAGES = "/v1/messages"
@@ -127,3 +130,44 @@ def test_layout_cache_after_an_edit_is_a_fresh_one(data: st.DataObject, body: di
     assert cache.message_count(ANTHROPIC, MESSAGES, edited_body) == len(
         {r.message for r in ANTHROPIC.layout(MESSAGES, edited_body) if r.message is not None}
     )
+
+
+def _moved_and_kept(adapter: Any, path: str, body: dict, rules: Any) -> tuple[Any, Any] | None:
+    """What reorder compares for a shift: the body with text moved out, and the same system
+    prompt sorted with nothing moved (`None` when nothing moves)."""
+    units = adapter.system_units(path, body)
+    classifier = classifier_for(rules)
+    plan = plan_system(units, classifier)
+    if not plan.moved:
+        return None
+    with_text = adapter.with_user_text(path, adapter.with_system(path, body, plan.parts), plan.moved)
+    if with_text is None:
+        return None
+    staying = plan_system(units, classifier, allow_move=False)
+    return with_text, adapter.with_system(path, body, staying.parts) if staying.changed else body
+
+
+def _count(adapter: Any, path: str, body: dict) -> int:
+    return len({r.message for r in adapter.layout(path, body) if r.message is not None})
+
+
+@FAST
+@given(anthropic_bodies(), openai_bodies(), st.sampled_from([RULES, STAYING_RULES]))
+def test_no_system_message_no_shift(body: dict, case: tuple, rules: Any) -> None:
+    """reorder skips its shift check when `system_messages` is False: moving text then never
+    changes the number of messages."""
+    for adapter, path, request in ((ANTHROPIC, MESSAGES, body), (OPENAI, *case)):
+        pair = _moved_and_kept(adapter, path, request, rules)
+        if pair is None or LayoutCache().system_messages(adapter, path, request):
+            continue
+        moved, kept = pair
+        assert _count(adapter, path, moved) == _count(adapter, path, kept)
+
+
+@FAST
+@given(openai_bodies())
+def test_system_messages_are_head_messages(case: tuple) -> None:
+    path, body = case
+    expected = any(r.section == "system" and r.message is not None for r in OPENAI.layout(path, body))
+    assert LayoutCache().system_messages(OPENAI, path, body) is expected
+    assert not LayoutCache().system_messages(ANTHROPIC, MESSAGES, {"system": "x", "messages": []})

@@ -289,8 +289,12 @@ def test_responses_instructions_sort_inside_the_string() -> None:
     out, plan = reorder_body(OPENAI, "/v1/responses", body, STAYING_RULES)
     assert out == {**body, "instructions": "You are helpful.\nTokens used: 5 of 100\n"}
     assert plan.tiers == ("volatile",)
+    # An unterminated last line moves up with the newline moving along: same lines, same
+    # characters, the volatile line last and still unterminated.
     unterminated = {**body, "instructions": "Tokens used: 5 of 100\nYou are helpful."}
-    assert reorder_body(OPENAI, "/v1/responses", unterminated, STAYING_RULES)[0] is unterminated
+    sorted_out, _ = reorder_body(OPENAI, "/v1/responses", unterminated, STAYING_RULES)
+    assert sorted_out == {**body, "instructions": "You are helpful.\nTokens used: 5 of 100"}
+    assert reorder_body(OPENAI, "/v1/responses", sorted_out, STAYING_RULES)[0] is sorted_out
     moved, moved_plan = reorder_body(OPENAI, "/v1/responses", body, RULES)
     assert moved == {
         **body,
