@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import time
 from collections import OrderedDict, deque
@@ -32,10 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
-import orjson
 import xxhash
 
 from proxy.pacing import MAX_ARRIVALS
+from proxy.providers.base import ProviderAdapter
 from proxy.settings import Settings
 from proxy.tenant import credential_of, load_secret, tenant_id
 
@@ -48,8 +47,6 @@ MAX_BOUNDARIES_PER_SESSION: Final = 4096
 MAX_HEADS: Final = 16_384
 """Shared-prefix pacing entries held over all tenants."""
 
-_USER_ID_SESSION: Final = re.compile(r"(?:^|_)session_([A-Za-z0-9-]{8,})$")
-_BODY_KEYS: Final = ("prompt_cache_key", "user")
 
 InferenceKind = Literal["explicit", "append", "fork", "new"]
 
@@ -61,40 +58,17 @@ def hashed_id(prefix: str, raw: bytes) -> str:
     return prefix + xxhash.xxh3_128_hexdigest(raw)
 
 
-def session_in_user_id(user_id: str) -> str | None:
-    """The session id Claude Code puts in `metadata.user_id`, if any (JSON or string form)."""
-    text = user_id.strip()
-    if text.startswith("{"):
-        try:
-            value = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return None
-        sid = value.get("session_id") if isinstance(value, dict) else None
-        return sid if isinstance(sid, str) and sid else None
-    match = _USER_ID_SESSION.search(text)
-    return match.group(1) if match else None
-
-
 def explicit_session(
-    headers: Mapping[str, str], body: Mapping[str, Any], header_names: Sequence[str]
+    headers: Mapping[str, str], body: Mapping[str, Any], header_names: Sequence[str], adapter: ProviderAdapter
 ) -> tuple[str, str] | None:
-    """`(source, raw id)` from headers or body fields (rules 1-3), else `None`."""
+    """`(source, raw id)` from the configured headers, else from the body fields the provider
+    defines (`adapter.session_hint`: Anthropic `metadata.user_id`, OpenAI `prompt_cache_key` /
+    `user`), else `None`."""
     for name in header_names:
         value = headers.get(name)
         if value:
             return "header", value
-    metadata = body.get("metadata")
-    if isinstance(metadata, dict):
-        user_id = metadata.get("user_id")
-        if isinstance(user_id, str):
-            sid = session_in_user_id(user_id)
-            if sid:
-                return "metadata", sid
-    for key in _BODY_KEYS:
-        value = body.get(key)
-        if isinstance(value, str) and value:
-            return key, value
-    return None
+    return adapter.session_hint(body)
 
 
 def explicit_id(raw: str) -> str:

@@ -106,7 +106,7 @@ class SessionStage:
         now = state.clock()
         masker = masker_for(state, services)
         store = services.store
-        explicit = explicit_session(exchange.headers, body, state.header_names)
+        explicit = explicit_session(exchange.headers, body, state.header_names, exchange.adapter)
         previous: SessionRecord | None = None
         runs = client_runs(exchange, services, body)
         if explicit is not None:

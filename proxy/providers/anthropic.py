@@ -15,6 +15,7 @@ Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-cachi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -127,6 +128,25 @@ class AnthropicUsage:
         )
 
 
+_USER_ID_SESSION: Final = re.compile(r"(?:^|_)session_([A-Za-z0-9-]{8,})$")
+
+
+def session_in_user_id(user_id: str) -> str | None:
+    """The session id Claude Code puts in `metadata.user_id`, if any: JSON with a `session_id`
+    (`{"device_id":..., "account_uuid":..., "session_id":"..."}`) or the older string form
+    `user_<hash>_account_<uuid>_session_<uuid>`."""
+    text = user_id.strip()
+    if text.startswith("{"):
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
+        sid = value.get("session_id") if isinstance(value, dict) else None
+        return sid if isinstance(sid, str) and sid else None
+    match = _USER_ID_SESSION.search(text)
+    return match.group(1) if match else None
+
+
 class AnthropicAdapter:
     """The Anthropic Messages API (`POST /v1/messages`)."""
 
@@ -172,6 +192,13 @@ class AnthropicAdapter:
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
         """Prompt-affecting parameters outside the blocks (PROVIDERS.md 1.8)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
+
+    def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
+        """`("metadata", id)` when `metadata.user_id` names a session (Claude Code), else `None`."""
+        metadata = body.get("metadata")
+        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+        sid = session_in_user_id(user_id) if isinstance(user_id, str) else None
+        return ("metadata", sid) if sid else None
 
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking for cache diagnostics against response `previous_id`.

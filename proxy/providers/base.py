@@ -234,6 +234,10 @@ class ProviderAdapter(Protocol):
 
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject: ...
 
+    def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
+        """`(source, raw session id)` from provider-defined body fields, else `None`."""
+        ...
+
     # Request side, used by the pipeline stages (canonicalise, reorder, breakpoints). Every
     # rewriter is copy-on-write: it returns new containers and never mutates its arguments.
 

@@ -170,6 +170,15 @@ class OpenAIAdapter:
         """Prompt-affecting parameters outside the messages (PROVIDERS.md 2.1)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
 
+    def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
+        """`(field, id)` from `prompt_cache_key`, else `user` (a client-chosen grouping key), else
+        `None`."""
+        for key in ("prompt_cache_key", "user"):
+            value = body.get(key)
+            if isinstance(value, str) and value:
+                return key, value
+        return None
+
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """OpenAI has no request-level cache diagnostics: always `None` (body unchanged)."""
         return None

@@ -98,7 +98,7 @@ class CauseTracker:
         model = request_model(body)
         params = params_digest(adapter, path, body)
         lowered = {k.lower(): v for k, v in headers.items()}
-        key = (path, explicit_session(lowered, body, self._session_headers))
+        key = (path, explicit_session(lowered, body, self._session_headers, adapter))
         previous = self._previous.get(key)
         probe = find_divergence(previous, chain, blocks, model, params)
         divergence = find_divergence(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
+from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers.anthropic import session_in_user_id
 from proxy.sessions import (
     SessionIndex,
     explicit_id,
     explicit_session,
     fork_id,
     root_id,
-    session_in_user_id,
 )
 
 HEADERS = ("x-claude-code-session-id", "x-session-id")
@@ -41,15 +42,13 @@ def test_session_in_user_id(user_id: str, expected: str | None) -> None:
 def test_explicit_sources_first_match_wins() -> None:
     body = {"metadata": {"user_id": f"user_x_account__session_{UUID}"}, "prompt_cache_key": "k", "user": "u"}
     headers = CIMultiDict({"X-Session-Id": "from-header"})
-    assert explicit_session(headers, body, HEADERS) == ("header", "from-header")
-    assert explicit_session(CIMultiDict(), body, HEADERS) == ("metadata", UUID)
-    assert explicit_session(CIMultiDict(), {"prompt_cache_key": "k", "user": "u"}, HEADERS) == (
-        "prompt_cache_key",
-        "k",
-    )
-    assert explicit_session(CIMultiDict(), {"user": "u"}, HEADERS) == ("user", "u")
-    assert explicit_session(CIMultiDict(), {"user": ""}, HEADERS) is None
-    assert explicit_session(CIMultiDict(), {"metadata": {"user_id": "user_only"}}, HEADERS) is None
+    assert explicit_session(headers, body, HEADERS, ANTHROPIC) == ("header", "from-header")
+    assert explicit_session(CIMultiDict(), body, HEADERS, ANTHROPIC) == ("metadata", UUID)
+    assert explicit_session(CIMultiDict(), body, HEADERS, OPENAI) == ("prompt_cache_key", "k")
+    assert explicit_session(CIMultiDict(), {"user": "u"}, HEADERS, OPENAI) == ("user", "u")
+    assert explicit_session(CIMultiDict(), {"user": "u"}, HEADERS, ANTHROPIC) is None
+    assert explicit_session(CIMultiDict(), {"user": ""}, HEADERS, OPENAI) is None
+    assert explicit_session(CIMultiDict(), {"metadata": {"user_id": "user_only"}}, HEADERS, ANTHROPIC) is None
 
 
 def test_explicit_ids_are_hashed_and_store_safe() -> None:
