@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import xxhash
 
 from proxy.pacing import MAX_ARRIVALS
-from proxy.providers.base import ProviderAdapter
+from proxy.providers.base import JSONObject, ProviderAdapter
 from proxy.settings import Settings
 from proxy.tenant import credential_of, load_secret, tenant_id
 
@@ -59,7 +59,7 @@ def hashed_id(prefix: str, raw: bytes) -> str:
 
 
 def explicit_session(
-    headers: Mapping[str, str], body: Mapping[str, Any], header_names: Sequence[str], adapter: ProviderAdapter
+    headers: Mapping[str, str], body: JSONObject, header_names: Sequence[str], adapter: ProviderAdapter
 ) -> tuple[str, str] | None:
     """`(source, raw id)` from the configured headers, else from the body fields the provider
     defines (`adapter.session_hint`: Anthropic `metadata.user_id`, OpenAI `prompt_cache_key` /
