@@ -29,6 +29,7 @@ from proxy.providers.base import (
     LastWins,
     MarkerPolicy,
     Run,
+    RunBlocks,
     SystemPart,
     SystemUnit,
     ToolShape,
@@ -161,33 +162,8 @@ class AnthropicAdapter:
         return AnthropicUsage()
 
     def prefix_blocks(self, path: str, body: JSONObject) -> list[Block]:
-        """Blocks in render order: each tool, each system block, each message content block."""
-        blocks: list[Block] = []
-        tools = body.get("tools")
-        if isinstance(tools, list):
-            for i, tool in enumerate(tools):
-                blocks.append(Block("tools", f"tools[{i}]", "tool", tool))
-        system = body.get("system")
-        if isinstance(system, str):
-            blocks.append(Block("system", "system", "text", system))
-        elif isinstance(system, list):
-            for i, part in enumerate(system):
-                blocks.append(Block("system", f"system[{i}]", _kind(part), part))
-        messages = body.get("messages")
-        if isinstance(messages, list):
-            for m, message in enumerate(messages):
-                if not isinstance(message, dict):
-                    continue
-                role = message.get("role")
-                role = role if isinstance(role, str) else None
-                content = message.get("content")
-                if isinstance(content, list):
-                    for c, part in enumerate(content):
-                        path_c = f"messages[{m}].content[{c}]"
-                        blocks.append(Block("messages", path_c, _kind(part), part, m, role))
-                else:
-                    blocks.append(Block("messages", f"messages[{m}].content", "text", content, m, role))
-        return blocks
+        """Blocks in render order, flattened from `layout` (the one definition of the order)."""
+        return list(RunBlocks(self.layout(path, body)))
 
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
         """Prompt-affecting parameters outside the blocks (PROVIDERS.md 1.8)."""
@@ -240,11 +216,3 @@ class AnthropicAdapter:
 
     def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         return anthropic_request.with_user_text(body, texts)
-
-
-def _kind(part: Any) -> str:
-    if isinstance(part, dict):
-        kind = part.get("type")
-        if isinstance(kind, str):
-            return kind
-    return "text" if isinstance(part, str) else "unknown"

@@ -18,9 +18,10 @@ Invariant: adapters are stateless and pure; the same input gives the same output
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, overload
 
 JSONObject = dict[str, Any]
 Section = Literal["tools", "system", "messages"]
@@ -304,3 +305,68 @@ class LastWins:
 
     def get(self, key: str) -> int:
         return self.values.get(key, 0)
+
+
+def dotted(key: tuple[str | int, ...]) -> str:
+    """A body path as `Block.path` spells it: `("messages", 3, "content", 0)` ->
+    `messages[3].content[0]`."""
+    text = ""
+    for part in key:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def run_kind(run: Run, value: Any) -> str:
+    """The block kind `prefix_blocks` reports for `value` in `run`."""
+    if run.kind is not None:
+        return run.kind
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if isinstance(kind, str):
+            return kind
+    return "text" if isinstance(value, str) else "unknown"
+
+
+class RunBlocks(Sequence[Block]):
+    """The `prefix_blocks` of an adapter's `layout` runs, index for index, as a lazy sequence:
+    a `Block` is built when one is asked for (measurement reads a few of ~1000)."""
+
+    __slots__ = ("runs", "starts", "size")
+
+    def __init__(self, runs: Sequence[Run], starts: Sequence[int] | None = None) -> None:
+        self.runs = runs
+        if starts is None:
+            starts, size = [], 0
+            for run in runs:
+                starts.append(size)
+                size += len(run.value) if run.is_list else 1
+        else:
+            size = starts[-1] + (len(runs[-1].value) if runs[-1].is_list else 1) if runs else 0
+        self.starts = starts
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, index: int) -> Block: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Block]: ...
+    def __getitem__(self, index: int | slice) -> Block | list[Block]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.size))]
+        if index < 0:
+            index += self.size
+        if not 0 <= index < self.size:
+            raise IndexError("block index out of range")
+        r = bisect_right(self.starts, index) - 1
+        run = self.runs[r]
+        if run.is_list:
+            pos = index - self.starts[r]
+            value, key = run.value[pos], (*run.key, pos)
+        else:
+            value, key = run.value, run.key
+        return Block(run.section, dotted(key), run_kind(run, value), value, run.message, run.role)

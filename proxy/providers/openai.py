@@ -29,7 +29,7 @@ from proxy.providers.base import (
     LastWins,
     MarkerPolicy,
     Run,
-    Section,
+    RunBlocks,
     SystemPart,
     SystemUnit,
     ToolShape,
@@ -119,52 +119,8 @@ class OpenAIAdapter:
         return OpenAIUsage(path)
 
     def prefix_blocks(self, path: str, body: JSONObject) -> list[Block]:
-        """Blocks in render order: each tool, then the head system/developer messages, then
-        every other message part (Chat) or input item part (Responses)."""
-        blocks: list[Block] = []
-        tools = body.get("tools")
-        if isinstance(tools, list):
-            for i, tool in enumerate(tools):
-                blocks.append(Block("tools", f"tools[{i}]", "tool", tool))
-        if path == RESPONSES_PATH:
-            instructions = body.get("instructions")
-            if isinstance(instructions, str):
-                blocks.append(Block("system", "instructions", "text", instructions))
-            items = body.get("input")
-            if isinstance(items, str):
-                blocks.append(Block("messages", "input", "text", items, 0, "user"))
-                return blocks
-            array_key = "input"
-        else:
-            items = body.get("messages")
-            array_key = "messages"
-        if not isinstance(items, list):
-            return blocks
-        in_head = True
-        for m, item in enumerate(items):
-            if not isinstance(item, dict):
-                continue
-            role = item.get("role")
-            role = role if isinstance(role, str) else None
-            in_head = in_head and role in _SYSTEM_ROLES
-            section: Section = "system" if in_head else "messages"
-            base = f"{array_key}[{m}]"
-            item_type = item.get("type")
-            if role is None and isinstance(item_type, str):
-                # Responses items such as function_call / function_call_output / reasoning.
-                blocks.append(Block(section, base, item_type, item, m, None))
-                continue
-            content = item.get("content")
-            if isinstance(content, list):
-                for c, part in enumerate(content):
-                    blocks.append(Block(section, f"{base}.content[{c}]", _kind(part), part, m, role))
-            elif content is not None:
-                blocks.append(Block(section, f"{base}.content", "text", content, m, role))
-            tool_calls = item.get("tool_calls")
-            if isinstance(tool_calls, list):
-                for t, call in enumerate(tool_calls):
-                    blocks.append(Block(section, f"{base}.tool_calls[{t}]", "tool_call", call, m, role))
-        return blocks
+        """Blocks in render order, flattened from `layout` (the one definition of the order)."""
+        return list(RunBlocks(self.layout(path, body)))
 
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
         """Prompt-affecting parameters outside the messages (PROVIDERS.md 2.1)."""
@@ -212,11 +168,3 @@ class OpenAIAdapter:
 
     def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         return openai_request.with_user_text(path, body, texts)
-
-
-def _kind(part: Any) -> str:
-    if isinstance(part, dict):
-        kind = part.get("type")
-        if isinstance(kind, str):
-            return kind
-    return "text" if isinstance(part, str) else "unknown"

@@ -20,6 +20,7 @@ from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.openai_request import has_breakpoints
 from proxy.settings import UpstreamCapabilities
 from tests.pipeline.helpers import RULES, STAYING_RULES, optimise
+from tests.pipeline.reference_blocks import anthropic_blocks, openai_blocks
 from tests.pipeline.strategies import (
     ANTHROPIC_MARKER_KEY,
     OPENAI_MARKER_KEY,
@@ -83,18 +84,22 @@ def _assert_anthropic_legal(body: dict) -> None:
 @FAST
 @given(anthropic_bodies())
 def test_layout_is_prefix_blocks_anthropic(body: dict) -> None:
-    blocks = ANTHROPIC.prefix_blocks(MESSAGES, body)
+    blocks = anthropic_blocks(MESSAGES, body)
     expected = [(b.section, b.path, b.kind, id(b.value), b.message_index, b.role) for b in blocks]
     assert flatten_layout(ANTHROPIC, MESSAGES, body) == expected
+    assert [(b.section, b.path, b.kind, id(b.value), b.message_index, b.role)
+            for b in ANTHROPIC.prefix_blocks(MESSAGES, body)] == expected
 
 
 @FAST
 @given(openai_bodies())
 def test_layout_is_prefix_blocks_openai(case: tuple[str, dict]) -> None:
     path, body = case
-    blocks = OPENAI.prefix_blocks(path, body)
+    blocks = openai_blocks(path, body)
     expected = [(b.section, b.path, b.kind, id(b.value), b.message_index, b.role) for b in blocks]
     assert flatten_layout(OPENAI, path, body) == expected
+    assert [(b.section, b.path, b.kind, id(b.value), b.message_index, b.role)
+            for b in OPENAI.prefix_blocks(path, body)] == expected
 
 
 def _per_key(adapter, path: str, body: dict) -> list:

@@ -47,6 +47,7 @@ from proxy.settings import Settings
 from proxy.store import RecordStore
 from proxy.store.memory import MemoryStore
 from proxy.store.record import Sidecar
+from tests.pipeline.reference_blocks import anthropic_blocks, openai_blocks
 from tests.pipeline.strategies import anthropic_bodies, openai_bodies
 
 MESSAGES = "/v1/messages"
@@ -105,10 +106,15 @@ def ref_digests(value: Any, patterns: Any) -> tuple[bytes, bytes]:
     return exact, xxhash.xxh3_128_digest(masked)
 
 
+def reference_blocks(adapter: Any, path: str, body: dict[str, Any]) -> list[Any]:
+    """The independent body walk (not the layout the fast paths share)."""
+    return (anthropic_blocks if adapter.name == "anthropic" else openai_blocks)(path, body)
+
+
 def ref_view(adapter: Any, path: str, body: dict[str, Any], patterns: Any) -> tuple[Any, ...]:
     head = xxhash.xxh3_128()
     array_key, system = None, set()
-    for block in adapter.prefix_blocks(path, body):
+    for block in reference_blocks(adapter, path, body):
         if block.message_index is None:
             head.update(block.section.encode() + b"\x00" + ref_digests(block.value, patterns)[1])
             continue
@@ -147,7 +153,7 @@ def _view_tuple(view: Any) -> tuple[Any, ...]:
 
 
 def _check_scan(adapter: Any, path: str, body: dict[str, Any]) -> None:
-    blocks = adapter.prefix_blocks(path, body)
+    blocks = reference_blocks(adapter, path, body)
     whole = scan_prompt(adapter.layout(path, body))
     per_key = scan_prompt(
         [run for key in adapter.prefix_keys(path) if key in body for run in adapter.layout(path, {key: body[key]})]
