@@ -31,6 +31,10 @@ _log = logging.getLogger("promptcache.access")
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
+SIM_FALLBACK_WARNING: Final = (
+    "no real API was reachable at start (upstream: auto): the built-in simulator answers with canned "
+    "replies; set upstream: real in production"
+)
 CLIENT_CLOSED: Final = 499
 """Pseudo-status of a request whose client went away before the response ended (nginx's 499)."""
 
@@ -117,9 +121,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: upstream sessions are open."""
+    """Readiness: upstream sessions are open. The body names each provider's upstream mode
+    (`real`, `sim`, `custom`) and host, with a `warning` when `upstream: auto` fell back to the
+    built-in simulator."""
     ready = CLIENT_SESSIONS in request.app and bool(request.app[CLIENT_SESSIONS])
-    return web.json_response({"status": "ready" if ready else "starting"}, status=200 if ready else 503)
+    active = request.app[SERVICES].active_upstreams or {}
+    body: dict[str, object] = {
+        "status": "ready" if ready else "starting",
+        "upstreams": {name: item.as_json() for name, item in active.items()},
+    }
+    if any(item.fallback for item in active.values()):
+        body["warning"] = SIM_FALLBACK_WARNING
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

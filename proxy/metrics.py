@@ -312,6 +312,13 @@ class Metrics:
             ["backend", "operation"],
             registry=r,
         )
+        self.upstream_info = Gauge(
+            "promptcache_upstream_info",
+            "1 per provider for the upstream in use: mode real, sim (the built-in simulator) or "
+            "custom, and its host (proxy.app).",
+            ["provider", "mode", "host"],
+            registry=r,
+        )
         self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
         self.build.info({"version": __version__})
 
