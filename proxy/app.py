@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements, session_handler
-from proxy.handlers import healthz, metrics_handler, proxy_handler, readyz
+from proxy.handlers import healthz, metrics_handler, not_found, proxy_handler, readyz
 from proxy.metrics import Metrics
 from proxy.rules import load_rules
 from proxy.services import Services
@@ -124,6 +124,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     if settings.admin_port is None:
         app.router.add_get("/metrics", metrics_handler)
         app.router.add_get("/debug/sessions/{session_id}", session_handler)
+    app.router.add_route("*", "/debug/{tail:.*}", not_found)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
@@ -136,6 +137,7 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     admin.router.add_get("/metrics", metrics_handler)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/debug/sessions/{session_id}", session_handler)
+    admin.router.add_route("*", "/{tail:.*}", not_found)
     return admin
 
 

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import gc
 import importlib
-import logging
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -62,7 +61,9 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"promptcache: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from proxy.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
     try:
         runner, url = await start_proxy(settings)
     except RuleError as exc:
@@ -177,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(command)
         command.set_defaults(func=module.run)
     check = sub.add_parser("check-rules", help="validate rule files; errors name file, key path and line")
-    check.add_argument("dir", nargs="?", default=None, help="folder of rule files (default: the packaged rules/)")
+    check.add_argument(
+        "dir", nargs="?", default=None, help="a folder of rule files (default: the packaged rules/) or one file"
+    )
     check.set_defaults(func=_check_rules)
     return parser
 
