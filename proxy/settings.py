@@ -90,7 +90,9 @@ class Settings(BaseModel):
     teams_file: Path | None = None
     """YAML `version: 1`, `teams: {<sha256 hex of an API key>: <team>}`; wins over the header."""
     cache_diagnostics: bool = False
-    """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+    """Ask the upstream's cache diagnostics against the session's previous response: Anthropic
+    `diagnostics.previous_message_id` on every turn, OpenAI GPT-5.6+ Responses
+    `prompt_cache_options.comparison_response_id` from the second turn."""
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod
