@@ -11,6 +11,7 @@ came from; `promptcache serve` prints it and exits with status 2.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -80,6 +81,9 @@ class Settings(BaseModel):
     credentials never recorded)."""
     cache_diagnostics: bool = False
     """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+    tracing: bool = False
+    """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
+    (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod
@@ -118,6 +122,13 @@ class Settings(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http(s):// base URL")
         return value.rstrip("/")
+
+    @field_validator("tracing")
+    @classmethod
+    def _tracing(cls, value: bool) -> bool:
+        if value and importlib.util.find_spec("opentelemetry.sdk") is None:
+            raise ValueError("needs the otel extra: pip install 'promptcache[otel]'")
+        return value
 
     @field_validator("store")
     @classmethod
