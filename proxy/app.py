@@ -21,11 +21,13 @@ from prometheus_client import CollectorRegistry
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements, session_handler
 from proxy.handlers import healthz, metrics_handler, not_found, proxy_handler, readyz
+from proxy.ledger import TenantLedger, tenants_handler
 from proxy.metrics import Metrics
 from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.store import store_ctx
+from proxy.teams import TeamResolver, load_team_file
 from proxy.upstreams import resolve_upstreams
 
 _log = logging.getLogger("promptcache.app")
@@ -107,14 +109,24 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
 def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
     """The proxy as an aiohttp application; `registry` defaults to a fresh one.
 
-    Raises `proxy.rules.RuleError` (naming file, key path and line) when the rules are invalid.
+    Raises `proxy.rules.RuleError` (naming file, key path and line) when the rules are invalid,
+    `proxy.teams.TeamFileError` when `teams_file` is.
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
+    teams = TeamResolver.build(
+        settings.team_header,
+        settings.teams,
+        load_team_file(settings.teams_file) if settings.teams_file is not None else {},
+    )
+    metrics = Metrics(registry)
+    metrics.prepare_teams(teams.labels)
     app[SERVICES] = Services(
         settings=settings,
-        metrics=Metrics(registry),
+        metrics=metrics,
         rules=load_rules(settings.rules_dir),
         last_measurements=LastMeasurements(),
+        teams=teams,
+        ledger=TenantLedger(),
     )
     app.cleanup_ctx.append(_resolve_upstreams)
     app.cleanup_ctx.append(_recorder_ctx)
@@ -124,6 +136,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     if settings.admin_port is None:
         app.router.add_get("/metrics", metrics_handler)
         app.router.add_get("/debug/sessions/{session_id}", session_handler)
+        app.router.add_get("/debug/tenants", tenants_handler)
     app.router.add_route("*", "/debug/{tail:.*}", not_found)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
@@ -137,6 +150,7 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     admin.router.add_get("/metrics", metrics_handler)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/debug/sessions/{session_id}", session_handler)
+    admin.router.add_get("/debug/tenants", tenants_handler)
     admin.router.add_route("*", "/{tail:.*}", not_found)
     return admin
 
