@@ -11,7 +11,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -106,13 +106,21 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
         await services.recorder.close()
 
 
-def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
+def create_app(
+    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
+) -> web.Application:
     """The proxy as an aiohttp application; `registry` defaults to a fresh one.
 
-    Raises `proxy.rules.RuleError` (naming file, key path and line) when the rules are invalid,
-    `proxy.teams.TeamFileError` when `teams_file` is.
+    With `settings.tracing`, requests are traced to `tracer_provider` (an OpenTelemetry
+    `TracerProvider`; default `proxy.otel.default_provider()`); otherwise nothing of
+    OpenTelemetry is imported. Raises `proxy.rules.RuleError` (naming file, key path and line)
+    when the rules are invalid, `proxy.teams.TeamFileError` when `teams_file` is.
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
+    if settings.tracing:
+        from proxy.otel import default_provider, tracing_middleware
+
+        app.middlewares.append(tracing_middleware(tracer_provider or default_provider()))
     teams = TeamResolver.build(
         settings.team_header,
         settings.teams,
@@ -156,13 +164,13 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
 
 
 async def start_proxy(
-    settings: Settings, registry: CollectorRegistry | None = None
+    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
 ) -> tuple[web.AppRunner, str]:
     """Start the proxy on the running loop at `settings.host:settings.port` (0 = any free port).
 
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
-    app = create_app(settings, registry)
+    app = create_app(settings, registry, tracer_provider)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)

@@ -12,6 +12,7 @@ came from; `promptcache serve` prints it and exits with status 2.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -90,7 +91,12 @@ class Settings(BaseModel):
     teams_file: Path | None = None
     """YAML `version: 1`, `teams: {<sha256 hex of an API key>: <team>}`; wins over the header."""
     cache_diagnostics: bool = False
-    """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+    """Ask the upstream's cache diagnostics against the session's previous response: Anthropic
+    `diagnostics.previous_message_id` on every turn, OpenAI GPT-5.6+ Responses
+    `prompt_cache_options.comparison_response_id` from the second turn."""
+    tracing: bool = False
+    """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
+    (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod
@@ -146,6 +152,13 @@ class Settings(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http(s):// base URL")
         return value.rstrip("/")
+
+    @field_validator("tracing")
+    @classmethod
+    def _tracing(cls, value: bool) -> bool:
+        if value and importlib.util.find_spec("opentelemetry.sdk") is None:
+            raise ValueError("needs the otel extra: pip install 'promptcache[otel]'")
+        return value
 
     @field_validator("store")
     @classmethod
