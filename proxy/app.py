@@ -22,6 +22,8 @@ from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements, session_handler
 from proxy.handlers import healthz, metrics_handler, proxy_handler, readyz
 from proxy.metrics import Metrics
+from proxy.profiles import load_profiles
+from proxy.providers import Router
 from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
@@ -104,13 +106,15 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
 def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
     """The proxy as an aiohttp application; `registry` defaults to a fresh one.
 
-    Raises `proxy.rules.RuleError` (naming file, key path and line) when the rules are invalid.
+    Raises `proxy.rules.RuleError` (naming file, key path and line) when the rules are invalid,
+    `proxy.profiles.ProfileError` for an invalid profiles file or an unknown profile name.
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SERVICES] = Services(
         settings=settings,
         metrics=Metrics(registry),
         rules=load_rules(settings.rules_dir),
+        router=Router(load_profiles(settings.rules_dir), settings.anthropic_profile, settings.openai_profile),
         last_measurements=LastMeasurements(),
     )
     app.cleanup_ctx.append(_resolve_upstreams)

@@ -49,6 +49,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "record": args.record,
         "rules_dir": args.rules_dir,
     }
+    from proxy.profiles import ProfileError
     from proxy.rules import RuleError
 
     try:
@@ -61,6 +62,9 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         runner, url = await start_proxy(settings)
     except RuleError as exc:
         print(f"promptcache: invalid rules:\n{exc}", file=sys.stderr)
+        return 2
+    except ProfileError as exc:
+        print(f"promptcache: invalid upstream profile:\n{exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"promptcache: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.profiles import DIRECT, Profile
 from proxy.providers import openai_request
 from proxy.providers.base import (
     Block,
@@ -34,6 +35,7 @@ from proxy.providers.base import (
     SystemUnit,
     ToolShape,
     Usage,
+    platform_error_body,
 )
 
 CHAT_PATH: Final = "/v1/chat/completions"
@@ -111,8 +113,15 @@ class OpenAIAdapter:
     name: Final = "openai"
     pipeline_paths: Final = frozenset({CHAT_PATH, RESPONSES_PATH})
 
+    def __init__(self, profile: Profile = DIRECT["openai"]) -> None:
+        self.profile = profile
+
     def error_body(self, kind: ErrorKind, message: str) -> bytes:
-        """`{"error":{"message":...,"type":...,"param":null,"code":null}}` as the API answers."""
+        """`{"error":{"message":...,"type":...,"param":null,"code":null}}` as the API answers,
+        or the profile's platform shape (`platform_error_body`)."""
+        platform = platform_error_body(self.profile.error_shape, kind, message)
+        if platform is not None:
+            return platform
         return orjson.dumps({"error": {"message": message, "type": kind.openai_type, "param": None, "code": None}})
 
     def usage_reader(self, path: str) -> OpenAIUsage:
@@ -142,7 +151,11 @@ class OpenAIAdapter:
     # Request side (pipeline stages); implemented in proxy.providers.openai_request.
 
     def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy:
-        """`prompt_cache_breakpoint` on GPT-5.6+, none before (PROVIDERS.md 2.3)."""
+        """`prompt_cache_breakpoint` on GPT-5.6+, none before (PROVIDERS.md 2.3); Anthropic
+        `cache_control` on Chat content parts when the profile's gateway serves the model with
+        Claude (`claude_models`: LiteLLM, OpenRouter; PROVIDERS.md 6, 7)."""
+        if path == CHAT_PATH and self.profile.is_claude(body.get("model")):
+            return openai_request.CLAUDE_CHAT_POLICY
         return openai_request.marker_policy(path, body)
 
     def layout(self, path: str, body: JSONObject) -> list[Run]:
