@@ -48,6 +48,8 @@ class Exchange:
     `anthropic-beta` values a platform rejects dropped."""
     status: int = 0
     usage: Usage | None = None
+    is_usage_counted: bool = False
+    """`usage` was added to the token counters (`proxy.pipeline.observe.record_usage`: once)."""
     sent_at: float | None = None
     """`time.perf_counter()` when the upstream request was sent."""
 

@@ -87,7 +87,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 request, exchange, session, upstream_base, pm, read_timeout, exchange.outgoing
             )
             status = exchange.status
-            await observe(exchange, services)
+            # The last byte is out: from here on nothing awaits, so the client leaving now
+            # cannot cancel the measurement or the record save (a background task).
+            observe(exchange, services)
             return response
         exchange = Exchange(adapter, path, request.query_string, request.headers, b"", started)
         if where.upstream_path != path:
@@ -97,7 +99,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         status = exchange.status
         return response
     except (asyncio.CancelledError, ConnectionResetError):
-        # The client disconnected (mid-body or mid-stream): a client outcome, not ours.
+        # The client disconnected before the last byte (mid-body or mid-stream): a client
+        # outcome, not ours; usage the upstream already reported is counted (once).
         status = CLIENT_CLOSED
         if exchange is not None and exchange.notes.get("is_pipeline"):
             record_usage(exchange, services)

@@ -306,6 +306,19 @@ class Metrics:
             ["backend", "operation"],
             registry=r,
         )
+        self.store_pending_writes = Gauge(
+            "promptcache_session_store_pending_writes",
+            "Session records saved in the background and not yet written (proxy.store).",
+            ["backend"],
+            registry=r,
+        )
+        self.store_dropped_writes = Counter(
+            "promptcache_session_store_writes_dropped_total",
+            "Session records not saved because too many writes were pending; the next turn of "
+            "that session goes without replay (proxy.store).",
+            ["backend"],
+            registry=r,
+        )
         self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
         self.build.info({"version": __version__})
 
@@ -317,6 +330,8 @@ class Metrics:
             for operation in STORE_OPERATIONS:
                 self.store_duration.labels(backend, operation)
                 self.store_errors.labels(backend, operation)
+            self.store_pending_writes.labels(backend)
+            self.store_dropped_writes.labels(backend)
         self.by_provider: dict[str, ProviderMetrics] = {}
         self.measure: dict[str, MeasureMetrics] = {}
         for provider in PROVIDERS:

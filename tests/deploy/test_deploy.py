@@ -102,6 +102,38 @@ def test_dockerfile_runs_unprivileged_with_a_healthcheck() -> None:
     assert lines.index("USER 10001") > max(i for i, line in enumerate(lines) if line.startswith("RUN "))
 
 
+def _stages(text: str) -> list[list[str]]:
+    """The Dockerfile's instructions per stage (continuation lines joined)."""
+    joined = text.replace("\\\n", " ")
+    stages: list[list[str]] = []
+    for line in joined.splitlines():
+        line = " ".join(line.split())
+        if line.startswith("FROM "):
+            stages.append([])
+        if line and not line.startswith("#"):
+            stages[-1].append(line)
+    return stages
+
+
+def test_dockerfile_installs_a_built_wheel_not_the_source_tree() -> None:
+    build, final = _stages((DEPLOY / "Dockerfile").read_text())
+    assert build[0] == "FROM python:3.11-slim AS build"
+    assert [i for i in build if i.startswith("COPY ")] == [
+        "COPY pyproject.toml README.md ./",
+        "COPY proxy ./proxy",
+        "COPY rules ./rules",
+        "COPY workloads ./workloads",
+    ]
+    assert [i for i in build if i.startswith("RUN ")] == ["RUN pip wheel --wheel-dir /wheels ."]
+    assert final[0] == "FROM python:3.11-slim"
+    assert [i for i in final if i.startswith(("COPY ", "ADD "))] == ["COPY --from=build /wheels /wheels"]
+    [run] = [i for i in final if i.startswith("RUN ")]
+    assert run.startswith("RUN pip install --no-index --find-links /wheels promptcache && rm -rf /wheels && ")
+    assert "--editable" not in (DEPLOY / "Dockerfile").read_text()
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert {"!pyproject.toml", "!README.md", "!proxy/**", "!rules/**", "!workloads/**"} <= set(ignore)
+
+
 def _manifests() -> list[dict[str, Any]]:
     kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
     docs = []

@@ -60,7 +60,7 @@ async def test_series_are_bounded() -> None:
         ex.body, ex.status, ex.session_id = body, 200, f"session-{n}"
         ex.usage = Usage(input_none=n, cache_read=n % 5, cache_write_5m=n % 3, output=1, seen=True)
         ex.usage.cache_miss_reason = reasons[n % len(reasons)]
-        await observe(ex, services)
+        observe(ex, services)
     after = _series(registry)
     grown = after - at_start
     # Only the upstream-reason counter is created lazily: at most reasons x causes series.
