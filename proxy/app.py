@@ -63,8 +63,13 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
         upstreams = {"anthropic": base, "openai": base}
     if use_sim:
         from proxy.sim.app import start_sim
+        from proxy.sim.gateway import GATEWAYS
+        from proxy.sim.platforms import PLATFORMS
 
-        sim_runner, sim_url = await start_sim("127.0.0.1", 0)
+        # the simulator judges with the configured platform's rules when it knows them
+        platform = settings.anthropic_profile if settings.anthropic_profile in PLATFORMS else "direct"
+        gateway = settings.openai_profile if settings.openai_profile in GATEWAYS else "direct"
+        sim_runner, sim_url = await start_sim("127.0.0.1", 0, anthropic_platform=platform, openai_platform=gateway)
         upstreams = {"anthropic": sim_url, "openai": sim_url}
         _log.info("built-in simulator upstream at %s", sim_url)
     app[UPSTREAMS] = upstreams
@@ -140,9 +145,7 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     return admin
 
 
-async def start_proxy(
-    settings: Settings, registry: CollectorRegistry | None = None
-) -> tuple[web.AppRunner, str]:
+async def start_proxy(settings: Settings, registry: CollectorRegistry | None = None) -> tuple[web.AppRunner, str]:
     """Start the proxy on the running loop at `settings.host:settings.port` (0 = any free port).
 
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.

@@ -77,6 +77,9 @@ class Usage:
     object (`diagnostics: null` means no divergence, or diagnostics not requested)."""
     cache_missed_tokens: int | None = None
     """`diagnostics.cache_miss_reason.cache_missed_input_tokens` (tokens), when reported."""
+    cache_discount: float | None = None
+    """OpenRouter's `usage.cache_discount` (USD the cache saved; negative when writes cost more
+    than they saved), when reported (PROVIDERS.md 6)."""
 
     @property
     def cache_write(self) -> int:

@@ -11,7 +11,12 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
 - streamed Chat usage is one final chunk (only with `stream_options.include_usage`); streamed
   Responses usage is on `response.completed` (also read from `response.incomplete` / `.failed`);
 - the response id is `id` (Chat: the body or any chunk; Responses: the body or `response.id` on
-  any streamed event).
+  any streamed event);
+- OpenAI-compatible variants (PROVIDERS.md 5, 6, 9): DeepSeek `prompt_cache_hit_tokens` /
+  `prompt_cache_miss_tokens` (their sum is `prompt_tokens`: the hits are the cached part, never
+  added on top), Kimi's top-level `usage.cached_tokens`, LiteLLM's Anthropic-style
+  `cache_creation_input_tokens` for a Claude model (written tokens, inside `prompt_tokens`), and
+  OpenRouter's `cache_discount` (USD saved; negative when writes cost more) kept on `Usage`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ RESPONSES_PATH: Final = "/v1/responses"
 _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 
 #: Top-level request fields that change the cached prefix without being messages.
+_VARIANT_KEYS: Final = (
+    "prompt_cache_hit_tokens",
+    "prompt_cache_miss_tokens",
+    "cached_tokens",
+    "cache_creation_input_tokens",
+)
+"""Top-level usage fields of OpenAI-compatible upstreams (DeepSeek, Kimi, LiteLLM)."""
+
 PARAM_KEYS: Final = ("tool_choice", "response_format", "text", "parallel_tool_calls", "reasoning")
 
 
@@ -55,6 +68,8 @@ class OpenAIUsage:
         self._details = LastWins()
         self._seen = False
         self._response_id: str | None = None
+        self._variants = LastWins()
+        self._discount: float | None = None
 
     def _take(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -66,6 +81,10 @@ class OpenAIUsage:
         if self._fields.update(usage, keys):
             self._seen = True
         self._details.update(usage.get(details_key), ("cached_tokens", "cache_write_tokens"))
+        self._variants.update(usage, _VARIANT_KEYS)
+        discount = usage.get("cache_discount")
+        if isinstance(discount, (int, float)) and not isinstance(discount, bool):
+            self._discount = float(discount)
 
     def _take_id(self, container: dict[str, Any]) -> None:
         response_id = container.get("id")
@@ -95,8 +114,16 @@ class OpenAIUsage:
             ("prompt_tokens", "completion_tokens") if self._is_chat else ("input_tokens", "output_tokens")
         )
         prompt = self._fields.get(prompt_key)
-        cached = self._details.get("cached_tokens")
-        written = self._details.get("cache_write_tokens")
+        variants = self._variants.values
+        # one number per meaning, whichever field carries it: never a sum of two spellings
+        cached = max(
+            self._details.get("cached_tokens"),
+            variants.get("prompt_cache_hit_tokens", 0),
+            variants.get("cached_tokens", 0),
+        )
+        if "prompt_cache_miss_tokens" in variants and prompt_key not in self._fields.values:
+            prompt = variants.get("prompt_cache_hit_tokens", 0) + variants["prompt_cache_miss_tokens"]
+        written = max(self._details.get("cache_write_tokens"), variants.get("cache_creation_input_tokens", 0))
         return Usage(
             input_none=max(prompt - cached - written, 0),
             cache_read=cached,
@@ -104,6 +131,7 @@ class OpenAIUsage:
             output=self._fields.get(output_key),
             seen=self._seen,
             response_id=self._response_id,
+            cache_discount=self._discount,
         )
 
 

@@ -34,7 +34,7 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from proxy.sim import anthropic, anthropic_wire, openai, openai_wire
+from proxy.sim import anthropic, anthropic_wire, gateway, openai, openai_wire
 from proxy.sim.cache import CacheStore, Entry
 from proxy.sim.clock import Clock, ClockError
 from proxy.sim.config import SimConfig
@@ -74,6 +74,8 @@ class SimState:
     """Set by the startup step; `None` only before the app has started."""
     anthropic_platform: str = "direct"
     """The platform whose rules `/v1/messages` applies (`proxy.sim.platforms`)."""
+    openai_platform: str = "direct"
+    """`litellm` / `openrouter`: Chat requests for Claude models go through `proxy.sim.gateway`."""
     requests: int = 0
 
     def next_request(self) -> int:
@@ -90,16 +92,24 @@ STATE: Final = web.AppKey("promptcache_sim_state", SimState)
 
 
 def create_sim_app(
-    config: SimConfig | None = None, clock: Clock | None = None, anthropic_platform: str = "direct"
+    config: SimConfig | None = None,
+    clock: Clock | None = None,
+    anthropic_platform: str = "direct",
+    openai_platform: str = "direct",
 ) -> web.Application:
     """The simulator as an aiohttp app (see the module docstring); `anthropic_platform` is the
     platform `/v1/messages` behaves as (`proxy.sim.platforms.PLATFORMS`: `direct`,
-    `strict-compatible`, `vertex`, `bedrock`, `foundry`)."""
+    `strict-compatible`, `vertex`, `bedrock`, `foundry`); `openai_platform` `litellm` or
+    `openrouter` makes `/v1/chat/completions` serve Claude model names as that gateway does
+    (`proxy.sim.gateway`)."""
     if anthropic_platform not in PLATFORMS:
         raise ValueError(f"unknown platform {anthropic_platform!r} (known: {', '.join(PLATFORMS)})")
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_error_middleware])
     app[STATE] = SimState(config if config is not None else SimConfig.load(), clock or Clock.real())
+    if openai_platform not in ("direct", *gateway.GATEWAYS):
+        raise ValueError(f"unknown OpenAI platform {openai_platform!r}")
     app[STATE].anthropic_platform = anthropic_platform
+    app[STATE].openai_platform = openai_platform
     app.cleanup_ctx.append(_load_tokenizer)
     app.router.add_post("/v1/messages", anthropic_messages)
     vertex = "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{action}"
@@ -124,11 +134,13 @@ async def start_sim(
     config: SimConfig | None = None,
     clock: Clock | None = None,
     anthropic_platform: str = "direct",
+    openai_platform: str = "direct",
 ) -> tuple[web.AppRunner, str]:
     """Start the simulator on the running loop; returns the runner and `http://HOST:PORT`."""
     if config is None:
         config = await asyncio.to_thread(SimConfig.load)
-    runner = web.AppRunner(create_sim_app(config, clock, anthropic_platform), access_log=None)
+    app = create_sim_app(config, clock, anthropic_platform, openai_platform)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -399,6 +411,8 @@ async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
     tenant = _tenant(request, OPENAI_NO_KEY)
     body = await _body(request)
     model = _model(body, "you must provide a model parameter")
+    if chat and state.openai_platform in gateway.GATEWAYS and gateway.is_claude(model):
+        return await _gateway_claude(request, tenant, body, model)
     n = state.next_request()
     settings = state.config.openai_model(model)
     counter = state.tokens()
@@ -433,6 +447,29 @@ async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
         return await _send(request, state.store, plan.writes, headers, frames=frames)
     data = openai_wire.responses_body(body, model, reply, ids, usage)
     return await _send(request, state.store, plan.writes, headers, body=data)
+
+
+async def _gateway_claude(request: web.Request, tenant: str, body: dict[str, Any], model: str) -> web.StreamResponse:
+    """A Chat request for Claude behind an OpenAI-wire gateway (`proxy.sim.gateway`)."""
+    state = request.app[STATE]
+    now = state.clock.now()
+    n = state.next_request()
+    messages_body = gateway.chat_to_messages(body)
+    settings = state.config.anthropic_model(messages_body["model"])
+    counter = state.tokens()
+    prompt = anthropic.parse_request(messages_body, frozenset(), counter, settings)
+    plan = anthropic.plan_cache(prompt, settings, tenant, now, state.store)
+    reply = choose_reply(openai_wire.chat_conversation(body), request.headers)
+    out = openai_wire.output_tokens(reply, counter)
+    usage = gateway.chat_usage(plan.usage.as_dict(out), out)
+    ids = openai_wire.Ids(f"chatcmpl-sim{n:06d}", f"msg_sim_{n:06d}", f"call_sim_{n:06d}", int(now))
+    headers = {"x-request-id": f"req_sim_{n:06d}"}
+    if body.get("stream") is True:
+        options = body.get("stream_options")
+        include = isinstance(options, dict) and options.get("include_usage") is True
+        frames = openai_wire.chat_chunks(model, reply, ids, usage, include)
+        return await _send(request, state.store, plan.writes, headers, frames=frames)
+    return await _send(request, state.store, plan.writes, headers, body=openai_wire.chat_body(model, reply, ids, usage))
 
 
 # --- models -----------------------------------------------------------------------------

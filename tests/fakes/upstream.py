@@ -210,7 +210,7 @@ class FakeUpstream:
             if is_stream:
                 return await self._stream(request, anthropic_stream(message))
             return self._json(message)
-        if request.path.endswith("/v1/chat/completions"):
+        if request.path.endswith("/chat/completions"):  # also Azure /openai/deployments/{d}/...
             if is_stream:
                 include = bool((payload.get("stream_options") or {}).get("include_usage"))
                 return await self._stream(request, chat_stream(include))

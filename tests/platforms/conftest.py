@@ -18,8 +18,8 @@ SYSTEM = " ".join(f"Rule {i}: keep the answer short and cite file {i}.py when re
 async def make_sim() -> AsyncIterator[Callable[..., Any]]:
     runners = []
 
-    async def factory(platform: str = "direct") -> str:
-        runner, url = await start_sim(anthropic_platform=platform)
+    async def factory(platform: str = "direct", openai_platform: str = "direct") -> str:
+        runner, url = await start_sim(anthropic_platform=platform, openai_platform=openai_platform)
         runners.append(runner)
         return url
 
