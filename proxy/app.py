@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements, session_handler
-from proxy.handlers import healthz, metrics_handler, proxy_handler, readyz
+from proxy.handlers import healthz, metrics_handler, not_found, proxy_handler, readyz
 from proxy.metrics import Metrics
 from proxy.profiles import load_profiles
 from proxy.providers import Router
@@ -28,6 +28,7 @@ from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.store import store_ctx
+from proxy.upstreams import resolve_upstreams
 
 _log = logging.getLogger("promptcache.app")
 _PROBE_TIMEOUT: Final = 2.0
@@ -46,21 +47,19 @@ async def _is_reachable(url: str) -> bool:
 
 
 async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SERVICES].settings
-    sim_runner = None
-    upstreams = {"anthropic": settings.anthropic_upstream, "openai": settings.openai_upstream}
+    services = app[SERVICES]
+    settings = services.settings
+    sim_runner = sim_url = None
     use_sim = settings.upstream == "sim"
+    fallback = False
     if settings.upstream == "auto":
-        use_sim = not await _is_reachable(settings.anthropic_upstream)
+        use_sim = fallback = not await _is_reachable(settings.anthropic_upstream)
         if use_sim:
             _log.warning(
-                "no real API reachable at %s: serving the built-in upstream simulator "
-                "(set upstream: real to never do this)",
+                "no real API reachable at %s: serving the built-in upstream SIMULATOR (canned answers); "
+                "set upstream: real to never do this",
                 settings.anthropic_upstream,
             )
-    elif settings.upstream.startswith(("http://", "https://")):
-        base = settings.upstream.rstrip("/")
-        upstreams = {"anthropic": base, "openai": base}
     if use_sim:
         from proxy.sim.app import start_sim
         from proxy.sim.gateway import GATEWAYS
@@ -70,8 +69,12 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
         platform = settings.anthropic_profile if settings.anthropic_profile in PLATFORMS else "direct"
         gateway = settings.openai_profile if settings.openai_profile in GATEWAYS else "direct"
         sim_runner, sim_url = await start_sim("127.0.0.1", 0, anthropic_platform=platform, openai_platform=gateway)
-        upstreams = {"anthropic": sim_url, "openai": sim_url}
         _log.info("built-in simulator upstream at %s", sim_url)
+    active = resolve_upstreams(settings, sim_url, fallback=fallback)
+    services.active_upstreams = active
+    for item in active.values():
+        services.metrics.upstream_info.labels(item.provider, item.mode, item.host).set(1)
+    upstreams = {name: item.url for name, item in active.items()}
     app[UPSTREAMS] = upstreams
     timeout = aiohttp.ClientTimeout(
         total=None,
@@ -130,6 +133,7 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     if settings.admin_port is None:
         app.router.add_get("/metrics", metrics_handler)
         app.router.add_get("/debug/sessions/{session_id}", session_handler)
+    app.router.add_route("*", "/debug/{tail:.*}", not_found)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
@@ -142,6 +146,7 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     admin.router.add_get("/metrics", metrics_handler)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/debug/sessions/{session_id}", session_handler)
+    admin.router.add_route("*", "/{tail:.*}", not_found)
     return admin
 
 

@@ -78,6 +78,8 @@ def test_compose_runs_two_replicas_redis_prometheus_grafana() -> None:
         assert proxy["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
         assert proxy["environment"]["PROMPTCACHE_STORE"] == "redis://redis:6379/0"
         assert proxy["environment"]["PROMPTCACHE_ADMIN_PORT"] == "9464"
+        # Never the simulator by accident: `auto` would serve canned answers after a DNS blip.
+        assert proxy["environment"]["PROMPTCACHE_UPSTREAM"] == "${PROMPTCACHE_UPSTREAM:-real}"
         assert "PROMPTCACHE_SECRET" in proxy["environment"]
     for service in services.values():
         for volume in service.get("volumes", []):
@@ -152,6 +154,7 @@ def test_kubernetes_manifests() -> None:
     [container] = pod["containers"]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["PROMPTCACHE_STORE"] == "redis://redis:6379/0"
+    assert env["PROMPTCACHE_UPSTREAM"] == "real"
     assert env["PROMPTCACHE_SECRET"] == {"secretKeyRef": {"name": "promptcache", "key": "secret"}}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
