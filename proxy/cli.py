@@ -56,6 +56,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     }
     from proxy.profiles import ProfileError
     from proxy.rules import RuleError
+    from proxy.teams import TeamFileError
 
     try:
         settings = load_settings(args.config, overrides=overrides)
@@ -72,6 +73,8 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         return 2
     except ProfileError as exc:
         print(f"promptcache: invalid upstream profile:\n{exc}", file=sys.stderr)
+    except TeamFileError as exc:
+        print(f"promptcache: invalid teams_file: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"promptcache: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
