@@ -12,6 +12,13 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
   Responses usage is on `response.completed` (also read from `response.incomplete` / `.failed`);
 - the response id is `id` (Chat: the body or any chunk; Responses: the body or `response.id` on
   any streamed event);
+- cache diagnostics (GPT-5.6+ Responses, PROVIDERS.md 9,
+  developers.openai.com/api/docs/guides/prompt-caching/diagnostics): the request names a
+  baseline in `prompt_cache_options.comparison_response_id`; the response (JSON body, or the
+  streamed `response.completed` object) carries `prompt_cache_diagnostics` of type `cache_hit`,
+  `cache_miss` (`reason`, `cache_missed_tokens`, `comparison_reusable_tokens`),
+  `comparison_response_not_found` or `unavailable`. `DIAGNOSTIC_CAUSES` says which of
+  promptcache's own causes each reason agrees with;
 - OpenAI-compatible variants (PROVIDERS.md 5, 6, 9): DeepSeek `prompt_cache_hit_tokens` /
   `prompt_cache_miss_tokens` (their sum is `prompt_tokens`: the hits are the cached part, never
   added on top), Kimi's top-level `usage.cached_tokens`, LiteLLM's Anthropic-style
@@ -58,6 +65,22 @@ _VARIANT_KEYS: Final = (
 
 PARAM_KEYS: Final = ("tool_choice", "response_format", "text", "parallel_tool_calls", "reasoning")
 
+_INPUT_CAUSES: Final = frozenset({"system_changed", "system_volatile_text", "messages_changed", "history_rewritten"})
+DIAGNOSTIC_CAUSES: Final[dict[str | None, frozenset[str]]] = {
+    None: frozenset({"none"}),
+    "model_changed": frozenset({"model_changed"}),
+    "tools_changed": frozenset({"tools_changed"}),
+    "input_changed": _INPUT_CAUSES,
+    "context_compacted": frozenset({"messages_changed", "history_rewritten"}),
+    "prompt_cache_key_changed": frozenset({"params_changed"}),
+    "text_format_changed": frozenset({"params_changed"}),
+    "reasoning_effort_changed": frozenset({"params_changed"}),
+    "verbosity_changed": frozenset({"params_changed"}),
+    "service_tier_changed": frozenset({"params_changed"}),
+}
+"""Upstream reason (`None` = `cache_hit`) -> promptcache causes that agree with it; a reason
+not listed (`comparison_response_not_found`, `unavailable`, a new one) is inconclusive."""
+
 
 class OpenAIUsage:
     """Usage reader for one Chat Completions or Responses response."""
@@ -70,6 +93,26 @@ class OpenAIUsage:
         self._response_id: str | None = None
         self._variants = LastWins()
         self._discount: float | None = None
+        self._miss_reason: str | None = None
+        self._missed_tokens: int | None = None
+
+    def _take_diagnostics(self, container: dict[str, Any]) -> None:
+        """`prompt_cache_diagnostics` of a Responses object: `cache_hit` -> no reason (as
+        Anthropic's `diagnostics: null`), `cache_miss` -> its `reason`, else its `type`."""
+        found = container.get("prompt_cache_diagnostics")
+        if not isinstance(found, dict) or not isinstance(found.get("type"), str):
+            return
+        kind = found["type"]
+        if kind == "cache_hit":
+            self._miss_reason = None
+        elif kind == "cache_miss":
+            reason = found.get("reason")
+            self._miss_reason = reason if isinstance(reason, str) else "other"
+            missed = found.get("cache_missed_tokens")
+            if isinstance(missed, int) and not isinstance(missed, bool):
+                self._missed_tokens = missed
+        else:
+            self._miss_reason = kind
 
     def _take(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -95,6 +138,8 @@ class OpenAIUsage:
         if isinstance(body, dict):
             self._take(body.get("usage"))
             self._take_id(body)
+            if not self._is_chat:
+                self._take_diagnostics(body)
 
     def feed_event(self, event: str, data: Any) -> None:
         if not isinstance(data, dict):
@@ -108,6 +153,7 @@ class OpenAIUsage:
             self._take_id(response)
             if data.get("type", event) in ("response.completed", "response.incomplete", "response.failed"):
                 self._take(response.get("usage"))
+                self._take_diagnostics(response)
 
     def result(self) -> Usage:
         prompt_key, output_key = (
@@ -132,6 +178,8 @@ class OpenAIUsage:
             seen=self._seen,
             response_id=self._response_id,
             cache_discount=self._discount,
+            cache_miss_reason=self._miss_reason,
+            cache_missed_tokens=self._missed_tokens,
         )
 
 
@@ -172,9 +220,23 @@ class OpenAIAdapter:
                 return key, value
         return None
 
+    diagnostic_causes: Final = DIAGNOSTIC_CAUSES
+
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
-        """OpenAI has no request-level cache diagnostics: always `None` (body unchanged)."""
-        return None
+        """A copy of `body` with `prompt_cache_options.comparison_response_id = previous_id`
+        (other `prompt_cache_options` kept), on Responses for GPT-5.6+ only (PROVIDERS.md 9).
+
+        `None` (body unchanged) on Chat, for older models, without a previous response (there
+        is no opt-in without a baseline), or when the client named a baseline itself."""
+        if path != RESPONSES_PATH or previous_id is None or not openai_request.has_breakpoints(body.get("model")):
+            return None
+        options = body.get("prompt_cache_options")
+        if options is not None and not isinstance(options, dict):
+            return None
+        options = options or {}
+        if "comparison_response_id" in options:
+            return None
+        return {**body, "prompt_cache_options": {**options, "comparison_response_id": previous_id}}
 
     # Request side (pipeline stages); implemented in proxy.providers.openai_request.
 
