@@ -118,9 +118,9 @@ def create_app(
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
     if settings.tracing:
-        from proxy.otel import default_provider, tracing_middleware
+        from proxy.otel import install_tracing
 
-        app.middlewares.append(tracing_middleware(tracer_provider or default_provider()))
+        install_tracing(app, tracer_provider)
     teams = TeamResolver.build(
         settings.team_header,
         settings.teams,

@@ -13,7 +13,8 @@ Stage contract:
    original bytes go upstream unchanged.
 4. Only `forward` produces a local reply.
 
-In `observe` mode only the measuring stages run (`Stage.rewrites` false) and the bytes sent are
+With tracing on (`proxy/tracing.py`), each stage that runs gets a `promptcache.stage.<name>`
+span under the request's span. In `observe` mode only the measuring stages run (`Stage.rewrites` false) and the bytes sent are
 the client's.
 """
 
