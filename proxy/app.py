@@ -106,6 +106,18 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
             await sim_runner.cleanup()
 
 
+async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Load the offline `o200k_base` tokenizer (about 0.2 s, in a thread) for predictions in
+    real OpenAI tokens; without it measurement keeps its bytes/4 estimate."""
+    from proxy.sim.tokens import TokenCounter, load_o200k
+
+    try:
+        app[SERVICES].tokens = TokenCounter(await asyncio.to_thread(load_o200k))
+    except RuntimeError as exc:
+        _log.warning("o200k_base tokenizer unavailable (%s): predictions estimate bytes/4", exc)
+    yield
+
+
 async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     if services.settings.record is not None:
@@ -130,9 +142,9 @@ def create_app(
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
     if settings.tracing:
-        from proxy.otel import default_provider, tracing_middleware
+        from proxy.otel import install_tracing
 
-        app.middlewares.append(tracing_middleware(tracer_provider or default_provider()))
+        install_tracing(app, tracer_provider)
     teams = TeamResolver.build(
         settings.team_header,
         settings.teams,
@@ -150,6 +162,7 @@ def create_app(
         ledger=TenantLedger(),
     )
     app.cleanup_ctx.append(_resolve_upstreams)
+    app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(store_ctx)
     app.router.add_get("/healthz", healthz)

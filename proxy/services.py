@@ -25,6 +25,9 @@ class Services:
     """`proxy.debug.LastMeasurements`: newest measurement per session, for `/debug/sessions`."""
     store: Any = None
     """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
+    tokens: Any = None
+    """`o200k_base` counter (`proxy.sim.tokens.TokenCounter`) for predictions in real tokens,
+    loaded off the loop at start; `None` before (measurement then estimates bytes/4)."""
     teams: Any = None
     """`proxy.teams.TeamResolver` built from `team_header`, `teams` and `teams_file`."""
     ledger: Any = None
