@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.affinity import Affinity, base_urls
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements, session_handler
 from proxy.handlers import healthz, metrics_handler, not_found, proxy_handler, readyz
@@ -55,7 +56,7 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
     use_sim = settings.upstream == "sim"
     fallback = False
     if settings.upstream == "auto":
-        use_sim = fallback = not await _is_reachable(settings.anthropic_upstream)
+        use_sim = fallback = not await _is_reachable(base_urls(settings.anthropic_upstream)[0])
         if use_sim:
             _log.warning(
                 "no real API reachable at %s: serving the built-in upstream SIMULATOR (canned answers); "
@@ -76,7 +77,10 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
     services.active_upstreams = active
     for item in active.values():
         services.metrics.upstream_info.labels(item.provider, item.mode, item.host).set(1)
-    upstreams = {name: item.url for name, item in active.items()}
+    # an upstream may list several base URLs: sessions keep to one (proxy.affinity)
+    pools = {name: Affinity(base_urls(item.url)) for name, item in active.items()}
+    services.affinity = {name: pool for name, pool in pools.items() if len(pool.urls) > 1}
+    upstreams = {name: pool.urls[0] for name, pool in pools.items()}
     app[UPSTREAMS] = upstreams
     timeout = aiohttp.ClientTimeout(
         total=None,

@@ -17,6 +17,8 @@ class Services:
     """The loaded `RuleSet` (proxy.rules), `None` until rules are loaded."""
     recorder: Any = None
     """The `TraceRecorder` (proxy.record) when `settings.record` is set."""
+    affinity: Any = None
+    """Provider -> `proxy.affinity.Affinity` over its upstream's base URLs (set at start)."""
     router: Any = None
     """The `proxy.providers.Router` of the configured profiles; `None` builds the default."""
     last_measurements: Any = None

@@ -299,3 +299,7 @@ class OpenAIAdapter:
 
     def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         return openai_request.with_user_text(path, body, texts)
+
+    def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
+        """Markers here are keys on blocks (the shared planner's): `None`."""
+        return None
