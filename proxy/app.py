@@ -18,9 +18,10 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.admin import add_admin_routes
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
-from proxy.debug import LastMeasurements, session_handler
-from proxy.handlers import healthz, metrics_handler, proxy_handler, readyz
+from proxy.debug import LastMeasurements
+from proxy.handlers import healthz, proxy_handler, readyz
 from proxy.metrics import Metrics
 from proxy.rules import load_rules
 from proxy.services import Services
@@ -111,7 +112,9 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
         settings=settings,
         metrics=Metrics(registry),
         rules=load_rules(settings.rules_dir),
-        last_measurements=LastMeasurements(),
+        last_measurements=LastMeasurements(
+            settings.history_sessions, settings.history_sessions_per_tenant, settings.history_requests
+        ),
     )
     app.cleanup_ctx.append(_resolve_upstreams)
     app.cleanup_ctx.append(_recorder_ctx)
@@ -119,20 +122,18 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if settings.admin_port is None:
-        app.router.add_get("/metrics", metrics_handler)
-        app.router.add_get("/debug/sessions/{session_id}", session_handler)
+        add_admin_routes(app.router)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
 
 def create_admin_app(proxy_app: web.Application) -> web.Application:
-    """The separate admin listener (`admin_port`): `/metrics`, `/debug/sessions/{id}` and health
-    of `proxy_app`."""
+    """The separate admin listener (`admin_port`): `/metrics`, `/debug/sessions`, `/ui/` (behind
+    `admin_token` when set: `proxy.admin`) and `/healthz` of `proxy_app`."""
     admin = web.Application()
     admin[SERVICES] = proxy_app[SERVICES]
-    admin.router.add_get("/metrics", metrics_handler)
+    add_admin_routes(admin.router)
     admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/debug/sessions/{session_id}", session_handler)
     return admin
 
 
