@@ -114,12 +114,18 @@ class SessionEntry:
     cost_usd: float = 0.0
     uncached_cost_usd: float = 0.0
     rows: deque[RequestRow] = field(default_factory=deque)
-    blocks: tuple[MapBlock, ...] = ()
+    map: PromptMap | None = None
+    """The newest request's map (`blocks` builds it)."""
     prices: dict[str, float] | None = None
     """The newest request's price row (USD per million tokens), for the page's divider."""
     last_measurement: Any = None
     _head: tuple[bytes, ...] | None = None
     """orjson bytes of the newest request's tools + system blocks (module docstring)."""
+
+    @property
+    def blocks(self) -> tuple[MapBlock, ...]:
+        """The newest request's blocks in render order (built on each call)."""
+        return self.map.blocks() if self.map is not None else ()
 
     @property
     def hit_ratio(self) -> float:
@@ -173,45 +179,77 @@ def block_text(value: Any) -> str:
     return ""
 
 
-def map_blocks(prompt: PromptScan, top_marker_ttl: str | None = None, classifier: Any = None) -> tuple[MapBlock, ...]:
-    """The map of one request from its `PromptScan` (`proxy.prefix.scan_prompt`).
+@dataclass(frozen=True, slots=True)
+class PromptMap:
+    """What the map of one request needs, kept compact: the request's own `ends` and `kinds`
+    (no text), one `(section, role, message, first block, blocks)` per layout run, the marker
+    TTLs and the system tiers by block index. `blocks()` builds the `MapBlock`s when a page
+    asks (the response path only pays for the runs and the system blocks)."""
 
-    `top_marker_ttl`: TTL of a top-level marker (marks the last block); `classifier`: a
-    `proxy.pipeline.segments.Classifier` for the tier of system blocks."""
-    ends = prompt.chain.ends
-    runs = prompt.blocks.runs
-    out: list[MapBlock] = []
-    index = 0
-    previous_end = 0
-    marked = set(prompt.marked)
-    for run in runs:
-        items = run.value if run.is_list else (run.value,)
-        for value in items:
-            end = ends[index]
-            tier = None
-            if run.section == "system" and classifier is not None:
-                tiers = [s.tier for s in classifier.segments(block_text(value)) if not s.wrap]
-                tier = max(tiers, key=_TIER_RANK.__getitem__) if tiers else "stable"
-            elif run.section == "system":
-                tier = "stable"
-            ttl = marker_ttl(value) if index in marked else None
-            out.append(
-                MapBlock(
-                    run.section,
-                    prompt.kinds[index],
-                    run.role,
-                    run.message,
-                    estimate_tokens(end - previous_end),
-                    tier,
-                    ttl,
+    ends: Sequence[int]
+    kinds: Sequence[str]
+    runs: tuple[tuple[str, str | None, int | None, int, int], ...]
+    ttls: dict[int, str]
+    tiers: dict[int, str]
+
+    def blocks(self) -> tuple[MapBlock, ...]:
+        out: list[MapBlock] = []
+        previous_end = 0
+        for section, role, message, first, count in self.runs:
+            for index in range(first, first + count):
+                end = self.ends[index]
+                out.append(
+                    MapBlock(
+                        section,
+                        self.kinds[index],
+                        role,
+                        message,
+                        estimate_tokens(end - previous_end),
+                        self.tiers.get(index),
+                        self.ttls.get(index),
+                    )
                 )
-            )
-            previous_end = end
-            index += 1
-    if out and top_marker_ttl is not None and out[-1].ttl is None:
-        last = out[-1]
-        out[-1] = MapBlock(last.section, last.kind, last.role, last.message, last.tokens, last.tier, top_marker_ttl)
-    return merge_blocks(out, MAX_MAP_BLOCKS)
+                previous_end = end
+        return merge_blocks(out, MAX_MAP_BLOCKS)
+
+
+def prompt_map(prompt: PromptScan, top_marker_ttl: str | None = None, classifier: Any = None) -> PromptMap:
+    """The `PromptMap` of one request from its `PromptScan` (`proxy.prefix.scan_prompt`).
+
+    `top_marker_ttl`: TTL of a top-level marker (it marks the last block); `classifier`: a
+    `proxy.pipeline.segments.Classifier` for the tier of system blocks (worst segment tier;
+    `stable` without one)."""
+    runs = []
+    tiers: dict[int, str] = {}
+    layout = prompt.blocks
+    bounds = [*layout.starts[1:], len(prompt.values)]
+    for run, index, stop in zip(layout.runs, layout.starts, bounds, strict=True):
+        count = stop - index
+        if not count:
+            continue
+        runs.append((run.section, run.role, run.message, index, count))
+        if run.section == "system":
+            for offset in range(count):
+                tier = "stable"
+                if classifier is not None:
+                    value = prompt.values[index + offset]
+                    found = [seg.tier for seg in classifier.segments(block_text(value)) if not seg.wrap]
+                    tier = max(found, key=_TIER_RANK.__getitem__) if found else "stable"
+                tiers[index + offset] = tier
+    ttls: dict[int, str] = {}
+    for i in prompt.marked:
+        ttl = marker_ttl(prompt.values[i])
+        if ttl is not None:
+            ttls[i] = ttl
+    n = len(prompt.values)
+    if n and top_marker_ttl is not None and (n - 1) not in ttls:
+        ttls[n - 1] = top_marker_ttl
+    return PromptMap(prompt.chain.ends, prompt.kinds, tuple(runs), ttls, tiers)
+
+
+def map_blocks(prompt: PromptScan, top_marker_ttl: str | None = None, classifier: Any = None) -> tuple[MapBlock, ...]:
+    """The map of one request: `prompt_map(...).blocks()`."""
+    return prompt_map(prompt, top_marker_ttl, classifier).blocks()
 
 
 def merge_blocks(blocks: Sequence[MapBlock], cap: int) -> tuple[MapBlock, ...]:
@@ -420,7 +458,7 @@ class SessionHistory:
                 entry._head,
                 getattr(previous, "sidecars", ()),
             )
-            entry.blocks = map_blocks(prompt, top_ttl(body), classifier)
+            entry.map = prompt_map(prompt, top_ttl(body), classifier)
             entry._head = head_bytes(prompt)
         if prices is not None:
             entry.prices = {

@@ -120,3 +120,29 @@ async def test_no_key_and_only_short_excerpts(admin_proxy) -> None:
             async with http.get(proxy.admin_url + path, headers={"x-api-key": KEY}) as r:
                 assert r.status == 200, path
                 assert KEY not in await r.text()
+
+
+def test_message_excerpt_comes_from_the_previous_sidecar() -> None:
+    from proxy.history import divergence_excerpts
+    from proxy.prefix import scan_prompt
+    from proxy.providers import ANTHROPIC
+    from proxy.store.record import Sidecar
+
+    old_message = {"role": "user", "content": [{"type": "text", "text": "Fix the bug in parser.py line 12 please"}]}
+    new_message = {"role": "user", "content": [{"type": "text", "text": "Fix the bug in parser.py line 13 please"}]}
+    body = {"model": "m", "system": "s", "messages": [new_message, {"role": "assistant", "content": "ok"}]}
+    prompt = scan_prompt(ANTHROPIC.layout("/v1/messages", body))
+    sidecars = [Sidecar(0, b"d" * 16, orjson.dumps(old_message))]
+    assert divergence_excerpts("messages", 1, prompt, body, None, sidecars) == (
+        "messages[0].content[0].text",
+        "Fix the bug in parser.py line 12 please",
+        "Fix the bug in parser.py line 13 please",
+    )
+    # Without the previous text only this side is shown; a system block needs the kept head.
+    assert divergence_excerpts("messages", 1, prompt, body, None, []) == (
+        "messages[0]",
+        None,
+        orjson.dumps(new_message).decode()[:80] + "...",
+    )
+    head = (orjson.dumps("t"),)
+    assert divergence_excerpts("system", 0, prompt, body, head, []) == ("system", "t", "s")
