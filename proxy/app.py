@@ -21,12 +21,13 @@ from prometheus_client import CollectorRegistry
 from proxy.admin import add_admin_routes
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements
-from proxy.handlers import healthz, proxy_handler, readyz
+from proxy.handlers import healthz, not_found, proxy_handler, readyz
 from proxy.metrics import Metrics
 from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.store import store_ctx
+from proxy.upstreams import resolve_upstreams
 
 _log = logging.getLogger("promptcache.app")
 _PROBE_TIMEOUT: Final = 2.0
@@ -45,27 +46,29 @@ async def _is_reachable(url: str) -> bool:
 
 
 async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SERVICES].settings
-    sim_runner = None
-    upstreams = {"anthropic": settings.anthropic_upstream, "openai": settings.openai_upstream}
+    services = app[SERVICES]
+    settings = services.settings
+    sim_runner = sim_url = None
     use_sim = settings.upstream == "sim"
+    fallback = False
     if settings.upstream == "auto":
-        use_sim = not await _is_reachable(settings.anthropic_upstream)
+        use_sim = fallback = not await _is_reachable(settings.anthropic_upstream)
         if use_sim:
             _log.warning(
-                "no real API reachable at %s: serving the built-in upstream simulator "
-                "(set upstream: real to never do this)",
+                "no real API reachable at %s: serving the built-in upstream SIMULATOR (canned answers); "
+                "set upstream: real to never do this",
                 settings.anthropic_upstream,
             )
-    elif settings.upstream.startswith(("http://", "https://")):
-        base = settings.upstream.rstrip("/")
-        upstreams = {"anthropic": base, "openai": base}
     if use_sim:
         from proxy.sim.app import start_sim
 
         sim_runner, sim_url = await start_sim("127.0.0.1", 0)
-        upstreams = {"anthropic": sim_url, "openai": sim_url}
         _log.info("built-in simulator upstream at %s", sim_url)
+    active = resolve_upstreams(settings, sim_url, fallback=fallback)
+    services.active_upstreams = active
+    for item in active.values():
+        services.metrics.upstream_info.labels(item.provider, item.mode, item.host).set(1)
+    upstreams = {name: item.url for name, item in active.items()}
     app[UPSTREAMS] = upstreams
     timeout = aiohttp.ClientTimeout(
         total=None,
@@ -123,6 +126,8 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     app.router.add_get("/readyz", readyz)
     if settings.admin_port is None:
         add_admin_routes(app.router)
+    app.router.add_route("*", "/debug/{tail:.*}", not_found)
+    app.router.add_route("*", "/ui{tail:(/.*)?}", not_found)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
@@ -134,6 +139,7 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     admin[SERVICES] = proxy_app[SERVICES]
     add_admin_routes(admin.router)
     admin.router.add_get("/healthz", healthz)
+    admin.router.add_route("*", "/{tail:.*}", not_found)
     return admin
 
 

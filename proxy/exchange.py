@@ -38,6 +38,8 @@ class Exchange:
     """Stage outputs that later stages or measurement read (plans, digests, counts)."""
     status: int = 0
     usage: Usage | None = None
+    is_usage_counted: bool = False
+    """`usage` was added to the token counters (`proxy.pipeline.observe.record_usage`: once)."""
     sent_at: float | None = None
     """`time.perf_counter()` when the upstream request was sent."""
 

@@ -31,6 +31,7 @@ from proxy.exchange import Exchange
 from proxy.metrics import ProviderMetrics
 from proxy.providers.base import BAD_GATEWAY, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
 from proxy.sse import SSEDecoder
+from proxy.upstreams import host_of
 
 _log = logging.getLogger("promptcache.forward")
 
@@ -164,15 +165,21 @@ async def forward(
     except (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
         exchange.status = BAD_GATEWAY.status
         _log.warning("upstream %s unreachable: %s", base_url, type(exc).__name__)
-        return local_error(adapter, BAD_GATEWAY, f"promptcache could not reach the upstream ({type(exc).__name__})")
+        return local_error(
+            adapter, BAD_GATEWAY, f"promptcache could not reach the upstream {host_of(base_url)} ({type(exc).__name__})"
+        )
     except (TimeoutError, aiohttp.ServerTimeoutError):
         exchange.status = GATEWAY_TIMEOUT.status
         _log.warning("upstream %s timed out after %.1f s", base_url, read_timeout)
-        return local_error(adapter, GATEWAY_TIMEOUT, f"the upstream did not answer within {read_timeout:g} s")
+        return local_error(
+            adapter, GATEWAY_TIMEOUT, f"the upstream {host_of(base_url)} did not answer within {read_timeout:g} s"
+        )
     except aiohttp.ClientError as exc:
         exchange.status = BAD_GATEWAY.status
         _log.warning("upstream %s failed: %s", base_url, type(exc).__name__)
-        return local_error(adapter, BAD_GATEWAY, f"upstream request failed ({type(exc).__name__})")
+        return local_error(
+            adapter, BAD_GATEWAY, f"the request to the upstream {host_of(base_url)} failed ({type(exc).__name__})"
+        )
     is_complete = False
     try:
         metrics.first_byte.observe(time.perf_counter() - exchange.sent_at)

@@ -5,8 +5,9 @@ Pipeline routes (`POST /v1/messages`, `/v1/chat/completions`, `/v1/responses`, o
 error shape), run the request stages, forward, then observe. Every other path and method is
 reverse-proxied as is, body streamed.
 
-Logging: one line per request with provider, method, path (never the query string), status
-and time; never a header value, never a body.
+Logging: one access line per request (`proxy.logs.access_fields`): provider, method, path
+(never the query string), status, time, tokens, cost, cause and session; never a header value,
+never a body.
 """
 
 from __future__ import annotations
@@ -22,15 +23,21 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.exchange import Exchange
 from proxy.forward import forward, local_error
+from proxy.logs import ACCESS_LOGGER, access_fields, log_access
 from proxy.pipeline import run_request_stages
 from proxy.pipeline.observe import observe, record_usage
+from proxy.pipeline.parse import invalid_utf8_message
 from proxy.providers import route
-from proxy.providers.base import TOO_LARGE
+from proxy.providers.base import BAD_REQUEST, NOT_FOUND, TOO_LARGE
 
-_log = logging.getLogger("promptcache.access")
+_log = logging.getLogger(ACCESS_LOGGER)
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
+SIM_FALLBACK_WARNING: Final = (
+    "no real API was reachable at start (upstream: auto): the built-in simulator answers with canned "
+    "replies; set upstream: real in production"
+)
 CLIENT_CLOSED: Final = 499
 """Pseudo-status of a request whose client went away before the response ended (nginx's 499)."""
 
@@ -77,11 +84,17 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
             exchange.notes["is_pipeline"] = True
             await run_request_stages(exchange, services)
+            bad_utf8 = exchange.notes.get("invalid_utf8")
+            if bad_utf8 is not None:
+                status = BAD_REQUEST.status
+                return local_error(adapter, BAD_REQUEST, invalid_utf8_message(*bad_utf8))
             response = await forward(
                 request, exchange, session, upstream_base, pm, read_timeout, exchange.outgoing
             )
             status = exchange.status
-            await observe(exchange, services)
+            # The last byte is out: from here on nothing awaits, so the client leaving now
+            # cannot cancel the measurement or the record save (a background task).
+            observe(exchange, services)
             return response
         exchange = Exchange(adapter, path, request.query_string, request.headers, b"", started)
         body = request.content.iter_any() if request.method in _BODY_METHODS and request.body_exists else None
@@ -89,7 +102,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         status = exchange.status
         return response
     except (asyncio.CancelledError, ConnectionResetError):
-        # The client disconnected (mid-body or mid-stream): a client outcome, not ours.
+        # The client disconnected before the last byte (mid-body or mid-stream): a client
+        # outcome, not ours; usage the upstream already reported is counted (once).
         status = CLIENT_CLOSED
         if exchange is not None and exchange.notes.get("is_pipeline"):
             record_usage(exchange, services)
@@ -99,16 +113,14 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         pm.in_flight.dec()
         pm.outcome[outcome_for(status)].inc()
         pm.duration.observe(elapsed)
-        session_id = exchange.session_id if exchange is not None else None
-        _log.info(
-            "%s %s %s -> %s in %.1f ms%s",
-            adapter.name,
-            request.method,
-            request.path,
-            status,
-            elapsed * 1000,
-            f" session={session_id}" if session_id else "",
-        )
+        log_access(_log, access_fields(adapter.name, request.method, request.path, status, elapsed, exchange))
+
+
+async def not_found(request: web.Request) -> web.Response:
+    """JSON 404 in the provider's error shape for a path promptcache owns but does not serve
+    (`/debug/...` on the main listener, anything unknown on the admin listener)."""
+    adapter, _ = route(request.path, _is_openai_shaped(request))
+    return local_error(adapter, NOT_FOUND, f"promptcache serves no {request.method} {request.path}")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -117,9 +129,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: upstream sessions are open."""
+    """Readiness: upstream sessions are open. The body names each provider's upstream mode
+    (`real`, `sim`, `custom`) and host, with a `warning` when `upstream: auto` fell back to the
+    built-in simulator."""
     ready = CLIENT_SESSIONS in request.app and bool(request.app[CLIENT_SESSIONS])
-    return web.json_response({"status": "ready" if ready else "starting"}, status=200 if ready else 503)
+    active = request.app[SERVICES].active_upstreams or {}
+    body: dict[str, object] = {
+        "status": "ready" if ready else "starting",
+        "upstreams": {name: item.as_json() for name, item in active.items()},
+    }
+    if any(item.fallback for item in active.values()):
+        body["warning"] = SIM_FALLBACK_WARNING
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

@@ -43,7 +43,7 @@ import xxhash
 from proxy.exchange import Exchange
 from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
-from proxy.pricing import OTHER, PricingTable, default_pricing
+from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
 from proxy.services import Services
 
@@ -491,9 +491,9 @@ def _record(result: Measurement, services: Services, diagnostics_requested: bool
         mm.divergence_tokens.observe(divergence.tokens)
     mm.predicted_read_tokens.inc(result.predicted_read_tokens)
     if result.cost_usd is not None and result.uncached_cost_usd is not None:
-        family = result.family if result.family in mm.cost else OTHER
-        mm.cost[family].inc(result.cost_usd)
-        mm.uncached_cost[family].inc(result.uncached_cost_usd)
+        cost, uncached = mm.family_cost(result.family)
+        cost.inc(result.cost_usd)
+        uncached.inc(result.uncached_cost_usd)
     if diagnostics_requested and result.usage is not None:
         metrics.upstream_miss_reasons.labels(
             upstream_reason_label(result.upstream_reason), result.cause

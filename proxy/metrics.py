@@ -8,6 +8,11 @@ request path does no label lookups. `family` is a family name from `rules/pricin
 `other`, never a raw model string; `reason` is mapped onto `UPSTREAM_MISS_REASONS`. No label ever
 carries a session id, key, prompt text or raw model string.
 
+Series: no `_created` samples (`disable_created_metrics()`, process-wide: promptcache exports
+creation times nowhere); label sets known in advance are pre-resolved, while `family` series
+appear on the first request of that family (`MeasureMetrics.family_cost`), so `/metrics` does not
+carry a zero line for every model family in the price table.
+
 Build one `Metrics(registry)` per app; tests pass a fresh `CollectorRegistry`.
 """
 
@@ -17,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
 from proxy import __version__
 from proxy.pricing import OTHER as OTHER_FAMILY
@@ -112,6 +117,8 @@ class ProviderMetrics:
 class MeasureMetrics:
     """Label children `proxy.measure` updates for one provider, resolved once at start."""
 
+    provider: str
+
     prompt_bytes: Counter
     matched_bytes: Counter
     divergence_ratio: Histogram
@@ -119,10 +126,26 @@ class MeasureMetrics:
     predicted_read_tokens: Counter
     divergences: dict[tuple[str, str], Counter]
     """By `(section, cause)`, every pair of `DIVERGENCE_LABELS`."""
-    cost: dict[str, Counter]
-    """Actual cost (USD) by model family."""
-    uncached_cost: dict[str, Counter]
-    """Counterfactual cost without caching (USD) by model family."""
+    families: frozenset[str]
+    """Every `family` label value of this provider (`other` included)."""
+    cost_metric: Counter
+    uncached_cost_metric: Counter
+    cost: dict[str, tuple[Counter, Counter]]
+    """`family -> (cost, uncached cost)` children (USD), filled on first use."""
+
+    def family_cost(self, family: str) -> tuple[Counter, Counter]:
+        """`(cost, uncached cost)` children of `family` (`other` when not a known family),
+        created on first use."""
+        if family not in self.families:
+            family = OTHER_FAMILY
+        found = self.cost.get(family)
+        if found is None:
+            found = (
+                self.cost_metric.labels(self.provider, family),
+                self.uncached_cost_metric.labels(self.provider, family),
+            )
+            self.cost[family] = found
+        return found
 
 
 class Metrics:
@@ -135,6 +158,7 @@ class Metrics:
     ) -> None:
         """`families`: provider -> every `family` label value (`other` included); defaults to
         the packaged `rules/pricing.yaml`."""
+        disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         if families is None:
             table = default_pricing()
@@ -288,6 +312,26 @@ class Metrics:
             ["backend", "operation"],
             registry=r,
         )
+        self.upstream_info = Gauge(
+            "promptcache_upstream_info",
+            "1 per provider for the upstream in use: mode real, sim (the built-in simulator) or "
+            "custom, and its host (proxy.app).",
+            ["provider", "mode", "host"],
+            registry=r,
+        )
+        self.store_pending_writes = Gauge(
+            "promptcache_session_store_pending_writes",
+            "Session records saved in the background and not yet written (proxy.store).",
+            ["backend"],
+            registry=r,
+        )
+        self.store_dropped_writes = Counter(
+            "promptcache_session_store_writes_dropped_total",
+            "Session records not saved because too many writes were pending; the next turn of "
+            "that session goes without replay (proxy.store).",
+            ["backend"],
+            registry=r,
+        )
         self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
         self.build.info({"version": __version__})
 
@@ -299,19 +343,24 @@ class Metrics:
             for operation in STORE_OPERATIONS:
                 self.store_duration.labels(backend, operation)
                 self.store_errors.labels(backend, operation)
+            self.store_pending_writes.labels(backend)
+            self.store_dropped_writes.labels(backend)
         self.by_provider: dict[str, ProviderMetrics] = {}
         self.measure: dict[str, MeasureMetrics] = {}
         for provider in PROVIDERS:
             names = families.get(provider, (OTHER_FAMILY,))
             self.measure[provider] = MeasureMetrics(
+                provider=provider,
                 prompt_bytes=self.prompt_bytes.labels(provider),
                 matched_bytes=self.prefix_matched_bytes.labels(provider),
                 divergence_ratio=self.divergence_ratio.labels(provider),
                 divergence_tokens=self.divergence_tokens.labels(provider),
                 predicted_read_tokens=self.predicted_read_tokens.labels(provider),
                 divergences={pair: self.divergences.labels(provider, *pair) for pair in DIVERGENCE_LABELS},
-                cost={f: self.cost.labels(provider, f) for f in names},
-                uncached_cost={f: self.uncached_cost.labels(provider, f) for f in names},
+                families=frozenset(names) | {OTHER_FAMILY},
+                cost_metric=self.cost,
+                uncached_cost_metric=self.uncached_cost,
+                cost={},
             )
             self.prompt_bytes.labels(provider)
             self.prefix_matched_bytes.labels(provider)

@@ -21,6 +21,8 @@ class Services:
     """`proxy.debug.LastMeasurements`: newest measurement per session, for `/debug/sessions`."""
     store: Any = None
     """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
+    active_upstreams: Any = None
+    """Provider -> `proxy.upstreams.ActiveUpstream` (mode and host in use), set at start."""
     sessions: Any = None
     """Per-process session state (`proxy.sessions.SessionState`: tenant secret, session
     inference index, pacing statistics); set with `store` by `proxy.store.store_ctx`."""

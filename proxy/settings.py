@@ -11,6 +11,7 @@ came from; `promptcache serve` prints it and exits with status 2.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -86,6 +87,10 @@ class Settings(BaseModel):
     history_requests: int = Field(200, ge=1)
     """Request rows kept per session (the newest)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Any case (`debug` = `DEBUG`)."""
+    log_format: Literal["text", "json"] = "text"
+    """`json`: one JSON object per line (`ts`, `level`, `logger`, `message`, and the access
+    line's fields), for log collectors."""
     record: Path | None = None
     """Append every pipeline request's client body to this JSONL trace (workload format;
     credentials never recorded)."""
@@ -100,6 +105,13 @@ class Settings(BaseModel):
             value = [part.strip() for part in value.split(",") if part.strip()]
         if isinstance(value, (list, tuple)):
             return {str(flag): True for flag in value}
+        return value
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _case(cls, value: Any, info: Any) -> Any:
+        if isinstance(value, str):
+            return value.upper() if info.field_name == "log_level" else value.lower()
         return value
 
     @field_validator("session_headers", mode="before")
@@ -151,6 +163,20 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def _nearest_setting(loc: list[str]) -> str | None:
+    """The known setting name nearest to the unknown one at `loc` (difflib ratio >= 0.6), else
+    `None`; nested settings (`anthropic_capabilities.strip_tl`) look among their own fields."""
+    model: type[BaseModel] = Settings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def load_settings(
     config_file: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -192,7 +218,13 @@ def load_settings(
             top = loc[0] if loc else "?"
             where = origin.get(top, top)
             dotted = ".".join(loc)
-            lines.append(f"invalid setting {dotted} ({where}): {error['msg']}")
+            message = error["msg"]
+            if error["type"] == "extra_forbidden":
+                near = _nearest_setting(loc)
+                if near is not None and len(loc) == 1 and where.startswith(ENV_PREFIX):
+                    near = f"{ENV_PREFIX}{near.upper()}"
+                message = f'unknown setting; did you mean "{near}"?' if near else "unknown setting"
+            lines.append(f"invalid setting {dotted} ({where}): {message}")
         raise SettingsError("\n".join(lines)) from None
     from proxy.admin import admin_exposure_error
 

@@ -1,8 +1,14 @@
 """observe: the response side. Records what the upstream reported, after the client has it.
 
-Runs once per pipeline request after the last byte went to the client. Fails open like every
-stage: an exception is counted in `promptcache_stage_errors_total{stage="observe"}` and never
-reaches the client.
+Runs once per pipeline request after the last byte went to the client. It is synchronous on
+purpose: once the last byte is written nothing here awaits, so a client that closes its
+connection at once (curl, urllib, HTTP/1.0) cannot cancel it; the session record is handed to
+the store's background writer (`proxy.store.RecordStore.save_soon`), which outlives the handler
+and is drained on shutdown. Fails open like every stage: an exception is counted in
+`promptcache_stage_errors_total{stage="observe"}` and never reaches the client.
+
+Usage is counted exactly once per exchange (`record_usage` is idempotent): here after a
+complete response, or by the handler when the client left mid-stream.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ _log = logging.getLogger("promptcache.observe")
 
 
 def record_usage(exchange: Exchange, services: Services) -> None:
-    """Add the response's usage to the token counters (units: tokens)."""
+    """Add the response's usage to the token counters (units: tokens), once per exchange."""
     usage = exchange.usage
-    if usage is None:
+    if usage is None or exchange.is_usage_counted:
         return
+    exchange.is_usage_counted = True
     pm = services.metrics.by_provider[exchange.provider]
     pm.input_tokens["read"].inc(usage.cache_read)
     pm.input_tokens["write"].inc(usage.cache_write)
@@ -31,10 +38,11 @@ def record_usage(exchange: Exchange, services: Services) -> None:
     pm.output_tokens.inc(usage.output)
 
 
-async def observe(exchange: Exchange, services: Services) -> None:
-    """Response-side measurement and the session record write; never raises.
+def observe(exchange: Exchange, services: Services) -> None:
+    """Response-side measurement; schedules the session record write; never raises.
 
-    Timed as `promptcache_stage_duration_seconds{stage="observe"}` (store write included)."""
+    Timed as `promptcache_stage_duration_seconds{stage="observe"}` (the record build included,
+    the background write not)."""
     started = time.perf_counter()
     try:
         record_usage(exchange, services)
@@ -43,5 +51,5 @@ async def observe(exchange: Exchange, services: Services) -> None:
     except Exception as exc:  # noqa: BLE001 - fail open
         services.metrics.stage_error_counters["observe"].inc()
         _log.warning("observe failed (%s)", type(exc).__name__)
-    await after_response(exchange, services)
+    after_response(exchange, services)
     services.metrics.stage_timers["observe"].observe(time.perf_counter() - started)

@@ -26,8 +26,9 @@ Response side: `after_response(exchange, services)` runs after the last byte wen
 client, for 2xx responses only (a 4xx or 5xx never updates state). It builds the new
 `SessionRecord` from what was SENT (chain, markers and their TTLs, model, params, sidecars,
 pins: tool pins from the blocks sent, pinned system segments from the pin stage's
-`notes["pinned_segments"]`, `tail_misses`), writes it (bounded, failing soft) and registers
-the request in the inference index.
+`notes["pinned_segments"]`, `tail_misses`), hands it to the store's bounded background writer
+(`RecordStore.save_soon`: the handler never waits on the store, and the write survives the
+client leaving) and registers the request in the inference index.
 It never raises. Nothing is digested twice: the chain and markers come from
 `proxy.measure.sent_prompt` (computed once per request), a sidecar's bytes from the message
 view (`MessageView.key_of`: its digest) or the replay stage (`notes["replayed_bytes"]`) when the
@@ -345,8 +346,9 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
     )
 
 
-async def after_response(exchange: Exchange, services: Services) -> None:
-    """Write the session's record after a 2xx response (module docstring); never raises."""
+def after_response(exchange: Exchange, services: Services) -> None:
+    """Build the session's record after a 2xx response and hand it to the store's background
+    writer (`RecordStore.save_soon`: nothing here waits on the store); never raises."""
     state: SessionState | None = services.sessions
     store = services.store
     tenant, session = exchange.tenant, exchange.session_id
@@ -365,7 +367,7 @@ async def after_response(exchange: Exchange, services: Services) -> None:
         services.metrics.stage_errors.labels("session").inc()
         _log.warning("session record not built (%s)", type(exc).__name__)
         return
-    await store.save(tenant, session, record)
+    store.save_soon(tenant, session, record)
     if view is not None:
         state.index.register(tenant, session, view.boundaries)
 

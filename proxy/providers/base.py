@@ -104,8 +104,8 @@ class ErrorKind:
     openai_type: str
 
 
-BAD_GATEWAY = ErrorKind(502, "api_error", "upstream_error")
-GATEWAY_TIMEOUT = ErrorKind(504, "timeout_error", "timeout")
+BAD_GATEWAY = ErrorKind(502, "api_error", "server_error")
+GATEWAY_TIMEOUT = ErrorKind(504, "timeout_error", "server_error")
 TOO_LARGE = ErrorKind(413, "request_too_large", "invalid_request_error")
 BAD_REQUEST = ErrorKind(400, "invalid_request_error", "invalid_request_error")
 NOT_FOUND = ErrorKind(404, "not_found_error", "invalid_request_error")

@@ -141,7 +141,13 @@ async def _error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     try:
-        return await handler(request)
+        try:
+            return await handler(request)
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+            # The real APIs answer unknown paths (and methods) with a JSON 404 in their own shape.
+            if _provider(request) == "openai":
+                raise Rejected(404, f"Invalid URL ({request.method} {request.path})") from None
+            raise Rejected(404, "Not Found") from None
     except Rejected as exc:
         provider = _provider(request)
         if provider == "anthropic":
@@ -167,6 +173,12 @@ async def _body(request: web.Request) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise Rejected(
+                400, f"The request body is not valid UTF-8 (byte 0x{raw[bad.start]:02x} at offset {bad.start})"
+            ) from exc
         raise Rejected(400, f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise Rejected(400, "The request body must be a JSON object")

@@ -15,6 +15,14 @@
   the remembered ones returns that record without
   decoding (the backend is still read every time, so a replica's newer write is seen). Records
   are immutable: callers never edit one (or its `pins`).
+- Writes are off the request path: `save_soon` encodes the record, keeps it as the session's
+  pending record and returns at once; a background task (`proxy.aio.TaskSet`, one per session
+  at a time, so writes of one session never reorder) writes it, newest first when several
+  turns arrive meanwhile (older pending ones are superseded, never written after a newer one).
+  A `load` of a session with a pending record returns that record (read-your-writes on this
+  replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`);
+  beyond that a save is dropped and counted (`promptcache_session_store_writes_dropped_total`).
+  `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
 - `store_ctx(app)` is the `cleanup_ctx` entry: it opens the store (`settings.store`, default
   SQLite at `state_dir/sessions.db`) and the per-process session state (tenant secret, session
   inference index, pacing statistics: `proxy.sessions.SessionState`) and closes them on exit.
@@ -30,6 +38,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from proxy.aio import TaskSet
 from proxy.store.base import SessionStore
 from proxy.store.record import RecordError, SessionRecord, Sidecar, decode_record, encode_record
 
@@ -64,6 +73,13 @@ MEMO_ENTRIES: Final = 1024
 MEMO_BYTES: Final = 32 * 1024 * 1024
 """Memory those records may take, counted as twice their encoded size (the bytes and the
 decoded record; a 600 KB conversation's record is about 600 KB encoded)."""
+
+MAX_PENDING_WRITES: Final = 1024
+"""Sessions whose record may wait for its background write at once."""
+MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
+"""Encoded bytes those pending records may take."""
+DRAIN_TIMEOUT: Final = 2 * PUT_TIMEOUT
+"""Seconds `close()` waits for pending writes (a session's write and one superseding it)."""
 
 _log = logging.getLogger("promptcache.store")
 
@@ -117,9 +133,20 @@ class RecordStore:
         self._put_time = metrics.store_duration.labels(name, "put")
         self._get_errors = metrics.store_errors.labels(name, "get")
         self._put_errors = metrics.store_errors.labels(name, "put")
+        self._pending_gauge = metrics.store_pending_writes.labels(name)
+        self._dropped = metrics.store_dropped_writes.labels(name)
+        self._pending: dict[tuple[str, str], tuple[SessionRecord, bytes, float]] = {}
+        """Newest record per session not yet written: `(record, encoded, ttl)`."""
+        self._pending_bytes = 0
+        self._writers = TaskSet(MAX_PENDING_WRITES)
 
     async def load(self, tenant: str, session: str) -> SessionRecord | None:
-        """The session's record, or `None` when absent, expired, unreadable or the store failed."""
+        """The session's record, or `None` when absent, expired, unreadable or the store failed.
+
+        A record saved on this replica and not yet written is returned without a backend read."""
+        pending = self._pending.get((tenant, session))
+        if pending is not None:
+            return pending[0]
         started = time.perf_counter()
         try:
             if self._is_in_process:
@@ -150,8 +177,13 @@ class RecordStore:
         return record
 
     async def save(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
-        """Write `record` for `ttl` seconds; `False` when the store failed (counted, logged)."""
-        data = encode_record(record)
+        """Write `record` for `ttl` seconds now; `False` when the store failed (counted, logged).
+
+        The request path uses `save_soon`."""
+        return await self._put((tenant, session), encode_record(record), record, ttl)
+
+    async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord, ttl: float) -> bool:
+        tenant, session = key
         started = time.perf_counter()
         try:
             if self._is_in_process:
@@ -165,8 +197,48 @@ class RecordStore:
             return False
         finally:
             self._put_time.observe(time.perf_counter() - started)
-        self._remember((tenant, session), data, record)
+        self._remember(key, data, record)
         return True
+
+    def save_soon(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
+        """Save `record` in the background (module docstring); returns at once. `False` when it
+        was dropped because too many writes are pending (counted)."""
+        key = (tenant, session)
+        data = encode_record(record)
+        old = self._pending.get(key)
+        held = self._pending_bytes - (len(old[1]) if old is not None else 0)
+        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + len(data) > MAX_PENDING_BYTES:
+            self._dropped.inc()
+            _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
+            return False
+        self._pending[key] = (record, data, ttl)
+        self._pending_bytes = held + len(data)
+        self._pending_gauge.set(len(self._pending))
+        if old is None:
+            self._writers.spawn(self._write_pending(key), name="promptcache-store-save")
+        return True
+
+    async def _write_pending(self, key: tuple[str, str]) -> None:
+        """Write `key`'s pending record until none newer is left (one task per key)."""
+        try:
+            while (item := self._pending.get(key)) is not None:
+                await self._put(key, item[1], item[0], item[2])
+                if self._pending.get(key) is item:
+                    break
+        finally:
+            done = self._pending.pop(key, None)
+            if done is not None:
+                self._pending_bytes -= len(done[1])
+            self._pending_gauge.set(len(self._pending))
+
+    async def flush(self) -> None:
+        """Wait until every pending record is written (or failed); tests and shutdown."""
+        await self._writers.drain(DRAIN_TIMEOUT)
+
+    @property
+    def pending_writes(self) -> int:
+        """Sessions whose record waits for its background write."""
+        return len(self._pending)
 
     def _remember(self, key: tuple[str, str], data: bytes, record: SessionRecord) -> None:
         """Keep `data` and its decoded `record` for `key` (bounded LRU; see the module docstring)."""
@@ -182,6 +254,10 @@ class RecordStore:
             self._memo_bytes -= 2 * len(dropped)
 
     async def close(self) -> None:
+        """Drain the pending writes (at most `DRAIN_TIMEOUT` seconds), then close the backend."""
+        left = await self._writers.drain(DRAIN_TIMEOUT)
+        if left:
+            _log.warning("session store %s: %d pending writes cancelled at shutdown", self.backend.backend, left)
         try:
             await self.backend.close()
         except Exception as exc:  # noqa: BLE001 - closing must not mask the shutdown

@@ -3,8 +3,11 @@
 Contract:
 - `SUITE` lists every workload in a fixed order; `generate(workload)` builds its `Trace` from
   the workload's seed alone (no wall clock, no I/O), so the same code gives the same bytes.
-- Workloads with `committed=True` are checked in under `workloads/<name>.jsonl`; the others
-  are too large to commit and `ensure_traces(names, cache_dir)` generates them on demand.
+- Workloads with `committed=True` are checked in under `workloads/<name>.jsonl` (a wheel installs
+  them as data files, `proxy/paths.py`); the others are too large to commit.
+  `ensure_traces(names, cache_dir)` generates into `cache_dir` whatever is not found where it is
+  shipped (an uncommitted workload, or a committed one when the data files are missing), so the
+  suite replays from any install.
 - Each workload targets one client behaviour that breaks provider prompt caches (its
   `description` says which); all use current model ids from `rules/simulator.yaml`.
 """
@@ -17,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from proxy.paths import packaged_workloads_dir
 from proxy.workloads import anthropic_gen, openai_gen, text
 from proxy.workloads.script import Event, ScriptSpec, make_script, make_tools
 from proxy.workloads.trace import Trace, TraceRequest, dumps_trace, load_trace
 
-ROOT: Final = Path(__file__).resolve().parents[2]
-COMMITTED_DIR: Final = ROOT / "workloads"
-"""Where committed traces live (`workloads/<name>.jsonl` at the repository root)."""
+COMMITTED_DIR: Final = packaged_workloads_dir()
+"""Where committed traces live (`workloads/<name>.jsonl` at the repository root, or installed)."""
 
 SONNET: Final = "claude-sonnet-4-6"
 OPUS: Final = "claude-opus-5"
@@ -246,21 +249,23 @@ def generate(workload: Workload) -> Trace:
 
 
 def trace_path(workload: Workload, cache_dir: Path) -> Path:
-    """Where the workload's trace file lives: `workloads/` if committed, else `cache_dir`."""
-    return (COMMITTED_DIR if workload.committed else cache_dir) / f"{workload.name}.jsonl"
+    """Where the workload's trace file lives: `workloads/` if committed and shipped, else `cache_dir`."""
+    shipped = COMMITTED_DIR / f"{workload.name}.jsonl"
+    if workload.committed and shipped.is_file():
+        return shipped
+    return cache_dir / f"{workload.name}.jsonl"
 
 
 def ensure_traces(names: Iterable[str], cache_dir: Path) -> list[Path]:
-    """Paths of the named workloads' traces, generating missing uncommitted ones (blocking)."""
+    """Paths of the named workloads' traces, generating the ones not shipped into `cache_dir` (blocking).
+
+    A generated committed workload has the committed bytes (`python -m proxy.workloads check`).
+    """
     paths = []
     for name in names:
         workload = BY_NAME[name]
         path = trace_path(workload, cache_dir)
         if not path.exists():
-            if workload.committed:
-                raise FileNotFoundError(
-                    f"{path}: committed trace missing; run `python -m proxy.workloads write`"
-                )
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(dumps_trace(generate(workload)))

@@ -90,6 +90,8 @@ def test_compose_runs_two_replicas_redis_prometheus_grafana() -> None:
         assert proxy["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
         assert proxy["environment"]["PROMPTCACHE_STORE"] == "redis://redis:6379/0"
         assert proxy["environment"]["PROMPTCACHE_ADMIN_PORT"] == "9464"
+        # Never the simulator by accident: `auto` would serve canned answers after a DNS blip.
+        assert proxy["environment"]["PROMPTCACHE_UPSTREAM"] == "${PROMPTCACHE_UPSTREAM:-real}"
         assert "PROMPTCACHE_SECRET" in proxy["environment"]
         assert proxy["environment"]["PROMPTCACHE_ADMIN_TOKEN"].startswith("${PROMPTCACHE_ADMIN_TOKEN:?")
     assert services["prometheus"]["secrets"] == ["promptcache_admin_token"]
@@ -117,6 +119,38 @@ def test_dockerfile_runs_unprivileged_with_a_healthcheck() -> None:
     assert lines.index("USER 10001") > max(i for i, line in enumerate(lines) if line.startswith("RUN "))
 
 
+def _stages(text: str) -> list[list[str]]:
+    """The Dockerfile's instructions per stage (continuation lines joined)."""
+    joined = text.replace("\\\n", " ")
+    stages: list[list[str]] = []
+    for line in joined.splitlines():
+        line = " ".join(line.split())
+        if line.startswith("FROM "):
+            stages.append([])
+        if line and not line.startswith("#"):
+            stages[-1].append(line)
+    return stages
+
+
+def test_dockerfile_installs_a_built_wheel_not_the_source_tree() -> None:
+    build, final = _stages((DEPLOY / "Dockerfile").read_text())
+    assert build[0] == "FROM python:3.11-slim AS build"
+    assert [i for i in build if i.startswith("COPY ")] == [
+        "COPY pyproject.toml README.md ./",
+        "COPY proxy ./proxy",
+        "COPY rules ./rules",
+        "COPY workloads ./workloads",
+    ]
+    assert [i for i in build if i.startswith("RUN ")] == ["RUN pip wheel --wheel-dir /wheels ."]
+    assert final[0] == "FROM python:3.11-slim"
+    assert [i for i in final if i.startswith(("COPY ", "ADD "))] == ["COPY --from=build /wheels /wheels"]
+    [run] = [i for i in final if i.startswith("RUN ")]
+    assert run.startswith("RUN pip install --no-index --find-links /wheels promptcache && rm -rf /wheels && ")
+    assert "--editable" not in (DEPLOY / "Dockerfile").read_text()
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert {"!pyproject.toml", "!README.md", "!proxy/**", "!rules/**", "!workloads/**"} <= set(ignore)
+
+
 def _manifests() -> list[dict[str, Any]]:
     kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
     docs = []
@@ -135,6 +169,7 @@ def test_kubernetes_manifests() -> None:
     [container] = pod["containers"]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["PROMPTCACHE_STORE"] == "redis://redis:6379/0"
+    assert env["PROMPTCACHE_UPSTREAM"] == "real"
     assert env["PROMPTCACHE_SECRET"] == {"secretKeyRef": {"name": "promptcache", "key": "secret"}}
     assert env["PROMPTCACHE_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "promptcache", "key": "admin-token"}}
     # These settings start (a non-loopback admin listener needs its token).

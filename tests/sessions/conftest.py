@@ -51,7 +51,7 @@ class Proxy:
 class Client:
     """Posts JSON bodies, returns `(status, parsed JSON)`. One keep-alive connection per proxy:
     aiohttp serves a connection's requests one after another, so `settle(proxy)` returns once
-    the previous request's handler (and its after-response store write) has finished."""
+    the previous request's handler has finished and its background record write is done."""
 
     session: aiohttp.ClientSession
     sent: list[bytes] = field(default_factory=list)
@@ -68,6 +68,8 @@ class Client:
     async def settle(self, proxy: Proxy) -> None:
         async with self.session.get(proxy.url + "/healthz") as response:
             assert response.status == 200
+        if proxy.services.store is not None:
+            await proxy.services.store.flush()
 
 
 @pytest.fixture

@@ -236,7 +236,8 @@ async def _send(services: Services, adapter: Any, path: str, body: dict[str, Any
     await run_request_stages(ex, services)
     ex.status = 200
     ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")
-    await observe(ex, services)
+    observe(ex, services)
+    await services.store.flush()
     return ex
 
 
