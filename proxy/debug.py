@@ -77,39 +77,36 @@ def caller_tenants(state: Any, headers: Mapping[str, str], provider: str | None 
     return [(p, state.tenant_of(p, headers)) for p in PROVIDERS if provider in (None, p)]
 
 
-def _provider_arg(request: web.Request) -> tuple[str | None, web.Response | None]:
+def _scope(request: web.Request) -> tuple[Any, str | None, web.Response | None]:
+    """`(services, ?provider=, error response)`: 503 while sessions are off, 400 for an unknown
+    provider."""
+    services = request.app[SERVICES]
+    if services.sessions is None or services.store is None or services.last_measurements is None:
+        return services, None, web.json_response({"error": "sessions are off"}, status=503)
     provider = request.query.get("provider")
     if provider is not None and provider not in PROVIDERS:
-        return None, web.json_response({"error": "provider must be anthropic or openai"}, status=400)
-    return provider, None
+        return services, None, web.json_response({"error": "provider must be anthropic or openai"}, status=400)
+    return services, provider, None
 
 
 async def sessions_handler(request: web.Request) -> web.Response:
     """`GET /debug/sessions`: the caller's recent sessions, newest first (module docstring)."""
-    services = request.app[SERVICES]
-    state, history = services.sessions, services.last_measurements
-    if state is None or history is None:
-        return web.json_response({"error": "sessions are off"}, status=503)
-    provider, error = _provider_arg(request)
+    services, provider, error = _scope(request)
     if error is not None:
         return error
-    mine = caller_tenants(state, caller_headers(request), provider)
-    return web.json_response({"sessions": [e.summary() for e in history.recent(mine)]})
+    mine = caller_tenants(services.sessions, caller_headers(request), provider)
+    return web.json_response({"sessions": [e.summary() for e in services.last_measurements.recent(mine)]})
 
 
 async def session_handler(request: web.Request) -> web.Response:
     """See the module docstring."""
-    services = request.app[SERVICES]
-    state, store = services.sessions, services.store
-    if state is None or store is None:
-        return web.json_response({"error": "sessions are off"}, status=503)
     from proxy.sessions import explicit_id
 
-    provider, error = _provider_arg(request)
+    services, provider, error = _scope(request)
     if error is not None:
         return error
+    state, store, history = services.sessions, services.store, services.last_measurements
     raw_id = request.match_info["session_id"]
-    history = services.last_measurements
     candidates = [
         (name, tenant, session_id)
         for name, tenant in caller_tenants(state, caller_headers(request), provider)
@@ -117,7 +114,7 @@ async def session_handler(request: web.Request) -> web.Response:
     ]
     # The index knows each session's provider; the store (keyed by tenant only) is the fallback.
     for name, tenant, session_id in candidates:
-        entry = history.entry(tenant, session_id) if history is not None else None
+        entry = history.entry(tenant, session_id)
         if entry is not None and entry.provider == name:
             record = await store.load(tenant, session_id)
             return _session_json(session_id, name, entry, record)
