@@ -1,4 +1,5 @@
-"""The admin surface: `/metrics`, `/debug/sessions[/{id}]`, `/ui/` and `/ui/sessions/{id}`.
+"""The admin surface: `/metrics`, `/debug/sessions[/{id}]`, `/debug/tenants`, `/ui/` and
+`/ui/sessions/{id}`.
 
 Served on the admin listener (`admin_port`), or on the main one when no admin port is set.
 
@@ -114,14 +115,17 @@ def token_query(request: web.Request) -> str:
 
 
 def add_admin_routes(router: web.UrlDispatcher) -> None:
-    """`/metrics`, `/debug/sessions`, `/debug/sessions/{id}`, `/ui/`, `/ui/sessions/{id}`."""
+    """`/metrics`, `/debug/sessions`, `/debug/sessions/{id}`, `/debug/tenants`, `/ui/`,
+    `/ui/sessions/{id}`."""
     from proxy.debug import session_handler, sessions_handler
     from proxy.handlers import metrics_handler
+    from proxy.ledger import tenants_handler
     from proxy.ui.routes import ui_index, ui_redirect, ui_session
 
     router.add_get("/metrics", guarded(metrics_handler))
     router.add_get("/debug/sessions", guarded(sessions_handler))
     router.add_get("/debug/sessions/{session_id}", guarded(session_handler))
+    router.add_get("/debug/tenants", guarded(tenants_handler))
     router.add_get("/ui", ui_redirect)
     router.add_get("/ui/", guarded(ui_index))
     router.add_get("/ui/sessions/{session_id}", guarded(ui_session))

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -22,11 +22,13 @@ from proxy.admin import add_admin_routes
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements
 from proxy.handlers import healthz, not_found, proxy_handler, readyz
+from proxy.ledger import TenantLedger
 from proxy.metrics import Metrics
 from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.store import store_ctx
+from proxy.teams import TeamResolver, load_team_file
 from proxy.upstreams import resolve_upstreams
 
 _log = logging.getLogger("promptcache.app")
@@ -105,19 +107,37 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
         await services.recorder.close()
 
 
-def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
+def create_app(
+    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
+) -> web.Application:
     """The proxy as an aiohttp application; `registry` defaults to a fresh one.
 
-    Raises `proxy.rules.RuleError` (naming file, key path and line) when the rules are invalid.
+    With `settings.tracing`, requests are traced to `tracer_provider` (an OpenTelemetry
+    `TracerProvider`; default `proxy.otel.default_provider()`); otherwise nothing of
+    OpenTelemetry is imported. Raises `proxy.rules.RuleError` (naming file, key path and line)
+    when the rules are invalid, `proxy.teams.TeamFileError` when `teams_file` is.
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
+    if settings.tracing:
+        from proxy.otel import default_provider, tracing_middleware
+
+        app.middlewares.append(tracing_middleware(tracer_provider or default_provider()))
+    teams = TeamResolver.build(
+        settings.team_header,
+        settings.teams,
+        load_team_file(settings.teams_file) if settings.teams_file is not None else {},
+    )
+    metrics = Metrics(registry)
+    metrics.prepare_teams(teams.labels)
     app[SERVICES] = Services(
         settings=settings,
-        metrics=Metrics(registry),
+        metrics=metrics,
         rules=load_rules(settings.rules_dir),
         last_measurements=LastMeasurements(
             settings.history_sessions, settings.history_sessions_per_tenant, settings.history_requests
         ),
+        teams=teams,
+        ledger=TenantLedger(),
     )
     app.cleanup_ctx.append(_resolve_upstreams)
     app.cleanup_ctx.append(_recorder_ctx)
@@ -144,13 +164,13 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
 
 
 async def start_proxy(
-    settings: Settings, registry: CollectorRegistry | None = None
+    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
 ) -> tuple[web.AppRunner, str]:
     """Start the proxy on the running loop at `settings.host:settings.port` (0 = any free port).
 
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
-    app = create_app(settings, registry)
+    app = create_app(settings, registry, tracer_provider)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)

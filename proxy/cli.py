@@ -58,6 +58,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "rules_dir": args.rules_dir,
     }
     from proxy.rules import RuleError
+    from proxy.teams import TeamFileError
 
     try:
         settings = load_settings(args.config, overrides=overrides)
@@ -71,6 +72,9 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         runner, url = await start_proxy(settings)
     except RuleError as exc:
         print(f"promptcache: invalid rules:\n{exc}", file=sys.stderr)
+        return 2
+    except TeamFileError as exc:
+        print(f"promptcache: invalid teams_file: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"promptcache: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)

@@ -33,6 +33,8 @@ class Exchange:
     tenant: str | None = None
     """Keyed hash of the credential and upstream host; never the credential itself."""
     session_id: str | None = None
+    team: str | None = None
+    """Team the request's cost is attributed to (`proxy.teams`), resolved on first use."""
     failed_stage: str | None = None
     notes: dict[str, Any] = field(default_factory=dict)
     """Stage outputs that later stages or measurement read (plans, digests, counts)."""

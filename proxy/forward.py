@@ -31,6 +31,7 @@ from proxy.exchange import Exchange
 from proxy.metrics import ProviderMetrics
 from proxy.providers.base import BAD_GATEWAY, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
 from proxy.sse import SSEDecoder
+from proxy.tracing import CURRENT as CURRENT_TRACE
 from proxy.upstreams import host_of
 
 _log = logging.getLogger("promptcache.forward")
@@ -152,10 +153,31 @@ async def forward(
 
     `data` is the request body (`exchange.outgoing` on pipeline routes, the client's stream or
     `None` elsewhere). Sets `exchange.status`, `exchange.usage` (when the response carries usage) and
-    `exchange.sent_at`. Returns the prepared response (or a local 502/504 reply).
+    `exchange.sent_at`. Returns the prepared response (or a local 502/504 reply). With tracing on
+    (`proxy/tracing.py`) the call runs in an `upstream` span whose `traceparent` goes upstream.
     """
     url = base_url + exchange.path + (f"?{exchange.query_string}" if exchange.query_string else "")
     headers = request_headers(exchange.headers)
+    trace = CURRENT_TRACE.get()
+    if trace is None:
+        return await _send(request, exchange, session, base_url, url, headers, metrics, read_timeout, data)
+    with trace.upstream(request.method, url, headers) as span:
+        response = await _send(request, exchange, session, base_url, url, headers, metrics, read_timeout, data)
+        span.set_status_code(exchange.status)
+        return response
+
+
+async def _send(
+    request: web.Request,
+    exchange: Exchange,
+    session: aiohttp.ClientSession,
+    base_url: str,
+    url: str,
+    headers: CIMultiDict[str],
+    metrics: ProviderMetrics,
+    read_timeout: float,
+    data: bytes | AsyncIterator[bytes] | None,
+) -> web.StreamResponse:
     exchange.sent_at = time.perf_counter()
     metrics.overhead.observe(exchange.sent_at - exchange.received_at)
     adapter = exchange.adapter

@@ -41,6 +41,7 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
+from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
 from proxy.pricing import PricingTable, default_pricing
@@ -463,6 +464,8 @@ def measure(exchange: Exchange, services: Services) -> None:
     )
     exchange.notes["measurement"] = result
     _record(result, services, requested)
+    if cost is not None and uncached is not None:
+        attribute_cost(exchange, services, cost, uncached)
     _log.debug(
         "measured %s: cause=%s section=%s block=%d byte=%d tokens~%d predicted_read~%d",
         result.provider,

@@ -148,8 +148,38 @@ class MeasureMetrics:
         return found
 
 
+@dataclass(slots=True)
+class TeamMetrics:
+    """Label children of one team."""
+
+    requests: Counter
+    input_tokens: dict[str, Counter]
+    """By `cache` (`CACHE_KINDS`)."""
+    cost: Counter
+    uncached_cost: Counter
+
+
 class Metrics:
     """All metrics of one app, registered in `registry` (a fresh one per app and per test)."""
+
+    def team_metrics(self, team: str) -> TeamMetrics:
+        """Children of `team` (a value `proxy.teams.TeamResolver` produced: bounded), created
+        on first use; `prepare_teams` creates them at start."""
+        found = self.teams.get(team)
+        if found is None:
+            found = TeamMetrics(
+                requests=self.team_requests.labels(team),
+                input_tokens={c: self.team_input_tokens.labels(team, c) for c in CACHE_KINDS},
+                cost=self.team_cost.labels(team),
+                uncached_cost=self.team_uncached_cost.labels(team),
+            )
+            self.teams[team] = found
+        return found
+
+    def prepare_teams(self, teams: Sequence[str]) -> None:
+        """Create every team's series at start (each exists with 0)."""
+        for team in teams:
+            self.team_metrics(team)
 
     def __init__(
         self,
@@ -312,6 +342,34 @@ class Metrics:
             ["backend", "operation"],
             registry=r,
         )
+        self.team_requests = Counter(
+            "promptcache_team_requests_total",
+            "Pipeline requests with upstream usage, by team (bounded: allowlist + other) (proxy.pipeline.observe).",
+            ["team"],
+            registry=r,
+        )
+        self.team_input_tokens = Counter(
+            "promptcache_team_input_tokens_total",
+            "Prompt tokens by team and cache read/write/none; read / sum = the team's hit ratio "
+            "(proxy.pipeline.observe).",
+            ["team", "cache"],
+            registry=r,
+        )
+        self.team_cost = Counter(
+            "promptcache_team_cost_usd_total",
+            "List-price cost of the upstream usage in USD, by team (proxy.measure).",
+            ["team"],
+            registry=r,
+        )
+        self.team_uncached_cost = Counter(
+            "promptcache_team_uncached_cost_usd_total",
+            "Cost in USD had no prompt token been cached, by team; minus promptcache_team_cost_usd_total "
+            "= the team's savings (proxy.measure).",
+            ["team"],
+            registry=r,
+        )
+        self.teams: dict[str, TeamMetrics] = {}
+        """Label children by team, filled by `team_metrics` (values bounded by `proxy.teams`)."""
         self.upstream_info = Gauge(
             "promptcache_upstream_info",
             "1 per provider for the upstream in use: mode real, sim (the built-in simulator) or "

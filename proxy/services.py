@@ -21,6 +21,10 @@ class Services:
     """`proxy.debug.LastMeasurements`: newest measurement per session, for `/debug/sessions`."""
     store: Any = None
     """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
+    teams: Any = None
+    """`proxy.teams.TeamResolver` built from `team_header`, `teams` and `teams_file`."""
+    ledger: Any = None
+    """`proxy.ledger.TenantLedger`: per-tenant totals for `/debug/tenants`."""
     active_upstreams: Any = None
     """Provider -> `proxy.upstreams.ActiveUpstream` (mode and host in use), set at start."""
     sessions: Any = None

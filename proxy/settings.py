@@ -12,6 +12,7 @@ came from; `promptcache serve` prints it and exits with status 2.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -94,8 +95,17 @@ class Settings(BaseModel):
     record: Path | None = None
     """Append every pipeline request's client body to this JSONL trace (workload format;
     credentials never recorded)."""
+    team_header: str = ""
+    """Request header naming the team (`x-team`); only values in `teams` (or the file) count."""
+    teams: tuple[str, ...] = ()
+    """Allowlist of team names; any other value is counted as team `other`."""
+    teams_file: Path | None = None
+    """YAML `version: 1`, `teams: {<sha256 hex of an API key>: <team>}`; wins over the header."""
     cache_diagnostics: bool = False
     """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+    tracing: bool = False
+    """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
+    (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod
@@ -114,11 +124,21 @@ class Settings(BaseModel):
             return value.upper() if info.field_name == "log_level" else value.lower()
         return value
 
-    @field_validator("session_headers", mode="before")
+    @field_validator("session_headers", "teams", mode="before")
     @classmethod
     def _headers(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("teams")
+    @classmethod
+    def _teams(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from proxy.teams import TEAM_NAME
+
+        for team in value:
+            if not TEAM_NAME.match(team):
+                raise ValueError(f"team {team!r} must match {TEAM_NAME.pattern}")
         return value
 
     @field_validator("secret")
@@ -141,6 +161,13 @@ class Settings(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http(s):// base URL")
         return value.rstrip("/")
+
+    @field_validator("tracing")
+    @classmethod
+    def _tracing(cls, value: bool) -> bool:
+        if value and importlib.util.find_spec("opentelemetry.sdk") is None:
+            raise ValueError("needs the otel extra: pip install 'promptcache[otel]'")
+        return value
 
     @field_validator("store")
     @classmethod

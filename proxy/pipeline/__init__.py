@@ -39,6 +39,7 @@ from proxy.pipeline import (
 )
 from proxy.providers.base import JSONObject
 from proxy.services import Services
+from proxy.tracing import CURRENT as CURRENT_TRACE
 
 _log = logging.getLogger("promptcache.pipeline")
 
@@ -85,13 +86,17 @@ async def run_request_stages(
     """Run `stages` in order on `exchange`; never raises (fail open)."""
     timers = services.metrics.stage_timers
     is_observe = services.settings.mode == "observe"
+    trace = CURRENT_TRACE.get()
     for stage in stages:
         if is_observe and stage.rewrites:
             continue
         started = time.perf_counter()
+        span = trace.stage(stage.name) if trace is not None else None
         try:
             await stage.run(exchange, services)
         except Exception as exc:  # noqa: BLE001 - fail open is the contract
+            if span is not None:
+                span.fail(exc)
             exchange.failed_stage = stage.name
             exchange.upstream_body = None
             exchange.body = _client_body(exchange.raw)
@@ -104,3 +109,5 @@ async def run_request_stages(
             return
         finally:
             timers[stage.name].observe(time.perf_counter() - started)
+            if span is not None:
+                span.end()

@@ -112,6 +112,22 @@ NOT_FOUND = ErrorKind(404, "not_found_error", "invalid_request_error")
 
 
 @dataclass(frozen=True, slots=True)
+class HiddenCalls:
+    """Tool calls a server-side caller makes that the model never sees (Anthropic programmatic
+    tool calling: a `tool_use` whose `caller.type` is the code-execution tool, and its
+    `tool_result`): the API rejects a marker on either (PROVIDERS.md 1.3)."""
+
+    caller_prefix: str
+    """A call is hidden when `caller.type` starts with this (`code_execution`)."""
+    call_kind: str = "tool_use"
+    result_kind: str = "tool_result"
+    id_key: str = "id"
+    """The call's id key; a result names its call by `ref_key`."""
+    ref_key: str = "tool_use_id"
+    caller_key: str = "caller"
+
+
+@dataclass(frozen=True, slots=True)
 class MarkerPolicy:
     """Where one request may carry cache markers, and how they look (request side).
 
@@ -150,6 +166,8 @@ class MarkerPolicy:
     """Top-level body key of an automatic marker (Anthropic `cache_control`), if any."""
     cache_key_field: str | None = None
     """Top-level routing key the proxy sets when the client did not (`prompt_cache_key`)."""
+    hidden_calls: HiddenCalls | None = None
+    """Calls (and their results) that may carry no marker at all (`HiddenCalls`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,13 @@ _TTL_ORDER_MSG: Final = (
 _NESTED_MARKER_MSG: Final = (
     "cache_control may not be specified within tool_result.content. Instead, place it directly on tool_result"
 )
+_HIDDEN_MSG: Final = (
+    "called by code execution cannot have cache_control. These blocks are not rendered in Claude's context."
+)
+"""Programmatic tool calling (1.3): a `tool_use` whose `caller` is the code-execution tool, and
+its `tool_result`, are not rendered in the model's context; a marker on either is a 400 (the
+result's wording is the API's as quoted in langchain PR #34579, the `tool_use` one follows it)."""
+_CODE_EXECUTION: Final = "code_execution"
 
 
 @dataclass(slots=True)
@@ -155,8 +162,10 @@ def parse_request(
 
     blocks: list[Block] = []
     has_images = False
+    hidden: set[Any] = set()
     for level, path, raw, role in _iter_blocks(body):
         kind = "tool" if level == "tools" else str(raw["type"])
+        _check_hidden(raw, kind, hidden)
         ttl = _marker_ttl(raw, path, kind, settings)
         if kind == "image" or (kind == "tool_result" and _has_nested_image(raw)):
             has_images = True
@@ -220,6 +229,22 @@ def _iter_blocks(body: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, 
                 yield "messages", f"messages.{i}.content.{j}", block, role if j == 0 else None
         else:
             raise bad(f"messages.{i}.content: Field required")
+
+
+def _check_hidden(block: Mapping[str, Any], kind: str, hidden: set[Any]) -> None:
+    """Reject a marker on a code-execution-called `tool_use` or its `tool_result` (`_HIDDEN_MSG`);
+    `hidden` collects the ids of such calls seen so far (a result follows its call)."""
+    if kind == "tool_use":
+        caller = block.get("caller")
+        caller_type = caller.get("type") if isinstance(caller, dict) else None
+        if isinstance(caller_type, str) and caller_type.startswith(_CODE_EXECUTION):
+            hidden.add(block.get("id"))
+            if block.get("cache_control") is not None:
+                raise bad(f"Tool use {block.get('id')} {_HIDDEN_MSG}")
+    elif kind == "tool_result" and block.get("cache_control") is not None:
+        ref = block.get("tool_use_id")
+        if ref in hidden:
+            raise bad(f"Tool use result for {ref} {_HIDDEN_MSG}")
 
 
 def _marker_ttl(block: Mapping[str, Any], path: str, kind: str, settings: AnthropicModel) -> str | None:

@@ -69,7 +69,13 @@ async def test_series_are_bounded() -> None:
         "promptcache_upstream_cache_miss_reasons_total",
         "promptcache_cost_usd_total",
         "promptcache_uncached_cost_usd_total",
+        "promptcache_team_requests_total",
+        "promptcache_team_input_tokens_total",
+        "promptcache_team_cost_usd_total",
+        "promptcache_team_uncached_cost_usd_total",
     }
+    # No team configured: every request is team `other`.
+    assert {value for _, labels in grown for key, value in labels if key == "team"} == {"other"}
     reasons_grown = [g for g in grown if g[0] == "promptcache_upstream_cache_miss_reasons_total"]
     assert len(reasons_grown) <= len(UPSTREAM_MISS_REASONS) * len(CAUSES)
     table = default_pricing()
