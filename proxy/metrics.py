@@ -81,10 +81,21 @@ UPSTREAM_MISS_REASONS: Final = (
     "messages_changed",
     "previous_message_not_found",
     "unavailable",
+    "input_changed",
+    "context_compacted",
+    "prompt_cache_key_changed",
+    "text_format_changed",
+    "reasoning_effort_changed",
+    "verbosity_changed",
+    "service_tier_changed",
+    "comparison_response_not_found",
     "other",
 )
-"""Anthropic cache-diagnostics reasons, plus `none` (no divergence), `pending` (comparison not
-finished) and `other` (a type this list does not know yet)."""
+"""Anthropic cache-diagnostics reasons and OpenAI `prompt_cache_diagnostics` reasons / types,
+plus `none` (no divergence, `cache_hit`), `pending` (comparison not finished) and `other` (a
+type this list does not know yet)."""
+AGREEMENT: Final = ("agree", "disagree", "unknown")
+"""Does the upstream's own diagnosis match promptcache's cause (`proxy.measure.agreement`)."""
 BREAKPOINT_ACTIONS: Final = ("injected", "moved", "dropped", "kept")
 STORE_BACKENDS: Final = ("memory", "sqlite", "redis")
 STORE_OPERATIONS: Final = ("get", "put")
@@ -329,6 +340,17 @@ class Metrics:
             ["reason", "cause"],
             registry=r,
         )
+        self.diagnostics_agreement = Counter(
+            "promptcache_diagnostics_agreement_total",
+            "Responses with upstream cache diagnostics, by whether the upstream's reason agrees with "
+            "promptcache's own divergence cause (unknown: first request, pending, not found, "
+            "unavailable) (proxy.measure).",
+            ["provider", "result"],
+            registry=r,
+        )
+        for provider in PROVIDERS:
+            for result in AGREEMENT:
+                self.diagnostics_agreement.labels(provider, result)
         self.store_duration = Histogram(
             "promptcache_session_store_operation_duration_seconds",
             "Session store operation time (proxy.store).",

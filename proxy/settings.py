@@ -102,7 +102,9 @@ class Settings(BaseModel):
     teams_file: Path | None = None
     """YAML `version: 1`, `teams: {<sha256 hex of an API key>: <team>}`; wins over the header."""
     cache_diagnostics: bool = False
-    """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+    """Ask the upstream's cache diagnostics against the session's previous response: Anthropic
+    `diagnostics.previous_message_id` on every turn, OpenAI GPT-5.6+ Responses
+    `prompt_cache_options.comparison_response_id` from the second turn."""
     tracing: bool = False
     """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
     (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""

@@ -55,6 +55,17 @@ PARAM_KEYS: Final = (
     "output_format",
 )
 
+DIAGNOSTIC_CAUSES: Final[dict[str | None, frozenset[str]]] = {
+    None: frozenset({"none", "expired"}),
+    "model_changed": frozenset({"model_changed"}),
+    "system_changed": frozenset({"system_changed", "system_volatile_text"}),
+    "tools_changed": frozenset({"tools_changed"}),
+    "messages_changed": frozenset({"messages_changed", "history_rewritten"}),
+}
+"""Cache-diagnostics reason (`None` = no divergence: `diagnostics: null`) -> promptcache causes
+that agree with it (an `expired` read had an unchanged prefix: the entry was gone). `pending`,
+`previous_message_not_found`, `unavailable` and unknown types are inconclusive (PROVIDERS.md 1.12)."""
+
 
 class AnthropicUsage:
     """Usage reader for one Messages response (JSON body or SSE events)."""
@@ -175,6 +186,8 @@ class AnthropicAdapter:
         user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
         sid = session_in_user_id(user_id) if isinstance(user_id, str) else None
         return ("metadata", sid) if sid else None
+
+    diagnostic_causes: Final = DIAGNOSTIC_CAUSES
 
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking for cache diagnostics against response `previous_id`.

@@ -11,7 +11,14 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
 - streamed Chat usage is one final chunk (only with `stream_options.include_usage`); streamed
   Responses usage is on `response.completed` (also read from `response.incomplete` / `.failed`);
 - the response id is `id` (Chat: the body or any chunk; Responses: the body or `response.id` on
-  any streamed event).
+  any streamed event);
+- cache diagnostics (GPT-5.6+ Responses, PROVIDERS.md 9,
+  developers.openai.com/api/docs/guides/prompt-caching/diagnostics): the request names a
+  baseline in `prompt_cache_options.comparison_response_id`; the response (JSON body, or the
+  streamed `response.completed` object) carries `prompt_cache_diagnostics` of type `cache_hit`,
+  `cache_miss` (`reason`, `cache_missed_tokens`, `comparison_reusable_tokens`),
+  `comparison_response_not_found` or `unavailable`. `DIAGNOSTIC_CAUSES` says which of
+  promptcache's own causes each reason agrees with.
 """
 
 from __future__ import annotations
@@ -43,6 +50,22 @@ _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 #: Top-level request fields that change the cached prefix without being messages.
 PARAM_KEYS: Final = ("tool_choice", "response_format", "text", "parallel_tool_calls", "reasoning")
 
+_INPUT_CAUSES: Final = frozenset({"system_changed", "system_volatile_text", "messages_changed", "history_rewritten"})
+DIAGNOSTIC_CAUSES: Final[dict[str | None, frozenset[str]]] = {
+    None: frozenset({"none"}),
+    "model_changed": frozenset({"model_changed"}),
+    "tools_changed": frozenset({"tools_changed"}),
+    "input_changed": _INPUT_CAUSES,
+    "context_compacted": frozenset({"messages_changed", "history_rewritten"}),
+    "prompt_cache_key_changed": frozenset({"params_changed"}),
+    "text_format_changed": frozenset({"params_changed"}),
+    "reasoning_effort_changed": frozenset({"params_changed"}),
+    "verbosity_changed": frozenset({"params_changed"}),
+    "service_tier_changed": frozenset({"params_changed"}),
+}
+"""Upstream reason (`None` = `cache_hit`) -> promptcache causes that agree with it; a reason
+not listed (`comparison_response_not_found`, `unavailable`, a new one) is inconclusive."""
+
 
 class OpenAIUsage:
     """Usage reader for one Chat Completions or Responses response."""
@@ -53,6 +76,26 @@ class OpenAIUsage:
         self._details = LastWins()
         self._seen = False
         self._response_id: str | None = None
+        self._miss_reason: str | None = None
+        self._missed_tokens: int | None = None
+
+    def _take_diagnostics(self, container: dict[str, Any]) -> None:
+        """`prompt_cache_diagnostics` of a Responses object: `cache_hit` -> no reason (as
+        Anthropic's `diagnostics: null`), `cache_miss` -> its `reason`, else its `type`."""
+        found = container.get("prompt_cache_diagnostics")
+        if not isinstance(found, dict) or not isinstance(found.get("type"), str):
+            return
+        kind = found["type"]
+        if kind == "cache_hit":
+            self._miss_reason = None
+        elif kind == "cache_miss":
+            reason = found.get("reason")
+            self._miss_reason = reason if isinstance(reason, str) else "other"
+            missed = found.get("cache_missed_tokens")
+            if isinstance(missed, int) and not isinstance(missed, bool):
+                self._missed_tokens = missed
+        else:
+            self._miss_reason = kind
 
     def _take(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -74,6 +117,8 @@ class OpenAIUsage:
         if isinstance(body, dict):
             self._take(body.get("usage"))
             self._take_id(body)
+            if not self._is_chat:
+                self._take_diagnostics(body)
 
     def feed_event(self, event: str, data: Any) -> None:
         if not isinstance(data, dict):
@@ -87,6 +132,7 @@ class OpenAIUsage:
             self._take_id(response)
             if data.get("type", event) in ("response.completed", "response.incomplete", "response.failed"):
                 self._take(response.get("usage"))
+                self._take_diagnostics(response)
 
     def result(self) -> Usage:
         prompt_key, output_key = (
@@ -102,6 +148,8 @@ class OpenAIUsage:
             output=self._fields.get(output_key),
             seen=self._seen,
             response_id=self._response_id,
+            cache_miss_reason=self._miss_reason,
+            cache_missed_tokens=self._missed_tokens,
         )
 
 
@@ -135,9 +183,23 @@ class OpenAIAdapter:
                 return key, value
         return None
 
+    diagnostic_causes: Final = DIAGNOSTIC_CAUSES
+
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
-        """OpenAI has no request-level cache diagnostics: always `None` (body unchanged)."""
-        return None
+        """A copy of `body` with `prompt_cache_options.comparison_response_id = previous_id`
+        (other `prompt_cache_options` kept), on Responses for GPT-5.6+ only (PROVIDERS.md 9).
+
+        `None` (body unchanged) on Chat, for older models, without a previous response (there
+        is no opt-in without a baseline), or when the client named a baseline itself."""
+        if path != RESPONSES_PATH or previous_id is None or not openai_request.has_breakpoints(body.get("model")):
+            return None
+        options = body.get("prompt_cache_options")
+        if options is not None and not isinstance(options, dict):
+            return None
+        options = options or {}
+        if "comparison_response_id" in options:
+            return None
+        return {**body, "prompt_cache_options": {**options, "comparison_response_id": previous_id}}
 
     # Request side (pipeline stages); implemented in proxy.providers.openai_request.
 

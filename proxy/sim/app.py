@@ -28,10 +28,11 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from proxy.sim import anthropic, anthropic_wire, openai, openai_wire
+from proxy.sim import anthropic, anthropic_wire, diagnostics, openai, openai_wire
 from proxy.sim.cache import CacheStore, Entry
 from proxy.sim.clock import Clock, ClockError
 from proxy.sim.config import SimConfig
+from proxy.sim.diagnostics import Fingerprints
 from proxy.sim.errors import Rejected, anthropic_error_body, openai_error_body
 from proxy.sim.replies import choose_reply
 from proxy.sim.tokens import TokenCounter, load_o200k
@@ -52,6 +53,8 @@ class SimState:
     clock: Clock
     store: CacheStore = field(default_factory=CacheStore)
     router: openai.Router = field(default_factory=openai.Router)
+    fingerprints: Fingerprints = field(default_factory=Fingerprints)
+    """OpenAI Responses fingerprints for `prompt_cache_diagnostics` (proxy.sim.diagnostics)."""
     counter: TokenCounter | None = None
     """Set by the startup step; `None` only before the app has started."""
     requests: int = 0
@@ -330,10 +333,17 @@ async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
         )
     ids = openai_wire.Ids(f"resp_sim_{n:06d}", openai_wire.item_id(reply, n), f"call_sim_{n:06d}", int(now))
     usage = openai_wire.responses_usage(plan, out, settings.breakpoints)
+    current = diagnostics.fingerprint(body, model, rendered.tokens)
+    options = body.get("prompt_cache_options")
+    compared = options.get("comparison_response_id") if isinstance(options, dict) else None
+    diagnosis = None
+    if isinstance(compared, str):
+        diagnosis = diagnostics.diagnose(state.fingerprints.get(tenant, compared), current, settings.breakpoints)
+    state.fingerprints.put(tenant, ids.response, current)
     if stream:
-        frames = openai_wire.responses_events(body, model, reply, ids, usage)
+        frames = openai_wire.responses_events(body, model, reply, ids, usage, diagnosis)
         return await _send(request, state.store, plan.writes, headers, frames=frames)
-    data = openai_wire.responses_body(body, model, reply, ids, usage)
+    data = openai_wire.responses_body(body, model, reply, ids, usage, diagnosis)
     return await _send(request, state.store, plan.writes, headers, body=data)
 
 
