@@ -372,9 +372,10 @@ class SessionHistory:
     ) -> None:
         self._entries: OrderedDict[tuple[str, str], SessionEntry] = OrderedDict()
         self._per_tenant: dict[str, int] = {}
-        self.max_sessions = max_sessions
-        self.max_per_tenant = max_per_tenant
-        self.requests_per_session = requests_per_session
+        self.max_sessions = max(1, max_sessions)
+        """At least 1 (`history_sessions: 0` means no index at all: nothing calls `add`)."""
+        self.max_per_tenant = max(1, max_per_tenant)
+        self.requests_per_session = max(1, requests_per_session)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -100,3 +100,24 @@ async def test_main_listener_guards_admin_routes_without_an_admin_port(make_prox
                 assert r.status == 401, path
             async with http.get(proxy.url + path, params={"token": TOKEN}) as r:
                 assert r.status in (200, 404), path
+
+
+async def test_with_an_admin_port_the_main_listener_serves_no_admin_route(admin_proxy) -> None:
+    proxy = await admin_proxy(admin_token=TOKEN)
+    async with aiohttp.ClientSession() as http:
+        for path in ("/ui", "/ui/", f"/ui/sessions/{SESSION}", "/debug/sessions"):
+            async with http.get(proxy.url + path, params={"token": TOKEN}) as r:
+                assert r.status == 404, path
+                assert (await r.json())["error"]["type"] == "not_found_error"
+
+
+async def test_history_off(admin_proxy) -> None:
+    proxy = await admin_proxy(history_sessions=0)
+    await drive_session(proxy.url, turns=2)
+    assert len(proxy.services.last_measurements) == 0
+    async with aiohttp.ClientSession() as http:
+        async with http.get(proxy.admin_url + "/debug/sessions", headers={"x-api-key": KEY}) as r:
+            assert (await r.json()) == {"sessions": []}
+        async with http.get(proxy.admin_url + f"/debug/sessions/{SESSION}", headers={"x-api-key": KEY}) as r:
+            assert r.status == 200  # the stored record still answers
+            assert (await r.json())["summary"] is None
