@@ -40,6 +40,7 @@ STAGES: Final = (
     "replay",
     "diagnostics",
     "breakpoints",
+    "platform",
     "serialise",
     "observe",
 )
@@ -122,6 +123,10 @@ class ProviderMetrics:
     replayed_messages: Counter
     breakpoints: dict[str, Counter]
     """By action (`BREAKPOINT_ACTIONS`)."""
+    signed: Counter
+    """Signed requests (SigV4) forwarded byte-identical and measured only."""
+    upstream_moves: Counter
+    """Sessions moved to another base URL of the upstream after a failure (a cold write)."""
 
 
 @dataclass(slots=True)
@@ -273,6 +278,19 @@ class Metrics:
             "promptcache_breakpoints_total",
             "cache_control breakpoints per request, by action (proxy.pipeline.breakpoints).",
             ["provider", "action"],
+            registry=r,
+        )
+        self.signed_requests = Counter(
+            "promptcache_signed_requests_total",
+            "Requests signed over their body (SigV4), forwarded byte-identical and measured only (proxy.handlers).",
+            ["provider"],
+            registry=r,
+        )
+        self.upstream_moves = Counter(
+            "promptcache_upstream_moves_total",
+            "Sessions moved to another base URL of their upstream after a connect error, 5xx or 429; "
+            "each move costs a cold cache write (proxy.affinity).",
+            ["provider"],
             registry=r,
         )
         self.replayed_messages = Counter(
@@ -457,4 +475,6 @@ class Metrics:
                 body_too_large=self.too_large.labels(provider),
                 replayed_messages=self.replayed_messages.labels(provider),
                 breakpoints={a: self.breakpoints.labels(provider, a) for a in BREAKPOINT_ACTIONS},
+                signed=self.signed_requests.labels(provider),
+                upstream_moves=self.upstream_moves.labels(provider),
             )

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.profiles import DIRECT, Profile
 from proxy.providers import anthropic_request
 from proxy.providers.base import (
     Block,
@@ -34,6 +35,7 @@ from proxy.providers.base import (
     SystemUnit,
     ToolShape,
     Usage,
+    platform_error_body,
 )
 
 _USAGE_KEYS: Final = (
@@ -160,13 +162,21 @@ def session_in_user_id(user_id: str) -> str | None:
 
 
 class AnthropicAdapter:
-    """The Anthropic Messages API (`POST /v1/messages`)."""
+    """The Anthropic Messages API (`POST /v1/messages`), as served through `profile` (the API
+    itself, Vertex AI, Bedrock InvokeModel, Foundry, a strict compatible server ...)."""
 
     name: Final = "anthropic"
     pipeline_paths: Final = frozenset({"/v1/messages"})
 
+    def __init__(self, profile: Profile = DIRECT["anthropic"]) -> None:
+        self.profile = profile
+
     def error_body(self, kind: ErrorKind, message: str) -> bytes:
-        """`{"type":"error","error":{"type":...,"message":...}}` as the API answers errors."""
+        """`{"type":"error","error":{"type":...,"message":...}}` as the API answers errors, or
+        the profile's platform shape (`platform_error_body`)."""
+        platform = platform_error_body(self.profile.error_shape, kind, message)
+        if platform is not None:
+            return platform
         return orjson.dumps({"type": "error", "error": {"type": kind.anthropic_type, "message": message}})
 
     def usage_reader(self, path: str) -> AnthropicUsage:

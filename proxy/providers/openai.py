@@ -18,7 +18,12 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
   streamed `response.completed` object) carries `prompt_cache_diagnostics` of type `cache_hit`,
   `cache_miss` (`reason`, `cache_missed_tokens`, `comparison_reusable_tokens`),
   `comparison_response_not_found` or `unavailable`. `DIAGNOSTIC_CAUSES` says which of
-  promptcache's own causes each reason agrees with.
+  promptcache's own causes each reason agrees with;
+- OpenAI-compatible variants (PROVIDERS.md 5, 6, 9): DeepSeek `prompt_cache_hit_tokens` /
+  `prompt_cache_miss_tokens` (their sum is `prompt_tokens`: the hits are the cached part, never
+  added on top), Kimi's top-level `usage.cached_tokens`, LiteLLM's Anthropic-style
+  `cache_creation_input_tokens` for a Claude model (written tokens, inside `prompt_tokens`), and
+  OpenRouter's `cache_discount` (USD saved; negative when writes cost more) kept on `Usage`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.profiles import DIRECT, Profile
 from proxy.providers import openai_request
 from proxy.providers.base import (
     Block,
@@ -41,6 +47,7 @@ from proxy.providers.base import (
     SystemUnit,
     ToolShape,
     Usage,
+    platform_error_body,
 )
 
 CHAT_PATH: Final = "/v1/chat/completions"
@@ -48,6 +55,14 @@ RESPONSES_PATH: Final = "/v1/responses"
 _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 
 #: Top-level request fields that change the cached prefix without being messages.
+_VARIANT_KEYS: Final = (
+    "prompt_cache_hit_tokens",
+    "prompt_cache_miss_tokens",
+    "cached_tokens",
+    "cache_creation_input_tokens",
+)
+"""Top-level usage fields of OpenAI-compatible upstreams (DeepSeek, Kimi, LiteLLM)."""
+
 PARAM_KEYS: Final = ("tool_choice", "response_format", "text", "parallel_tool_calls", "reasoning")
 
 _INPUT_CAUSES: Final = frozenset({"system_changed", "system_volatile_text", "messages_changed", "history_rewritten"})
@@ -76,6 +91,8 @@ class OpenAIUsage:
         self._details = LastWins()
         self._seen = False
         self._response_id: str | None = None
+        self._variants = LastWins()
+        self._discount: float | None = None
         self._miss_reason: str | None = None
         self._missed_tokens: int | None = None
 
@@ -107,6 +124,10 @@ class OpenAIUsage:
         if self._fields.update(usage, keys):
             self._seen = True
         self._details.update(usage.get(details_key), ("cached_tokens", "cache_write_tokens"))
+        self._variants.update(usage, _VARIANT_KEYS)
+        discount = usage.get("cache_discount")
+        if isinstance(discount, (int, float)) and not isinstance(discount, bool):
+            self._discount = float(discount)
 
     def _take_id(self, container: dict[str, Any]) -> None:
         response_id = container.get("id")
@@ -139,8 +160,16 @@ class OpenAIUsage:
             ("prompt_tokens", "completion_tokens") if self._is_chat else ("input_tokens", "output_tokens")
         )
         prompt = self._fields.get(prompt_key)
-        cached = self._details.get("cached_tokens")
-        written = self._details.get("cache_write_tokens")
+        variants = self._variants.values
+        # one number per meaning, whichever field carries it: never a sum of two spellings
+        cached = max(
+            self._details.get("cached_tokens"),
+            variants.get("prompt_cache_hit_tokens", 0),
+            variants.get("cached_tokens", 0),
+        )
+        if "prompt_cache_miss_tokens" in variants and prompt_key not in self._fields.values:
+            prompt = variants.get("prompt_cache_hit_tokens", 0) + variants["prompt_cache_miss_tokens"]
+        written = max(self._details.get("cache_write_tokens"), variants.get("cache_creation_input_tokens", 0))
         return Usage(
             input_none=max(prompt - cached - written, 0),
             cache_read=cached,
@@ -148,6 +177,7 @@ class OpenAIUsage:
             output=self._fields.get(output_key),
             seen=self._seen,
             response_id=self._response_id,
+            cache_discount=self._discount,
             cache_miss_reason=self._miss_reason,
             cache_missed_tokens=self._missed_tokens,
         )
@@ -159,8 +189,15 @@ class OpenAIAdapter:
     name: Final = "openai"
     pipeline_paths: Final = frozenset({CHAT_PATH, RESPONSES_PATH})
 
+    def __init__(self, profile: Profile = DIRECT["openai"]) -> None:
+        self.profile = profile
+
     def error_body(self, kind: ErrorKind, message: str) -> bytes:
-        """`{"error":{"message":...,"type":...,"param":null,"code":null}}` as the API answers."""
+        """`{"error":{"message":...,"type":...,"param":null,"code":null}}` as the API answers,
+        or the profile's platform shape (`platform_error_body`)."""
+        platform = platform_error_body(self.profile.error_shape, kind, message)
+        if platform is not None:
+            return platform
         return orjson.dumps({"error": {"message": message, "type": kind.openai_type, "param": None, "code": None}})
 
     def usage_reader(self, path: str) -> OpenAIUsage:
@@ -204,7 +241,11 @@ class OpenAIAdapter:
     # Request side (pipeline stages); implemented in proxy.providers.openai_request.
 
     def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy:
-        """`prompt_cache_breakpoint` on GPT-5.6+, none before (PROVIDERS.md 2.3)."""
+        """`prompt_cache_breakpoint` on GPT-5.6+, none before (PROVIDERS.md 2.3); Anthropic
+        `cache_control` on Chat content parts when the profile's gateway serves the model with
+        Claude (`claude_models`: LiteLLM, OpenRouter; PROVIDERS.md 6, 7)."""
+        if path == CHAT_PATH and self.profile.is_claude(body.get("model")):
+            return openai_request.CLAUDE_CHAT_POLICY
         return openai_request.marker_policy(path, body)
 
     def layout(self, path: str, body: JSONObject) -> list[Run]:
