@@ -111,6 +111,7 @@ class ProviderMetrics:
     replayed_messages: Counter
     breakpoints: dict[str, Counter]
     """By action (`BREAKPOINT_ACTIONS`)."""
+    ttl_downgrades: Counter
 
 
 @dataclass(slots=True)
@@ -262,6 +263,14 @@ class Metrics:
             "promptcache_breakpoints_total",
             "cache_control breakpoints per request, by action (proxy.pipeline.breakpoints).",
             ["provider", "action"],
+            registry=r,
+        )
+        self.ttl_downgrades = Counter(
+            "promptcache_ttl_downgrades_total",
+            "Responses that wrote 5-minute cache entries although every marker sent asked for 1h "
+            "(usage cache_creation.ephemeral_5m_input_tokens; a gateway downstream stripped ttl?) "
+            "(proxy.pipeline.observe).",
+            ["provider"],
             registry=r,
         )
         self.replayed_messages = Counter(
@@ -435,4 +444,5 @@ class Metrics:
                 body_too_large=self.too_large.labels(provider),
                 replayed_messages=self.replayed_messages.labels(provider),
                 breakpoints={a: self.breakpoints.labels(provider, a) for a in BREAKPOINT_ACTIONS},
+                ttl_downgrades=self.ttl_downgrades.labels(provider),
             )
