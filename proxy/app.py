@@ -23,6 +23,8 @@ from proxy.debug import LastMeasurements, session_handler
 from proxy.handlers import healthz, metrics_handler, not_found, proxy_handler, readyz
 from proxy.ledger import TenantLedger, tenants_handler
 from proxy.metrics import Metrics
+from proxy.profiles import load_profiles
+from proxy.providers import Router
 from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
@@ -62,8 +64,13 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
             )
     if use_sim:
         from proxy.sim.app import start_sim
+        from proxy.sim.gateway import GATEWAYS
+        from proxy.sim.platforms import PLATFORMS
 
-        sim_runner, sim_url = await start_sim("127.0.0.1", 0)
+        # the simulator judges with the configured platform's rules when it knows them
+        platform = settings.anthropic_profile if settings.anthropic_profile in PLATFORMS else "direct"
+        gateway = settings.openai_profile if settings.openai_profile in GATEWAYS else "direct"
+        sim_runner, sim_url = await start_sim("127.0.0.1", 0, anthropic_platform=platform, openai_platform=gateway)
         _log.info("built-in simulator upstream at %s", sim_url)
     active = resolve_upstreams(settings, sim_url, fallback=fallback)
     services.active_upstreams = active
@@ -114,7 +121,8 @@ def create_app(
     With `settings.tracing`, requests are traced to `tracer_provider` (an OpenTelemetry
     `TracerProvider`; default `proxy.otel.default_provider()`); otherwise nothing of
     OpenTelemetry is imported. Raises `proxy.rules.RuleError` (naming file, key path and line)
-    when the rules are invalid, `proxy.teams.TeamFileError` when `teams_file` is.
+    when the rules are invalid, `proxy.teams.TeamFileError` when `teams_file` is,
+    `proxy.profiles.ProfileError` for an invalid profiles file or an unknown profile name.
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
     if settings.tracing:
@@ -132,6 +140,7 @@ def create_app(
         settings=settings,
         metrics=metrics,
         rules=load_rules(settings.rules_dir),
+        router=Router(load_profiles(settings.rules_dir), settings.anthropic_profile, settings.openai_profile),
         last_measurements=LastMeasurements(),
         teams=teams,
         ledger=TenantLedger(),

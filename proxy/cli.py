@@ -54,6 +54,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "record": args.record,
         "rules_dir": args.rules_dir,
     }
+    from proxy.profiles import ProfileError
     from proxy.rules import RuleError
     from proxy.teams import TeamFileError
 
@@ -70,6 +71,8 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     except RuleError as exc:
         print(f"promptcache: invalid rules:\n{exc}", file=sys.stderr)
         return 2
+    except ProfileError as exc:
+        print(f"promptcache: invalid upstream profile:\n{exc}", file=sys.stderr)
     except TeamFileError as exc:
         print(f"promptcache: invalid teams_file: {exc}", file=sys.stderr)
         return 2

@@ -24,9 +24,11 @@ from typing import Final
 
 import aiohttp
 import orjson
+import yarl
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.eventstream import EventStreamDecoder, Message, bedrock_chunk
 from proxy.exchange import Exchange
 from proxy.metrics import ProviderMetrics
 from proxy.providers.base import BAD_GATEWAY, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
@@ -55,6 +57,7 @@ _DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length", "content-encoding
 read it, so the bytes forwarded are identity-encoded."""
 _DROP_RESPONSE: Final = HOP_BY_HOP
 _MAX_TEE_JSON_BYTES: Final = 64 * 1024 * 1024
+EVENTSTREAM_TYPE: Final = "application/vnd.amazon.eventstream"
 
 
 def request_headers(incoming: CIMultiDictProxy[str]) -> CIMultiDict[str]:
@@ -85,6 +88,7 @@ class UsageTee:
     def __init__(self, reader: UsageReader, content_type: str, content_encoding: str) -> None:
         self.reader = reader
         self._is_sse = content_type.startswith("text/event-stream")
+        self._frames = EventStreamDecoder() if content_type.startswith(EVENTSTREAM_TYPE) else None
         self._is_json = "json" in content_type
         encoding = content_encoding.lower().strip()
         self._inflate = zlib.decompressobj(47) if encoding in ("gzip", "deflate", "x-gzip") else None
@@ -93,18 +97,35 @@ class UsageTee:
         self._json = bytearray()
 
     def feed(self, chunk: bytes) -> None:
-        if self._disabled or not (self._is_sse or self._is_json):
+        if self._disabled or not (self._is_sse or self._is_json or self._frames):
             return
         try:
             if self._inflate is not None:
                 chunk = self._inflate.decompress(chunk)
-            if self._is_sse:
+            if self._frames is not None:
+                for message in self._frames.decode(chunk):
+                    self._frame(message)
+            elif self._is_sse:
                 for event in self._sse.decode(chunk):
                     self._event(event.event, event.data)
             elif len(self._json) + len(chunk) <= _MAX_TEE_JSON_BYTES:
                 self._json += chunk
         except (zlib.error, ValueError):
             self._disabled = True
+
+    def _frame(self, message: Message) -> None:
+        """One AWS event-stream message: a Bedrock `chunk` carries an Anthropic stream event
+        (base64 JSON); other events (Converse `metadata` ...) carry their JSON directly."""
+        data = bedrock_chunk(message)
+        if data is not None:
+            if isinstance(data, dict):
+                self.reader.feed_event(str(data.get("type", "")), data)
+            return
+        if message.headers.get(":message-type") == "event":
+            try:
+                self.reader.feed_event(str(message.headers.get(":event-type", "")), orjson.loads(message.payload))
+            except orjson.JSONDecodeError:
+                pass
 
     def _event(self, name: str, data: str) -> None:
         if not data or data == "[DONE]":
@@ -156,12 +177,19 @@ async def forward(
     `exchange.sent_at`. Returns the prepared response (or a local 502/504 reply). With tracing on
     (`proxy/tracing.py`) the call runs in an `upstream` span whose `traceparent` goes upstream.
     """
-    url = base_url + exchange.path + (f"?{exchange.query_string}" if exchange.query_string else "")
+    path = exchange.upstream_path or exchange.path
+    url: str | yarl.URL = base_url + path + (f"?{exchange.query_string}" if exchange.query_string else "")
+    if exchange.upstream_path is not None:
+        url = yarl.URL(url, encoded=True)  # a platform path goes as received (signed paths)
     headers = request_headers(exchange.headers)
+    for key, value in exchange.header_overrides.items():
+        headers.popall(key, None)
+        if value is not None:
+            headers[key] = value
     trace = CURRENT_TRACE.get()
     if trace is None:
         return await _send(request, exchange, session, base_url, url, headers, metrics, read_timeout, data)
-    with trace.upstream(request.method, url, headers) as span:
+    with trace.upstream(request.method, str(url), headers) as span:
         response = await _send(request, exchange, session, base_url, url, headers, metrics, read_timeout, data)
         span.set_status_code(exchange.status)
         return response
@@ -172,7 +200,7 @@ async def _send(
     exchange: Exchange,
     session: aiohttp.ClientSession,
     base_url: str,
-    url: str,
+    url: str | yarl.URL,
     headers: CIMultiDict[str],
     metrics: ProviderMetrics,
     read_timeout: float,

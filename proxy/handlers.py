@@ -24,10 +24,12 @@ from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.exchange import Exchange
 from proxy.forward import forward, local_error
 from proxy.logs import ACCESS_LOGGER, access_fields, log_access
+from proxy.metrics import ProviderMetrics
 from proxy.pipeline import run_request_stages
 from proxy.pipeline.observe import observe, record_usage
 from proxy.pipeline.parse import invalid_utf8_message
-from proxy.providers import route
+from proxy.profiles import Profile, load_profiles
+from proxy.providers import Route, Router, route
 from proxy.providers.base import BAD_REQUEST, NOT_FOUND, TOO_LARGE
 
 _log = logging.getLogger(ACCESS_LOGGER)
@@ -61,7 +63,10 @@ def _is_openai_shaped(request: web.Request) -> bool:
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     """Every client request to an upstream goes through here."""
     services = request.app[SERVICES]
-    adapter, path = route(request.path, _is_openai_shaped(request))
+    if services.router is None:
+        services.router = Router(load_profiles(services.settings.rules_dir))
+    where = services.router.route(request.path, request.raw_path.partition("?")[0], _is_openai_shaped(request))
+    adapter, path = where.adapter, where.path
     pm = services.metrics.by_provider[adapter.name]
     started = time.perf_counter()
     pm.in_flight.inc()
@@ -71,7 +76,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         upstream_base = request.app[UPSTREAMS][adapter.name]
         session = request.app[CLIENT_SESSIONS][adapter.name]
         read_timeout = services.settings.read_timeout
-        if request.method == "POST" and path in adapter.pipeline_paths:
+        if request.method == "POST" and where.is_pipeline:
             try:
                 raw = await request.read()
             except web.HTTPRequestEntityTooLarge:
@@ -83,6 +88,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 services.recorder.record(path, request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
             exchange.notes["is_pipeline"] = True
+            _platform_route(exchange, where, pm)
             await run_request_stages(exchange, services)
             bad_utf8 = exchange.notes.get("invalid_utf8")
             if bad_utf8 is not None:
@@ -97,6 +103,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             observe(exchange, services)
             return response
         exchange = Exchange(adapter, path, request.query_string, request.headers, b"", started)
+        if where.upstream_path != path:
+            exchange.upstream_path = where.upstream_path
         body = request.content.iter_any() if request.method in _BODY_METHODS and request.body_exists else None
         response = await forward(request, exchange, session, upstream_base, pm, read_timeout, body)
         status = exchange.status
@@ -121,6 +129,24 @@ async def not_found(request: web.Request) -> web.Response:
     (`/debug/...` on the main listener, anything unknown on the admin listener)."""
     adapter, _ = route(request.path, _is_openai_shaped(request))
     return local_error(adapter, NOT_FOUND, f"promptcache serves no {request.method} {request.path}")
+
+
+def _platform_route(exchange: Exchange, where: Route, pm: ProviderMetrics) -> None:
+    """Platform path facts on the exchange: the path's model, the upstream path, and whether
+    the request is signed over its body (then forwarded byte-identical, measured only)."""
+    if where.upstream_path != where.path:
+        exchange.upstream_path = where.upstream_path
+    exchange.path_model = where.model
+    profile = getattr(exchange.adapter, "profile", None)
+    if isinstance(profile, Profile) and profile.is_signed(exchange.headers.get("authorization", "")):
+        exchange.is_signed = True
+        pm.signed.inc()
+        _log.info(
+            "%s %s: signed request (%s covers the body): forwarded byte-identical, measured only",
+            exchange.provider,
+            exchange.path,
+            exchange.headers.get("authorization", "").split(" ", 1)[0],
+        )
 
 
 async def healthz(request: web.Request) -> web.Response:

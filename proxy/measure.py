@@ -33,7 +33,7 @@ metrics. Invariant: it never changes what was sent or answered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -121,6 +121,8 @@ class Measurement:
     """Cost of `usage` had nothing been cached (USD)."""
     upstream_reason: str | None
     """The upstream's own cache-miss reason, when cache diagnostics were requested."""
+    diagnosis: str | None = None
+    """`agree`, `disagree` or `unknown` (`agreement`), when cache diagnostics were requested."""
 
     @property
     def savings_usd(self) -> float | None:
@@ -284,6 +286,15 @@ def is_expired(predicted_tokens: int, usage: Usage | None) -> bool:
     if usage is None or predicted_tokens <= 0 or usage.cache_write <= 0:
         return False
     return usage.cache_read < predicted_tokens * EXPIRED_READ_SHARE
+
+
+def agreement(causes: Mapping[str | None, frozenset[str]], reason: str | None, cause: str) -> str:
+    """Does the upstream's diagnosis `reason` (`None` = no divergence) agree with promptcache's
+    `cause`? `causes` is the adapter's `diagnostic_causes` table; a reason it does not list
+    (`pending`, not found, unavailable, a new one) and a first request are `unknown`."""
+    if cause == "first_request" or reason not in causes:
+        return "unknown"
+    return "agree" if cause in causes[reason] else "disagree"
 
 
 def upstream_reason_label(reason: str | None) -> str:
@@ -461,6 +472,11 @@ def measure(exchange: Exchange, services: Services) -> None:
         cost_usd=cost,
         uncached_cost_usd=uncached,
         upstream_reason=(usage.cache_miss_reason if usage is not None else None) if requested else None,
+        diagnosis=agreement(
+            getattr(exchange.adapter, "diagnostic_causes", {}), usage.cache_miss_reason, cause
+        )
+        if requested and usage is not None
+        else None,
     )
     exchange.notes["measurement"] = result
     _record(result, services, requested)
@@ -501,3 +517,5 @@ def _record(result: Measurement, services: Services, diagnostics_requested: bool
         metrics.upstream_miss_reasons.labels(
             upstream_reason_label(result.upstream_reason), result.cause
         ).inc()
+        if result.diagnosis is not None:
+            metrics.diagnostics_agreement.labels(result.provider, result.diagnosis).inc()

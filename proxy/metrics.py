@@ -40,6 +40,7 @@ STAGES: Final = (
     "replay",
     "diagnostics",
     "breakpoints",
+    "platform",
     "serialise",
     "observe",
 )
@@ -81,10 +82,21 @@ UPSTREAM_MISS_REASONS: Final = (
     "messages_changed",
     "previous_message_not_found",
     "unavailable",
+    "input_changed",
+    "context_compacted",
+    "prompt_cache_key_changed",
+    "text_format_changed",
+    "reasoning_effort_changed",
+    "verbosity_changed",
+    "service_tier_changed",
+    "comparison_response_not_found",
     "other",
 )
-"""Anthropic cache-diagnostics reasons, plus `none` (no divergence), `pending` (comparison not
-finished) and `other` (a type this list does not know yet)."""
+"""Anthropic cache-diagnostics reasons and OpenAI `prompt_cache_diagnostics` reasons / types,
+plus `none` (no divergence, `cache_hit`), `pending` (comparison not finished) and `other` (a
+type this list does not know yet)."""
+AGREEMENT: Final = ("agree", "disagree", "unknown")
+"""Does the upstream's own diagnosis match promptcache's cause (`proxy.measure.agreement`)."""
 BREAKPOINT_ACTIONS: Final = ("injected", "moved", "dropped", "kept")
 STORE_BACKENDS: Final = ("memory", "sqlite", "redis")
 STORE_OPERATIONS: Final = ("get", "put")
@@ -112,6 +124,10 @@ class ProviderMetrics:
     breakpoints: dict[str, Counter]
     """By action (`BREAKPOINT_ACTIONS`)."""
     ttl_downgrades: Counter
+    signed: Counter
+    """Signed requests (SigV4) forwarded byte-identical and measured only."""
+    upstream_moves: Counter
+    """Sessions moved to another base URL of the upstream after a failure (a cold write)."""
 
 
 @dataclass(slots=True)
@@ -273,6 +289,19 @@ class Metrics:
             ["provider"],
             registry=r,
         )
+        self.signed_requests = Counter(
+            "promptcache_signed_requests_total",
+            "Requests signed over their body (SigV4), forwarded byte-identical and measured only (proxy.handlers).",
+            ["provider"],
+            registry=r,
+        )
+        self.upstream_moves = Counter(
+            "promptcache_upstream_moves_total",
+            "Sessions moved to another base URL of their upstream after a connect error, 5xx or 429; "
+            "each move costs a cold cache write (proxy.affinity).",
+            ["provider"],
+            registry=r,
+        )
         self.replayed_messages = Counter(
             "promptcache_replayed_messages_total",
             "Earlier messages sent as the exact bytes sent before (proxy.pipeline.replay).",
@@ -338,6 +367,17 @@ class Metrics:
             ["reason", "cause"],
             registry=r,
         )
+        self.diagnostics_agreement = Counter(
+            "promptcache_diagnostics_agreement_total",
+            "Responses with upstream cache diagnostics, by whether the upstream's reason agrees with "
+            "promptcache's own divergence cause (unknown: first request, pending, not found, "
+            "unavailable) (proxy.measure).",
+            ["provider", "result"],
+            registry=r,
+        )
+        for provider in PROVIDERS:
+            for result in AGREEMENT:
+                self.diagnostics_agreement.labels(provider, result)
         self.store_duration = Histogram(
             "promptcache_session_store_operation_duration_seconds",
             "Session store operation time (proxy.store).",
@@ -445,4 +485,6 @@ class Metrics:
                 replayed_messages=self.replayed_messages.labels(provider),
                 breakpoints={a: self.breakpoints.labels(provider, a) for a in BREAKPOINT_ACTIONS},
                 ttl_downgrades=self.ttl_downgrades.labels(provider),
+                signed=self.signed_requests.labels(provider),
+                upstream_moves=self.upstream_moves.labels(provider),
             )

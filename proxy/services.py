@@ -17,6 +17,8 @@ class Services:
     """The loaded `RuleSet` (proxy.rules), `None` until rules are loaded."""
     recorder: Any = None
     """The `TraceRecorder` (proxy.record) when `settings.record` is set."""
+    router: Any = None
+    """The `proxy.providers.Router` of the configured profiles; `None` builds the default."""
     last_measurements: Any = None
     """`proxy.debug.LastMeasurements`: newest measurement per session, for `/debug/sessions`."""
     store: Any = None

@@ -31,7 +31,10 @@ def default_state_dir() -> Path:
 
 
 class UpstreamCapabilities(BaseModel):
-    """What an upstream accepts in `cache_control` markers (PROVIDERS.md 1.2, 1.7)."""
+    """What an upstream accepts in `cache_control` markers (PROVIDERS.md 1.2, 1.7).
+
+    The upstream profile (`anthropic_profile`, `openai_profile`) sets these; the settings
+    `anthropic_capabilities` / `openai_capabilities` add to the profile's (overrides)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -71,6 +74,11 @@ class Settings(BaseModel):
     rules_dir: Path | None = None
     """Folder of rule files; empty means the packaged `rules/`."""
     session_headers: tuple[str, ...] = ("x-claude-code-session-id", "x-session-id")
+    anthropic_profile: str = "direct"
+    """Upstream profile on the Anthropic paths (`rules/profiles.yaml`): `direct`, `vertex`,
+    `bedrock`, `foundry`, `strict-compatible`, or one of the rules folder's own."""
+    openai_profile: str = "direct"
+    """Upstream profile on the OpenAI paths: `direct`, `azure`, `openrouter`, `litellm` ..."""
     anthropic_capabilities: UpstreamCapabilities = UpstreamCapabilities()
     openai_capabilities: UpstreamCapabilities = UpstreamCapabilities()
     admin_port: int | None = Field(None, ge=0, le=65535)
@@ -91,7 +99,9 @@ class Settings(BaseModel):
     teams_file: Path | None = None
     """YAML `version: 1`, `teams: {<sha256 hex of an API key>: <team>}`; wins over the header."""
     cache_diagnostics: bool = False
-    """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+    """Ask the upstream's cache diagnostics against the session's previous response: Anthropic
+    `diagnostics.previous_message_id` on every turn, OpenAI GPT-5.6+ Responses
+    `prompt_cache_options.comparison_response_id` from the second turn."""
     tracing: bool = False
     """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
     (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""

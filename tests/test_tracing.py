@@ -10,7 +10,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+
+pytest.importorskip("opentelemetry.sdk", reason="the otel extra (in the test extra; scripts/install installs it)")
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode

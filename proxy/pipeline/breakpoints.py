@@ -80,7 +80,8 @@ from proxy.pipeline.support import (
     capabilities_for,
     count_markers,
     layout_cache,
-    rules_for,
+    min_tokens_for,
+    model_for,
 )
 from proxy.providers.base import JSONObject, ProviderAdapter
 from proxy.services import Services
@@ -279,15 +280,15 @@ class BreakpointsStage:
         body = exchange.body
         if body is None:
             return
-        rules = rules_for(services)
+        model = model_for(exchange)
         new_body, plan = place_breakpoints(
             exchange.adapter,
             exchange.path,
             body,
-            min_tokens=rules.min_tokens(body.get("model")),
+            min_tokens=min_tokens_for(services, exchange, model),
             system_tiers=exchange.notes.get("system_tiers"),
             context=PlanContext.coerce(exchange.notes.get("plan_context")),
-            caps=capabilities_for(services, exchange.adapter),
+            caps=capabilities_for(services, exchange.adapter, model),
             cache=layout_cache(exchange),
         )
         exchange.notes["plan"] = plan

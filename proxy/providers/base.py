@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, overload
 
+import orjson
+
 JSONObject = dict[str, Any]
 Section = Literal["tools", "system", "messages"]
 
@@ -80,6 +82,9 @@ class Usage:
     `end_turn` / `max_tokens` / `stop_sequence` / `refusal`; Chat `finish_reason` `stop` /
     `length` / `content_filter`; a Responses response without a function call), `tool` (a tool
     call: the client answers in seconds), `None` when the response did not say."""
+    cache_discount: float | None = None
+    """OpenRouter's `usage.cache_discount` (USD the cache saved; negative when writes cost more
+    than they saved), when reported (PROVIDERS.md 6)."""
 
     @property
     def cache_write(self) -> int:
@@ -118,6 +123,30 @@ GATEWAY_TIMEOUT = ErrorKind(504, "timeout_error", "server_error")
 TOO_LARGE = ErrorKind(413, "request_too_large", "invalid_request_error")
 BAD_REQUEST = ErrorKind(400, "invalid_request_error", "invalid_request_error")
 NOT_FOUND = ErrorKind(404, "not_found_error", "invalid_request_error")
+
+_GOOGLE_STATUS = {
+    400: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    413: "INVALID_ARGUMENT",
+    502: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def platform_error_body(shape: str | None, kind: ErrorKind, message: str) -> bytes | None:
+    """A local error body in a platform's own shape, `None` for the provider's own (`shape`
+    `None`, `anthropic`, `openai`: the adapter renders those).
+
+    - `aws` (Bedrock): `{"message": ...}` (the runtime API's error body);
+    - `google` (Vertex AI): `{"error": {"code": 502, "message": ..., "status": "UNAVAILABLE"}}`
+      (google.rpc.Status as JSON).
+    """
+    if shape == "aws":
+        return orjson.dumps({"message": message})
+    if shape == "google":
+        status = _GOOGLE_STATUS.get(kind.status, "UNKNOWN")
+        return orjson.dumps({"error": {"code": kind.status, "message": message, "status": status}})
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,23 @@ _CHAT_KINDS: Final = frozenset({"text", "image_url", "input_audio", "file"})
 _RESPONSES_KINDS: Final = frozenset({"text", "input_text", "input_image", "input_file"})
 
 
+CLAUDE_CHAT_POLICY: Final = MarkerPolicy(
+    key="cache_control",
+    max_markers=4,
+    kinds=_CHAT_KINDS,
+    forbidden_kinds=frozenset({"tool", "tool_call"}),
+    roles=frozenset({"user", "system", "developer", "assistant"}),
+    tool_roles=frozenset({"tool"}),
+    lookback=20,
+    has_ttl=True,
+    template=(("type", "ephemeral"),),
+)
+"""Chat Completions to a Claude model behind an OpenAI-wire gateway (LiteLLM, OpenRouter):
+Anthropic `cache_control` on content parts (a string content becomes one text part), at most 4,
+never on a `role: tool` message (LiteLLM copies those parts into `tool_result.content`, which
+the Messages API rejects: PROVIDERS.md 6, 7), with Anthropic's 20-position lookback (1.5)."""
+
+
 def has_breakpoints(model: Any) -> bool:
     """True for GPT-5.6 and later (`gpt-5.6`, `gpt-5.6-mini`, `gpt-6` ...), PROVIDERS.md 2.3."""
     if not isinstance(model, str):
