@@ -149,19 +149,7 @@ class RecordStore:
         pending = self._pending.get((tenant, session))
         if pending is not None:
             return pending[0]
-        started = time.perf_counter()
-        try:
-            if self._is_in_process:
-                data = await self.backend.get(tenant, session)
-            else:
-                async with asyncio.timeout(self.get_timeout):
-                    data = await self.backend.get(tenant, session)
-        except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
-            self._get_errors.inc()
-            _log.warning("session store %s get failed (%s)", self.backend.backend, type(exc).__name__)
-            return None
-        finally:
-            self._get_time.observe(time.perf_counter() - started)
+        data = await self._get(tenant, session)
         if data is None:
             return None
         key = (tenant, session)
@@ -184,6 +172,10 @@ class RecordStore:
         pending = self._raw_pending.get((tenant, key))
         if pending is not None:
             return pending[0]
+        return await self._get(tenant, key)
+
+    async def _get(self, tenant: str, key: str) -> bytes | None:
+        """One timed backend read; a failure is counted, logged and read as `None`."""
         started = time.perf_counter()
         try:
             if self._is_in_process:
@@ -215,7 +207,8 @@ class RecordStore:
         finally:
             self._raw_pending.pop(slot, None)
 
-    async def _put_bytes(self, slot: tuple[str, str], data: bytes, ttl: float) -> None:
+    async def _put_bytes(self, slot: tuple[str, str], data: bytes, ttl: float) -> bool:
+        """One timed backend write; a failure is counted, logged and returns `False`."""
         started = time.perf_counter()
         try:
             if self._is_in_process:
@@ -226,8 +219,10 @@ class RecordStore:
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._put_errors.inc()
             _log.warning("session store %s put failed (%s)", self.backend.backend, type(exc).__name__)
+            return False
         finally:
             self._put_time.observe(time.perf_counter() - started)
+        return True
 
     async def save(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
         """Write `record` for `ttl` seconds now; `False` when the store failed (counted, logged).
@@ -236,20 +231,8 @@ class RecordStore:
         return await self._put((tenant, session), encode_record(record), record, ttl)
 
     async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord, ttl: float) -> bool:
-        tenant, session = key
-        started = time.perf_counter()
-        try:
-            if self._is_in_process:
-                await self.backend.put(tenant, session, data, ttl)
-            else:
-                async with asyncio.timeout(self.put_timeout):
-                    await self.backend.put(tenant, session, data, ttl)
-        except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
-            self._put_errors.inc()
-            _log.warning("session store %s put failed (%s)", self.backend.backend, type(exc).__name__)
+        if not await self._put_bytes(key, data, ttl):
             return False
-        finally:
-            self._put_time.observe(time.perf_counter() - started)
         self._remember(key, data, record)
         return True
 
