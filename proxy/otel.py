@@ -10,13 +10,15 @@ upstream call, W3C trace context in and out. Imported only when tracing is on.
   `server.address`, `server.port`, `http.response.status_code`) plus `promptcache.provider`.
   Never a header value, a query string, a body or a session id. A 5xx and a failed stage set the
   span status to ERROR.
-- `default_provider()`: the SDK provider already installed globally (for example by
-  `opentelemetry-instrument`), else one exporting OTLP over HTTP configured by the standard
-  `OTEL_EXPORTER_OTLP_*` variables, service name `OTEL_SERVICE_NAME` (default `promptcache`).
+- `install_tracing(app)` adds the middleware. `default_provider()`: the SDK provider already
+  installed globally (for example by `opentelemetry-instrument`), else one exporting OTLP over
+  HTTP as the standard `OTEL_EXPORTER_OTLP_*` variables say, with service name
+  `OTEL_SERVICE_NAME` (default `promptcache`); one made here is flushed when the app stops.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +39,21 @@ from proxy.tracing import CURRENT
 _PROPAGATOR = TraceContextTextMapPropagator()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+def install_tracing(app: web.Application, provider: trace.TracerProvider | None = None) -> None:
+    """Trace `app`'s proxied requests to `provider` (default: `default_provider()`). A provider
+    made here is shut down (its pending spans exported) when the app stops."""
+    if provider is None:
+        provider = default_provider()
+        if provider is not trace.get_tracer_provider():
+            owned = provider
+
+            async def shutdown(_: web.Application) -> None:
+                await asyncio.to_thread(owned.shutdown)
+
+            app.on_cleanup.append(shutdown)
+    app.middlewares.append(tracing_middleware(provider))
 
 
 def default_provider() -> TracerProvider:
