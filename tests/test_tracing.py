@@ -94,6 +94,11 @@ async def test_spans_per_request_stage_and_upstream_with_traceparent(
         "url.path": "/v1/messages",
         "promptcache.provider": "anthropic",
         "http.response.status_code": 200,
+        # the fake's streamed usage: 21 uncached + 3000 read + 1500 written, 7 out
+        "gen_ai.usage.input_tokens": 21 + 3000 + 1500,
+        "gen_ai.usage.output_tokens": 7,
+        "gen_ai.usage.cache_read.input_tokens": 3000,
+        "gen_ai.usage.cache_creation.input_tokens": 1500,
     }
     assert {s.status.status_code for s in spans} == {StatusCode.UNSET}
     [received] = fake_upstream.received
