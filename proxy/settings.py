@@ -80,6 +80,10 @@ class Settings(BaseModel):
     credentials never recorded)."""
     cache_diagnostics: bool = False
     """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+    classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
+    """Characters of client text the rules may scan per request (each pattern run costs the
+    text's length); past it the rest of the request is not masked for replay (counted in
+    `promptcache_rules_budget_exceeded_total`)."""
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod
