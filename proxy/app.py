@@ -11,7 +11,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -20,12 +20,17 @@ from prometheus_client import CollectorRegistry
 
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements, session_handler
-from proxy.handlers import healthz, metrics_handler, proxy_handler, readyz
+from proxy.handlers import healthz, metrics_handler, not_found, proxy_handler, readyz
+from proxy.ledger import TenantLedger, tenants_handler
 from proxy.metrics import Metrics
+from proxy.profiles import load_profiles
+from proxy.providers import Router
 from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.store import store_ctx
+from proxy.teams import TeamResolver, load_team_file
+from proxy.upstreams import resolve_upstreams
 
 _log = logging.getLogger("promptcache.app")
 _PROBE_TIMEOUT: Final = 2.0
@@ -44,27 +49,34 @@ async def _is_reachable(url: str) -> bool:
 
 
 async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SERVICES].settings
-    sim_runner = None
-    upstreams = {"anthropic": settings.anthropic_upstream, "openai": settings.openai_upstream}
+    services = app[SERVICES]
+    settings = services.settings
+    sim_runner = sim_url = None
     use_sim = settings.upstream == "sim"
+    fallback = False
     if settings.upstream == "auto":
-        use_sim = not await _is_reachable(settings.anthropic_upstream)
+        use_sim = fallback = not await _is_reachable(settings.anthropic_upstream)
         if use_sim:
             _log.warning(
-                "no real API reachable at %s: serving the built-in upstream simulator "
-                "(set upstream: real to never do this)",
+                "no real API reachable at %s: serving the built-in upstream SIMULATOR (canned answers); "
+                "set upstream: real to never do this",
                 settings.anthropic_upstream,
             )
-    elif settings.upstream.startswith(("http://", "https://")):
-        base = settings.upstream.rstrip("/")
-        upstreams = {"anthropic": base, "openai": base}
     if use_sim:
         from proxy.sim.app import start_sim
+        from proxy.sim.gateway import GATEWAYS
+        from proxy.sim.platforms import PLATFORMS
 
-        sim_runner, sim_url = await start_sim("127.0.0.1", 0)
-        upstreams = {"anthropic": sim_url, "openai": sim_url}
+        # the simulator judges with the configured platform's rules when it knows them
+        platform = settings.anthropic_profile if settings.anthropic_profile in PLATFORMS else "direct"
+        gateway = settings.openai_profile if settings.openai_profile in GATEWAYS else "direct"
+        sim_runner, sim_url = await start_sim("127.0.0.1", 0, anthropic_platform=platform, openai_platform=gateway)
         _log.info("built-in simulator upstream at %s", sim_url)
+    active = resolve_upstreams(settings, sim_url, fallback=fallback)
+    services.active_upstreams = active
+    for item in active.values():
+        services.metrics.upstream_info.labels(item.provider, item.mode, item.host).set(1)
+    upstreams = {name: item.url for name, item in active.items()}
     app[UPSTREAMS] = upstreams
     timeout = aiohttp.ClientTimeout(
         total=None,
@@ -101,17 +113,37 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
         await services.recorder.close()
 
 
-def create_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
+def create_app(
+    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
+) -> web.Application:
     """The proxy as an aiohttp application; `registry` defaults to a fresh one.
 
-    Raises `proxy.rules.RuleError` (naming file, key path and line) when the rules are invalid.
+    With `settings.tracing`, requests are traced to `tracer_provider` (an OpenTelemetry
+    `TracerProvider`; default `proxy.otel.default_provider()`); otherwise nothing of
+    OpenTelemetry is imported. Raises `proxy.rules.RuleError` (naming file, key path and line)
+    when the rules are invalid, `proxy.teams.TeamFileError` when `teams_file` is,
+    `proxy.profiles.ProfileError` for an invalid profiles file or an unknown profile name.
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
+    if settings.tracing:
+        from proxy.otel import default_provider, tracing_middleware
+
+        app.middlewares.append(tracing_middleware(tracer_provider or default_provider()))
+    teams = TeamResolver.build(
+        settings.team_header,
+        settings.teams,
+        load_team_file(settings.teams_file) if settings.teams_file is not None else {},
+    )
+    metrics = Metrics(registry)
+    metrics.prepare_teams(teams.labels)
     app[SERVICES] = Services(
         settings=settings,
-        metrics=Metrics(registry),
+        metrics=metrics,
         rules=load_rules(settings.rules_dir),
+        router=Router(load_profiles(settings.rules_dir), settings.anthropic_profile, settings.openai_profile),
         last_measurements=LastMeasurements(),
+        teams=teams,
+        ledger=TenantLedger(),
     )
     app.cleanup_ctx.append(_resolve_upstreams)
     app.cleanup_ctx.append(_recorder_ctx)
@@ -121,6 +153,8 @@ def create_app(settings: Settings, registry: CollectorRegistry | None = None) ->
     if settings.admin_port is None:
         app.router.add_get("/metrics", metrics_handler)
         app.router.add_get("/debug/sessions/{session_id}", session_handler)
+        app.router.add_get("/debug/tenants", tenants_handler)
+    app.router.add_route("*", "/debug/{tail:.*}", not_found)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
@@ -133,17 +167,19 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     admin.router.add_get("/metrics", metrics_handler)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/debug/sessions/{session_id}", session_handler)
+    admin.router.add_get("/debug/tenants", tenants_handler)
+    admin.router.add_route("*", "/{tail:.*}", not_found)
     return admin
 
 
 async def start_proxy(
-    settings: Settings, registry: CollectorRegistry | None = None
+    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
 ) -> tuple[web.AppRunner, str]:
     """Start the proxy on the running loop at `settings.host:settings.port` (0 = any free port).
 
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
-    app = create_app(settings, registry)
+    app = create_app(settings, registry, tracer_provider)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)

@@ -10,13 +10,17 @@ import argparse
 import asyncio
 import gc
 import importlib
-import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proxy import __version__
-from proxy.settings import SettingsError, load_settings
+from proxy.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from proxy.upstreams import ActiveUpstream
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +42,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from proxy.app import create_admin_app, start_proxy
+    from proxy.appkeys import SERVICES
 
     overrides = {
         "host": args.host,
@@ -49,18 +54,27 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "record": args.record,
         "rules_dir": args.rules_dir,
     }
+    from proxy.profiles import ProfileError
     from proxy.rules import RuleError
+    from proxy.teams import TeamFileError
 
     try:
         settings = load_settings(args.config, overrides=overrides)
     except SettingsError as exc:
         print(f"promptcache: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from proxy.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
     try:
         runner, url = await start_proxy(settings)
     except RuleError as exc:
         print(f"promptcache: invalid rules:\n{exc}", file=sys.stderr)
+        return 2
+    except ProfileError as exc:
+        print(f"promptcache: invalid upstream profile:\n{exc}", file=sys.stderr)
+    except TeamFileError as exc:
+        print(f"promptcache: invalid teams_file: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"promptcache: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
@@ -81,8 +95,9 @@ async def _serve_forever(args: argparse.Namespace) -> int:
                 await item.cleanup()
             return 1
     _tune_gc()
-    print(f"promptcache {__version__} listening on {url} (mode {settings.mode})", flush=True)
-    print(f"  Anthropic: ANTHROPIC_BASE_URL={url}    OpenAI: OPENAI_BASE_URL={url}/v1", flush=True)
+    services = runner.app[SERVICES]
+    for line in banner_lines(settings, url, services.active_upstreams or {}):
+        print(line, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -91,6 +106,29 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     for item in reversed(runners):
         await item.cleanup()
     return 0
+
+
+def banner_lines(settings: Settings, url: str, active: Mapping[str, ActiveUpstream]) -> list[str]:
+    """What `serve` prints once it listens: the URL clients use, each provider's upstream mode and
+    host (a loud line when `upstream: auto` fell back to the simulator), the store and the state
+    directory (a store password is never printed)."""
+    from proxy.store import default_store_url
+    from proxy.upstreams import redact_url
+
+    lines = [
+        f"promptcache {__version__} listening on {url} (mode {settings.mode})",
+        f"  Anthropic: ANTHROPIC_BASE_URL={url}    OpenAI: OPENAI_BASE_URL={url}/v1",
+    ]
+    for name, item in active.items():
+        lines.append(f"  upstream {name}: {item.mode} {item.url}")
+    if any(item.fallback for item in active.values()):
+        lines.append(
+            "  WARNING: no real API was reachable at start (upstream: auto): the built-in SIMULATOR "
+            "answers every request; set upstream: real in production"
+        )
+    lines.append(f"  store: {redact_url(settings.store or default_store_url(settings.state_dir))}")
+    lines.append(f"  state dir: {Path(settings.state_dir).expanduser().resolve()}")
+    return lines
 
 
 def _tune_gc() -> None:
@@ -147,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(command)
         command.set_defaults(func=module.run)
     check = sub.add_parser("check-rules", help="validate rule files; errors name file, key path and line")
-    check.add_argument("dir", nargs="?", default=None, help="folder of rule files (default: the packaged rules/)")
+    check.add_argument(
+        "dir", nargs="?", default=None, help="a folder of rule files (default: the packaged rules/) or one file"
+    )
     check.set_defaults(func=_check_rules)
     return parser
 

@@ -33,9 +33,21 @@ class Exchange:
     tenant: str | None = None
     """Keyed hash of the credential and upstream host; never the credential itself."""
     session_id: str | None = None
+    team: str | None = None
+    """Team the request's cost is attributed to (`proxy.teams`), resolved on first use."""
     failed_stage: str | None = None
     notes: dict[str, Any] = field(default_factory=dict)
     """Stage outputs that later stages or measurement read (plans, digests, counts)."""
+    upstream_path: str | None = None
+    """Path sent upstream when it is not `path` (a platform path such as Vertex's
+    `...:rawPredict`, percent-encoded as received); `None` sends `path`."""
+    path_model: str | None = None
+    """The model named by a platform path (Vertex, Bedrock put it there, not in the body)."""
+    is_signed: bool = False
+    """The request is signed over its body (SigV4): forwarded byte-identical, measured only."""
+    header_overrides: dict[str, str | None] = field(default_factory=dict)
+    """Upstream request headers a stage replaces (`None` removes the header), e.g. the
+    `anthropic-beta` values a platform rejects dropped."""
     status: int = 0
     usage: Usage | None = None
     is_usage_counted: bool = False

@@ -267,6 +267,10 @@ def plan_lines(
 
 
 def _load(path: str) -> Any:
+    """The JSON in file `path`; an argument that starts with `{` is the JSON itself (`{}` = no
+    reference request), as the usage line documents."""
+    if path.lstrip().startswith("{"):
+        return orjson.loads(path)
     return orjson.loads(Path(path).read_bytes())
 
 

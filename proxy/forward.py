@@ -24,13 +24,17 @@ from typing import Final
 
 import aiohttp
 import orjson
+import yarl
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.eventstream import EventStreamDecoder, Message, bedrock_chunk
 from proxy.exchange import Exchange
 from proxy.metrics import ProviderMetrics
 from proxy.providers.base import BAD_GATEWAY, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
 from proxy.sse import SSEDecoder
+from proxy.tracing import CURRENT as CURRENT_TRACE
+from proxy.upstreams import host_of
 
 _log = logging.getLogger("promptcache.forward")
 
@@ -53,6 +57,7 @@ _DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length", "content-encoding
 read it, so the bytes forwarded are identity-encoded."""
 _DROP_RESPONSE: Final = HOP_BY_HOP
 _MAX_TEE_JSON_BYTES: Final = 64 * 1024 * 1024
+EVENTSTREAM_TYPE: Final = "application/vnd.amazon.eventstream"
 
 
 def request_headers(incoming: CIMultiDictProxy[str]) -> CIMultiDict[str]:
@@ -83,6 +88,7 @@ class UsageTee:
     def __init__(self, reader: UsageReader, content_type: str, content_encoding: str) -> None:
         self.reader = reader
         self._is_sse = content_type.startswith("text/event-stream")
+        self._frames = EventStreamDecoder() if content_type.startswith(EVENTSTREAM_TYPE) else None
         self._is_json = "json" in content_type
         encoding = content_encoding.lower().strip()
         self._inflate = zlib.decompressobj(47) if encoding in ("gzip", "deflate", "x-gzip") else None
@@ -91,18 +97,35 @@ class UsageTee:
         self._json = bytearray()
 
     def feed(self, chunk: bytes) -> None:
-        if self._disabled or not (self._is_sse or self._is_json):
+        if self._disabled or not (self._is_sse or self._is_json or self._frames):
             return
         try:
             if self._inflate is not None:
                 chunk = self._inflate.decompress(chunk)
-            if self._is_sse:
+            if self._frames is not None:
+                for message in self._frames.decode(chunk):
+                    self._frame(message)
+            elif self._is_sse:
                 for event in self._sse.decode(chunk):
                     self._event(event.event, event.data)
             elif len(self._json) + len(chunk) <= _MAX_TEE_JSON_BYTES:
                 self._json += chunk
         except (zlib.error, ValueError):
             self._disabled = True
+
+    def _frame(self, message: Message) -> None:
+        """One AWS event-stream message: a Bedrock `chunk` carries an Anthropic stream event
+        (base64 JSON); other events (Converse `metadata` ...) carry their JSON directly."""
+        data = bedrock_chunk(message)
+        if data is not None:
+            if isinstance(data, dict):
+                self.reader.feed_event(str(data.get("type", "")), data)
+            return
+        if message.headers.get(":message-type") == "event":
+            try:
+                self.reader.feed_event(str(message.headers.get(":event-type", "")), orjson.loads(message.payload))
+            except orjson.JSONDecodeError:
+                pass
 
     def _event(self, name: str, data: str) -> None:
         if not data or data == "[DONE]":
@@ -151,10 +174,38 @@ async def forward(
 
     `data` is the request body (`exchange.outgoing` on pipeline routes, the client's stream or
     `None` elsewhere). Sets `exchange.status`, `exchange.usage` (when the response carries usage) and
-    `exchange.sent_at`. Returns the prepared response (or a local 502/504 reply).
+    `exchange.sent_at`. Returns the prepared response (or a local 502/504 reply). With tracing on
+    (`proxy/tracing.py`) the call runs in an `upstream` span whose `traceparent` goes upstream.
     """
-    url = base_url + exchange.path + (f"?{exchange.query_string}" if exchange.query_string else "")
+    path = exchange.upstream_path or exchange.path
+    url: str | yarl.URL = base_url + path + (f"?{exchange.query_string}" if exchange.query_string else "")
+    if exchange.upstream_path is not None:
+        url = yarl.URL(url, encoded=True)  # a platform path goes as received (signed paths)
     headers = request_headers(exchange.headers)
+    for key, value in exchange.header_overrides.items():
+        headers.popall(key, None)
+        if value is not None:
+            headers[key] = value
+    trace = CURRENT_TRACE.get()
+    if trace is None:
+        return await _send(request, exchange, session, base_url, url, headers, metrics, read_timeout, data)
+    with trace.upstream(request.method, str(url), headers) as span:
+        response = await _send(request, exchange, session, base_url, url, headers, metrics, read_timeout, data)
+        span.set_status_code(exchange.status)
+        return response
+
+
+async def _send(
+    request: web.Request,
+    exchange: Exchange,
+    session: aiohttp.ClientSession,
+    base_url: str,
+    url: str | yarl.URL,
+    headers: CIMultiDict[str],
+    metrics: ProviderMetrics,
+    read_timeout: float,
+    data: bytes | AsyncIterator[bytes] | None,
+) -> web.StreamResponse:
     exchange.sent_at = time.perf_counter()
     metrics.overhead.observe(exchange.sent_at - exchange.received_at)
     adapter = exchange.adapter
@@ -164,15 +215,21 @@ async def forward(
     except (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
         exchange.status = BAD_GATEWAY.status
         _log.warning("upstream %s unreachable: %s", base_url, type(exc).__name__)
-        return local_error(adapter, BAD_GATEWAY, f"promptcache could not reach the upstream ({type(exc).__name__})")
+        return local_error(
+            adapter, BAD_GATEWAY, f"promptcache could not reach the upstream {host_of(base_url)} ({type(exc).__name__})"
+        )
     except (TimeoutError, aiohttp.ServerTimeoutError):
         exchange.status = GATEWAY_TIMEOUT.status
         _log.warning("upstream %s timed out after %.1f s", base_url, read_timeout)
-        return local_error(adapter, GATEWAY_TIMEOUT, f"the upstream did not answer within {read_timeout:g} s")
+        return local_error(
+            adapter, GATEWAY_TIMEOUT, f"the upstream {host_of(base_url)} did not answer within {read_timeout:g} s"
+        )
     except aiohttp.ClientError as exc:
         exchange.status = BAD_GATEWAY.status
         _log.warning("upstream %s failed: %s", base_url, type(exc).__name__)
-        return local_error(adapter, BAD_GATEWAY, f"upstream request failed ({type(exc).__name__})")
+        return local_error(
+            adapter, BAD_GATEWAY, f"the request to the upstream {host_of(base_url)} failed ({type(exc).__name__})"
+        )
     is_complete = False
     try:
         metrics.first_byte.observe(time.perf_counter() - exchange.sent_at)

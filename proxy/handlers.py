@@ -5,8 +5,9 @@ Pipeline routes (`POST /v1/messages`, `/v1/chat/completions`, `/v1/responses`, o
 error shape), run the request stages, forward, then observe. Every other path and method is
 reverse-proxied as is, body streamed.
 
-Logging: one line per request with provider, method, path (never the query string), status
-and time; never a header value, never a body.
+Logging: one access line per request (`proxy.logs.access_fields`): provider, method, path
+(never the query string), status, time, tokens, cost, cause and session; never a header value,
+never a body.
 """
 
 from __future__ import annotations
@@ -22,15 +23,23 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.exchange import Exchange
 from proxy.forward import forward, local_error
+from proxy.logs import ACCESS_LOGGER, access_fields, log_access
+from proxy.metrics import ProviderMetrics
 from proxy.pipeline import run_request_stages
 from proxy.pipeline.observe import observe, record_usage
-from proxy.providers import route
-from proxy.providers.base import TOO_LARGE
+from proxy.pipeline.parse import invalid_utf8_message
+from proxy.profiles import Profile, load_profiles
+from proxy.providers import Route, Router, route
+from proxy.providers.base import BAD_REQUEST, NOT_FOUND, TOO_LARGE
 
-_log = logging.getLogger("promptcache.access")
+_log = logging.getLogger(ACCESS_LOGGER)
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
+SIM_FALLBACK_WARNING: Final = (
+    "no real API was reachable at start (upstream: auto): the built-in simulator answers with canned "
+    "replies; set upstream: real in production"
+)
 CLIENT_CLOSED: Final = 499
 """Pseudo-status of a request whose client went away before the response ended (nginx's 499)."""
 
@@ -54,7 +63,10 @@ def _is_openai_shaped(request: web.Request) -> bool:
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     """Every client request to an upstream goes through here."""
     services = request.app[SERVICES]
-    adapter, path = route(request.path, _is_openai_shaped(request))
+    if services.router is None:
+        services.router = Router(load_profiles(services.settings.rules_dir))
+    where = services.router.route(request.path, request.raw_path.partition("?")[0], _is_openai_shaped(request))
+    adapter, path = where.adapter, where.path
     pm = services.metrics.by_provider[adapter.name]
     started = time.perf_counter()
     pm.in_flight.inc()
@@ -64,7 +76,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         upstream_base = request.app[UPSTREAMS][adapter.name]
         session = request.app[CLIENT_SESSIONS][adapter.name]
         read_timeout = services.settings.read_timeout
-        if request.method == "POST" and path in adapter.pipeline_paths:
+        if request.method == "POST" and where.is_pipeline:
             try:
                 raw = await request.read()
             except web.HTTPRequestEntityTooLarge:
@@ -76,7 +88,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 services.recorder.record(path, request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
             exchange.notes["is_pipeline"] = True
+            _platform_route(exchange, where, pm)
             await run_request_stages(exchange, services)
+            bad_utf8 = exchange.notes.get("invalid_utf8")
+            if bad_utf8 is not None:
+                status = BAD_REQUEST.status
+                return local_error(adapter, BAD_REQUEST, invalid_utf8_message(*bad_utf8))
             response = await forward(
                 request, exchange, session, upstream_base, pm, read_timeout, exchange.outgoing
             )
@@ -86,6 +103,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             observe(exchange, services)
             return response
         exchange = Exchange(adapter, path, request.query_string, request.headers, b"", started)
+        if where.upstream_path != path:
+            exchange.upstream_path = where.upstream_path
         body = request.content.iter_any() if request.method in _BODY_METHODS and request.body_exists else None
         response = await forward(request, exchange, session, upstream_base, pm, read_timeout, body)
         status = exchange.status
@@ -102,15 +121,31 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         pm.in_flight.dec()
         pm.outcome[outcome_for(status)].inc()
         pm.duration.observe(elapsed)
-        session_id = exchange.session_id if exchange is not None else None
+        log_access(_log, access_fields(adapter.name, request.method, request.path, status, elapsed, exchange))
+
+
+async def not_found(request: web.Request) -> web.Response:
+    """JSON 404 in the provider's error shape for a path promptcache owns but does not serve
+    (`/debug/...` on the main listener, anything unknown on the admin listener)."""
+    adapter, _ = route(request.path, _is_openai_shaped(request))
+    return local_error(adapter, NOT_FOUND, f"promptcache serves no {request.method} {request.path}")
+
+
+def _platform_route(exchange: Exchange, where: Route, pm: ProviderMetrics) -> None:
+    """Platform path facts on the exchange: the path's model, the upstream path, and whether
+    the request is signed over its body (then forwarded byte-identical, measured only)."""
+    if where.upstream_path != where.path:
+        exchange.upstream_path = where.upstream_path
+    exchange.path_model = where.model
+    profile = getattr(exchange.adapter, "profile", None)
+    if isinstance(profile, Profile) and profile.is_signed(exchange.headers.get("authorization", "")):
+        exchange.is_signed = True
+        pm.signed.inc()
         _log.info(
-            "%s %s %s -> %s in %.1f ms%s",
-            adapter.name,
-            request.method,
-            request.path,
-            status,
-            elapsed * 1000,
-            f" session={session_id}" if session_id else "",
+            "%s %s: signed request (%s covers the body): forwarded byte-identical, measured only",
+            exchange.provider,
+            exchange.path,
+            exchange.headers.get("authorization", "").split(" ", 1)[0],
         )
 
 
@@ -120,9 +155,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: upstream sessions are open."""
+    """Readiness: upstream sessions are open. The body names each provider's upstream mode
+    (`real`, `sim`, `custom`) and host, with a `warning` when `upstream: auto` fell back to the
+    built-in simulator."""
     ready = CLIENT_SESSIONS in request.app and bool(request.app[CLIENT_SESSIONS])
-    return web.json_response({"status": "ready" if ready else "starting"}, status=200 if ready else 503)
+    active = request.app[SERVICES].active_upstreams or {}
+    body: dict[str, object] = {
+        "status": "ready" if ready else "starting",
+        "upstreams": {name: item.as_json() for name, item in active.items()},
+    }
+    if any(item.fallback for item in active.values()):
+        body["warning"] = SIM_FALLBACK_WARNING
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

@@ -33,7 +33,7 @@ metrics. Invariant: it never changes what was sent or answered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -41,9 +41,10 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
+from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
-from proxy.pricing import OTHER, PricingTable, default_pricing
+from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
 from proxy.services import Services
 
@@ -120,6 +121,8 @@ class Measurement:
     """Cost of `usage` had nothing been cached (USD)."""
     upstream_reason: str | None
     """The upstream's own cache-miss reason, when cache diagnostics were requested."""
+    diagnosis: str | None = None
+    """`agree`, `disagree` or `unknown` (`agreement`), when cache diagnostics were requested."""
 
     @property
     def savings_usd(self) -> float | None:
@@ -283,6 +286,15 @@ def is_expired(predicted_tokens: int, usage: Usage | None) -> bool:
     if usage is None or predicted_tokens <= 0 or usage.cache_write <= 0:
         return False
     return usage.cache_read < predicted_tokens * EXPIRED_READ_SHARE
+
+
+def agreement(causes: Mapping[str | None, frozenset[str]], reason: str | None, cause: str) -> str:
+    """Does the upstream's diagnosis `reason` (`None` = no divergence) agree with promptcache's
+    `cause`? `causes` is the adapter's `diagnostic_causes` table; a reason it does not list
+    (`pending`, not found, unavailable, a new one) and a first request are `unknown`."""
+    if cause == "first_request" or reason not in causes:
+        return "unknown"
+    return "agree" if cause in causes[reason] else "disagree"
 
 
 def upstream_reason_label(reason: str | None) -> str:
@@ -460,9 +472,16 @@ def measure(exchange: Exchange, services: Services) -> None:
         cost_usd=cost,
         uncached_cost_usd=uncached,
         upstream_reason=(usage.cache_miss_reason if usage is not None else None) if requested else None,
+        diagnosis=agreement(
+            getattr(exchange.adapter, "diagnostic_causes", {}), usage.cache_miss_reason, cause
+        )
+        if requested and usage is not None
+        else None,
     )
     exchange.notes["measurement"] = result
     _record(result, services, requested)
+    if cost is not None and uncached is not None:
+        attribute_cost(exchange, services, cost, uncached)
     _log.debug(
         "measured %s: cause=%s section=%s block=%d byte=%d tokens~%d predicted_read~%d",
         result.provider,
@@ -491,10 +510,12 @@ def _record(result: Measurement, services: Services, diagnostics_requested: bool
         mm.divergence_tokens.observe(divergence.tokens)
     mm.predicted_read_tokens.inc(result.predicted_read_tokens)
     if result.cost_usd is not None and result.uncached_cost_usd is not None:
-        family = result.family if result.family in mm.cost else OTHER
-        mm.cost[family].inc(result.cost_usd)
-        mm.uncached_cost[family].inc(result.uncached_cost_usd)
+        cost, uncached = mm.family_cost(result.family)
+        cost.inc(result.cost_usd)
+        uncached.inc(result.uncached_cost_usd)
     if diagnostics_requested and result.usage is not None:
         metrics.upstream_miss_reasons.labels(
             upstream_reason_label(result.upstream_reason), result.cause
         ).inc()
+        if result.diagnosis is not None:
+            metrics.diagnostics_agreement.labels(result.provider, result.diagnosis).inc()

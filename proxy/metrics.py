@@ -8,6 +8,11 @@ request path does no label lookups. `family` is a family name from `rules/pricin
 `other`, never a raw model string; `reason` is mapped onto `UPSTREAM_MISS_REASONS`. No label ever
 carries a session id, key, prompt text or raw model string.
 
+Series: no `_created` samples (`disable_created_metrics()`, process-wide: promptcache exports
+creation times nowhere); label sets known in advance are pre-resolved, while `family` series
+appear on the first request of that family (`MeasureMetrics.family_cost`), so `/metrics` does not
+carry a zero line for every model family in the price table.
+
 Build one `Metrics(registry)` per app; tests pass a fresh `CollectorRegistry`.
 """
 
@@ -17,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
 from proxy import __version__
 from proxy.pricing import OTHER as OTHER_FAMILY
@@ -35,6 +40,7 @@ STAGES: Final = (
     "replay",
     "diagnostics",
     "breakpoints",
+    "platform",
     "serialise",
     "observe",
 )
@@ -76,10 +82,21 @@ UPSTREAM_MISS_REASONS: Final = (
     "messages_changed",
     "previous_message_not_found",
     "unavailable",
+    "input_changed",
+    "context_compacted",
+    "prompt_cache_key_changed",
+    "text_format_changed",
+    "reasoning_effort_changed",
+    "verbosity_changed",
+    "service_tier_changed",
+    "comparison_response_not_found",
     "other",
 )
-"""Anthropic cache-diagnostics reasons, plus `none` (no divergence), `pending` (comparison not
-finished) and `other` (a type this list does not know yet)."""
+"""Anthropic cache-diagnostics reasons and OpenAI `prompt_cache_diagnostics` reasons / types,
+plus `none` (no divergence, `cache_hit`), `pending` (comparison not finished) and `other` (a
+type this list does not know yet)."""
+AGREEMENT: Final = ("agree", "disagree", "unknown")
+"""Does the upstream's own diagnosis match promptcache's cause (`proxy.measure.agreement`)."""
 BREAKPOINT_ACTIONS: Final = ("injected", "moved", "dropped", "kept")
 STORE_BACKENDS: Final = ("memory", "sqlite", "redis")
 STORE_OPERATIONS: Final = ("get", "put")
@@ -106,11 +123,17 @@ class ProviderMetrics:
     replayed_messages: Counter
     breakpoints: dict[str, Counter]
     """By action (`BREAKPOINT_ACTIONS`)."""
+    signed: Counter
+    """Signed requests (SigV4) forwarded byte-identical and measured only."""
+    upstream_moves: Counter
+    """Sessions moved to another base URL of the upstream after a failure (a cold write)."""
 
 
 @dataclass(slots=True)
 class MeasureMetrics:
     """Label children `proxy.measure` updates for one provider, resolved once at start."""
+
+    provider: str
 
     prompt_bytes: Counter
     matched_bytes: Counter
@@ -119,14 +142,60 @@ class MeasureMetrics:
     predicted_read_tokens: Counter
     divergences: dict[tuple[str, str], Counter]
     """By `(section, cause)`, every pair of `DIVERGENCE_LABELS`."""
-    cost: dict[str, Counter]
-    """Actual cost (USD) by model family."""
-    uncached_cost: dict[str, Counter]
-    """Counterfactual cost without caching (USD) by model family."""
+    families: frozenset[str]
+    """Every `family` label value of this provider (`other` included)."""
+    cost_metric: Counter
+    uncached_cost_metric: Counter
+    cost: dict[str, tuple[Counter, Counter]]
+    """`family -> (cost, uncached cost)` children (USD), filled on first use."""
+
+    def family_cost(self, family: str) -> tuple[Counter, Counter]:
+        """`(cost, uncached cost)` children of `family` (`other` when not a known family),
+        created on first use."""
+        if family not in self.families:
+            family = OTHER_FAMILY
+        found = self.cost.get(family)
+        if found is None:
+            found = (
+                self.cost_metric.labels(self.provider, family),
+                self.uncached_cost_metric.labels(self.provider, family),
+            )
+            self.cost[family] = found
+        return found
+
+
+@dataclass(slots=True)
+class TeamMetrics:
+    """Label children of one team."""
+
+    requests: Counter
+    input_tokens: dict[str, Counter]
+    """By `cache` (`CACHE_KINDS`)."""
+    cost: Counter
+    uncached_cost: Counter
 
 
 class Metrics:
     """All metrics of one app, registered in `registry` (a fresh one per app and per test)."""
+
+    def team_metrics(self, team: str) -> TeamMetrics:
+        """Children of `team` (a value `proxy.teams.TeamResolver` produced: bounded), created
+        on first use; `prepare_teams` creates them at start."""
+        found = self.teams.get(team)
+        if found is None:
+            found = TeamMetrics(
+                requests=self.team_requests.labels(team),
+                input_tokens={c: self.team_input_tokens.labels(team, c) for c in CACHE_KINDS},
+                cost=self.team_cost.labels(team),
+                uncached_cost=self.team_uncached_cost.labels(team),
+            )
+            self.teams[team] = found
+        return found
+
+    def prepare_teams(self, teams: Sequence[str]) -> None:
+        """Create every team's series at start (each exists with 0)."""
+        for team in teams:
+            self.team_metrics(team)
 
     def __init__(
         self,
@@ -135,6 +204,7 @@ class Metrics:
     ) -> None:
         """`families`: provider -> every `family` label value (`other` included); defaults to
         the packaged `rules/pricing.yaml`."""
+        disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         if families is None:
             table = default_pricing()
@@ -210,6 +280,19 @@ class Metrics:
             ["provider", "action"],
             registry=r,
         )
+        self.signed_requests = Counter(
+            "promptcache_signed_requests_total",
+            "Requests signed over their body (SigV4), forwarded byte-identical and measured only (proxy.handlers).",
+            ["provider"],
+            registry=r,
+        )
+        self.upstream_moves = Counter(
+            "promptcache_upstream_moves_total",
+            "Sessions moved to another base URL of their upstream after a connect error, 5xx or 429; "
+            "each move costs a cold cache write (proxy.affinity).",
+            ["provider"],
+            registry=r,
+        )
         self.replayed_messages = Counter(
             "promptcache_replayed_messages_total",
             "Earlier messages sent as the exact bytes sent before (proxy.pipeline.replay).",
@@ -275,6 +358,17 @@ class Metrics:
             ["reason", "cause"],
             registry=r,
         )
+        self.diagnostics_agreement = Counter(
+            "promptcache_diagnostics_agreement_total",
+            "Responses with upstream cache diagnostics, by whether the upstream's reason agrees with "
+            "promptcache's own divergence cause (unknown: first request, pending, not found, "
+            "unavailable) (proxy.measure).",
+            ["provider", "result"],
+            registry=r,
+        )
+        for provider in PROVIDERS:
+            for result in AGREEMENT:
+                self.diagnostics_agreement.labels(provider, result)
         self.store_duration = Histogram(
             "promptcache_session_store_operation_duration_seconds",
             "Session store operation time (proxy.store).",
@@ -286,6 +380,41 @@ class Metrics:
             "promptcache_session_store_errors_total",
             "Session store failures; the request went on without replay (proxy.store).",
             ["backend", "operation"],
+            registry=r,
+        )
+        self.team_requests = Counter(
+            "promptcache_team_requests_total",
+            "Pipeline requests with upstream usage, by team (bounded: allowlist + other) (proxy.pipeline.observe).",
+            ["team"],
+            registry=r,
+        )
+        self.team_input_tokens = Counter(
+            "promptcache_team_input_tokens_total",
+            "Prompt tokens by team and cache read/write/none; read / sum = the team's hit ratio "
+            "(proxy.pipeline.observe).",
+            ["team", "cache"],
+            registry=r,
+        )
+        self.team_cost = Counter(
+            "promptcache_team_cost_usd_total",
+            "List-price cost of the upstream usage in USD, by team (proxy.measure).",
+            ["team"],
+            registry=r,
+        )
+        self.team_uncached_cost = Counter(
+            "promptcache_team_uncached_cost_usd_total",
+            "Cost in USD had no prompt token been cached, by team; minus promptcache_team_cost_usd_total "
+            "= the team's savings (proxy.measure).",
+            ["team"],
+            registry=r,
+        )
+        self.teams: dict[str, TeamMetrics] = {}
+        """Label children by team, filled by `team_metrics` (values bounded by `proxy.teams`)."""
+        self.upstream_info = Gauge(
+            "promptcache_upstream_info",
+            "1 per provider for the upstream in use: mode real, sim (the built-in simulator) or "
+            "custom, and its host (proxy.app).",
+            ["provider", "mode", "host"],
             registry=r,
         )
         self.store_pending_writes = Gauge(
@@ -325,14 +454,17 @@ class Metrics:
         for provider in PROVIDERS:
             names = families.get(provider, (OTHER_FAMILY,))
             self.measure[provider] = MeasureMetrics(
+                provider=provider,
                 prompt_bytes=self.prompt_bytes.labels(provider),
                 matched_bytes=self.prefix_matched_bytes.labels(provider),
                 divergence_ratio=self.divergence_ratio.labels(provider),
                 divergence_tokens=self.divergence_tokens.labels(provider),
                 predicted_read_tokens=self.predicted_read_tokens.labels(provider),
                 divergences={pair: self.divergences.labels(provider, *pair) for pair in DIVERGENCE_LABELS},
-                cost={f: self.cost.labels(provider, f) for f in names},
-                uncached_cost={f: self.uncached_cost.labels(provider, f) for f in names},
+                families=frozenset(names) | {OTHER_FAMILY},
+                cost_metric=self.cost,
+                uncached_cost_metric=self.uncached_cost,
+                cost={},
             )
             self.prompt_bytes.labels(provider)
             self.prefix_matched_bytes.labels(provider)
@@ -349,4 +481,6 @@ class Metrics:
                 body_too_large=self.too_large.labels(provider),
                 replayed_messages=self.replayed_messages.labels(provider),
                 breakpoints={a: self.breakpoints.labels(provider, a) for a in BREAKPOINT_ACTIONS},
+                signed=self.signed_requests.labels(provider),
+                upstream_moves=self.upstream_moves.labels(provider),
             )

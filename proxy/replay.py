@@ -4,6 +4,7 @@ promptcache, against the upstream simulator.
     promptcache replay workloads/cc-billing-header.jsonl [--strategy all] [--json]
     promptcache replay suite                      # every workload of the suite
     promptcache replay tool-loop-parallel         # a suite workload by name
+    promptcache replay workloads/clients --gap 360  # recorded traces at uniform 6-minute pacing
 
 A TRACE is a JSONL file (`proxy/workloads/trace.py`), a directory of them, a workload name of
 the suite (`proxy/workloads/suite.py`; workloads too big to commit are generated into
@@ -14,7 +15,8 @@ bytes), `naive` (a gateway's two 5-minute markers), `promptcache` (through a fre
 
 Prints, per trace and strategy and in total: input tokens read / written / neither, hit ratio
 (read / all input), input-side cost in USD (`rules/pricing.yaml`), savings against no caching,
-the oracle's optimum (`proxy/workloads/oracle.py`), attainment = read / optimum read, and the
+the oracle's clairvoyant optimum and minimum cost with the causal bound beside them
+(`proxy/workloads/oracle.py`), attainment = read / clairvoyant read, cost / minimum, and the
 requests per divergence cause as promptcache measures them (`proxy/workloads/divergence.py`:
 the proxy's own `promptcache_prefix_divergences_total` for `promptcache`, the same pure core on
 the bytes sent for `none` / `naive`). `--json` carries the same, `--per-request` adds each
@@ -34,7 +36,7 @@ import orjson
 from proxy.workloads.report import Report, format_text, to_json
 from proxy.workloads.strategies import STRATEGIES
 from proxy.workloads.suite import BY_NAME, SUITE, load_workload
-from proxy.workloads.trace import Trace, TraceError, load_trace
+from proxy.workloads.trace import Trace, TraceError, load_trace, with_gaps
 
 
 def default_cache_dir() -> Path:
@@ -55,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-request", action="store_true", help="also every request's usage and cause")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where generated workloads are kept")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="replace every gap after the first request with SECONDS (uniform pacing)",
+    )
 
 
 def resolve_traces(items: list[str], cache_dir: Path) -> list[Trace]:
@@ -90,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, KeyError, FileNotFoundError) as exc:
         print(f"promptcache replay: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
+    if getattr(args, "gap", None) is not None:
+        if args.gap < 0:
+            print("promptcache replay: --gap must be >= 0", file=sys.stderr)
+            return 2
+        traces = [with_gaps(t, args.gap) for t in traces]
     strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
     upstream = args.upstream
     if upstream != "sim" and not upstream.startswith(("http://", "https://")):

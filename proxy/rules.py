@@ -326,15 +326,36 @@ def check_rules(dir: Path | str | None = None) -> list[str]:
     return _load(Path(dir) if dir is not None else PACKAGED_DIR)[1]
 
 
+def check_rule_file(path: Path | str) -> tuple[str, list[str]]:
+    """`(summary, problems)` for one file: the model table when it is named `models.yaml`,
+    else a rule file (`default.yaml`, `*.rules.yaml` or any YAML of that schema)."""
+    path = Path(path)
+    errors: list[str] = []
+    if path.name == MODELS_FILE:
+        table, _ = _models_file(path, errors)
+        return f"ok: {len(table)} model minimums", errors
+    rules = _rules_file(path, errors, {})
+    return f"ok: {len(rules)} rules", errors
+
+
 def check_rules_command(dir: str | None = None) -> int:
-    """`promptcache check-rules [DIR]`: print the problems (exit 1) or a summary (exit 0)."""
-    errors = check_rules(dir)
+    """`promptcache check-rules [DIR | FILE]`: print the problems (exit 1) or a summary (exit 0).
+
+    A folder is checked as `serve` loads it; a single file on its own (its rule names only
+    need to be unique within it)."""
+    if dir is not None and Path(dir).is_file():
+        summary, errors = check_rule_file(dir)
+    else:
+        errors = check_rules(dir)
+        summary = ""
+        if not errors:
+            ruleset = load_rules(dir)
+            summary = f"ok: {len(ruleset.rules)} rules, {len(ruleset.min_tokens_by_prefix)} model minimums"
     if errors:
         for line in errors:
             print(line, file=sys.stderr)
         return 1
-    ruleset = load_rules(dir)
-    print(f"ok: {len(ruleset.rules)} rules, {len(ruleset.min_tokens_by_prefix)} model minimums")
+    print(summary)
     return 0
 
 

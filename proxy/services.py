@@ -17,10 +17,18 @@ class Services:
     """The loaded `RuleSet` (proxy.rules), `None` until rules are loaded."""
     recorder: Any = None
     """The `TraceRecorder` (proxy.record) when `settings.record` is set."""
+    router: Any = None
+    """The `proxy.providers.Router` of the configured profiles; `None` builds the default."""
     last_measurements: Any = None
     """`proxy.debug.LastMeasurements`: newest measurement per session, for `/debug/sessions`."""
     store: Any = None
     """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
+    teams: Any = None
+    """`proxy.teams.TeamResolver` built from `team_header`, `teams` and `teams_file`."""
+    ledger: Any = None
+    """`proxy.ledger.TenantLedger`: per-tenant totals for `/debug/tenants`."""
+    active_upstreams: Any = None
+    """Provider -> `proxy.upstreams.ActiveUpstream` (mode and host in use), set at start."""
     sessions: Any = None
     """Per-process session state (`proxy.sessions.SessionState`: tenant secret, session
     inference index, pacing statistics); set with `store` by `proxy.store.store_ctx`."""

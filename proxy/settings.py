@@ -11,6 +11,8 @@ came from; `promptcache serve` prints it and exits with status 2.
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +31,10 @@ def default_state_dir() -> Path:
 
 
 class UpstreamCapabilities(BaseModel):
-    """What an upstream accepts in `cache_control` markers (PROVIDERS.md 1.2, 1.7)."""
+    """What an upstream accepts in `cache_control` markers (PROVIDERS.md 1.2, 1.7).
+
+    The upstream profile (`anthropic_profile`, `openai_profile`) sets these; the settings
+    `anthropic_capabilities` / `openai_capabilities` add to the profile's (overrides)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,17 +74,37 @@ class Settings(BaseModel):
     rules_dir: Path | None = None
     """Folder of rule files; empty means the packaged `rules/`."""
     session_headers: tuple[str, ...] = ("x-claude-code-session-id", "x-session-id")
+    anthropic_profile: str = "direct"
+    """Upstream profile on the Anthropic paths (`rules/profiles.yaml`): `direct`, `vertex`,
+    `bedrock`, `foundry`, `strict-compatible`, or one of the rules folder's own."""
+    openai_profile: str = "direct"
+    """Upstream profile on the OpenAI paths: `direct`, `azure`, `openrouter`, `litellm` ..."""
     anthropic_capabilities: UpstreamCapabilities = UpstreamCapabilities()
     openai_capabilities: UpstreamCapabilities = UpstreamCapabilities()
     admin_port: int | None = Field(None, ge=0, le=65535)
     """Port of a separate listener for `/metrics` and `/debug`; none means the main one serves
     them."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Any case (`debug` = `DEBUG`)."""
+    log_format: Literal["text", "json"] = "text"
+    """`json`: one JSON object per line (`ts`, `level`, `logger`, `message`, and the access
+    line's fields), for log collectors."""
     record: Path | None = None
     """Append every pipeline request's client body to this JSONL trace (workload format;
     credentials never recorded)."""
+    team_header: str = ""
+    """Request header naming the team (`x-team`); only values in `teams` (or the file) count."""
+    teams: tuple[str, ...] = ()
+    """Allowlist of team names; any other value is counted as team `other`."""
+    teams_file: Path | None = None
+    """YAML `version: 1`, `teams: {<sha256 hex of an API key>: <team>}`; wins over the header."""
     cache_diagnostics: bool = False
-    """Ask Anthropic for `diagnostics.previous_message_id` on every turn."""
+    """Ask the upstream's cache diagnostics against the session's previous response: Anthropic
+    `diagnostics.previous_message_id` on every turn, OpenAI GPT-5.6+ Responses
+    `prompt_cache_options.comparison_response_id` from the second turn."""
+    tracing: bool = False
+    """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
+    (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""
     classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in
@@ -95,11 +120,28 @@ class Settings(BaseModel):
             return {str(flag): True for flag in value}
         return value
 
-    @field_validator("session_headers", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _case(cls, value: Any, info: Any) -> Any:
+        if isinstance(value, str):
+            return value.upper() if info.field_name == "log_level" else value.lower()
+        return value
+
+    @field_validator("session_headers", "teams", mode="before")
     @classmethod
     def _headers(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("teams")
+    @classmethod
+    def _teams(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from proxy.teams import TEAM_NAME
+
+        for team in value:
+            if not TEAM_NAME.match(team):
+                raise ValueError(f"team {team!r} must match {TEAM_NAME.pattern}")
         return value
 
     @field_validator("secret")
@@ -123,6 +165,13 @@ class Settings(BaseModel):
             raise ValueError("must be an http(s):// base URL")
         return value.rstrip("/")
 
+    @field_validator("tracing")
+    @classmethod
+    def _tracing(cls, value: bool) -> bool:
+        if value and importlib.util.find_spec("opentelemetry.sdk") is None:
+            raise ValueError("needs the otel extra: pip install 'promptcache[otel]'")
+        return value
+
     @field_validator("store")
     @classmethod
     def _store(cls, value: str) -> str:
@@ -142,6 +191,20 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         values[key[len(ENV_PREFIX) :].lower()] = raw
     return values
+
+
+def _nearest_setting(loc: list[str]) -> str | None:
+    """The known setting name nearest to the unknown one at `loc` (difflib ratio >= 0.6), else
+    `None`; nested settings (`anthropic_capabilities.strip_tl`) look among their own fields."""
+    model: type[BaseModel] = Settings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def load_settings(
@@ -185,5 +248,11 @@ def load_settings(
             top = loc[0] if loc else "?"
             where = origin.get(top, top)
             dotted = ".".join(loc)
-            lines.append(f"invalid setting {dotted} ({where}): {error['msg']}")
+            message = error["msg"]
+            if error["type"] == "extra_forbidden":
+                near = _nearest_setting(loc)
+                if near is not None and len(loc) == 1 and where.startswith(ENV_PREFIX):
+                    near = f"{ENV_PREFIX}{near.upper()}"
+                message = f'unknown setting; did you mean "{near}"?' if near else "unknown setting"
+            lines.append(f"invalid setting {dotted} ({where}): {message}")
         raise SettingsError("\n".join(lines)) from None

@@ -150,6 +150,17 @@ def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert check_rules_command(str(tmp_path / "missing")) == 1
 
 
+def test_check_rules_accepts_one_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_rules_command(str(PACKAGED_DIR / "default.yaml")) == 0
+    assert capsys.readouterr().out == f"ok: {len(load_rules(PACKAGED_DIR).rules)} rules\n"
+    assert check_rules_command(str(PACKAGED_DIR / "models.yaml")) == 0
+    assert capsys.readouterr().out == f"ok: {len(load_rules(PACKAGED_DIR).min_tokens_by_prefix)} model minimums\n"
+    bad = tmp_path / "team.rules.yaml"
+    bad.write_text("version: 1\nrules: 3\n")
+    assert check_rules_command(str(bad)) == 1
+    assert capsys.readouterr().err == f"{bad}:2: rules: must be a list of rules\n"
+
+
 def test_pin_options_are_validated(tmp_path: Path) -> None:
     text = """\
 version: 1

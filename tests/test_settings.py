@@ -30,8 +30,29 @@ def test_invalid_settings_name_key_and_source(tmp_path: Path) -> None:
         f"invalid setting port ({config}: port): Input should be less than or equal to 65535",
         "invalid setting upstream (PROMPTCACHE_UPSTREAM): "
         "Value error, must be auto, real, sim or an http(s):// base URL",
-        f"invalid setting bogus ({config}: bogus): Extra inputs are not permitted",
+        f"invalid setting bogus ({config}: bogus): unknown setting",
     ]
+
+
+def test_unknown_setting_suggests_the_nearest_name(tmp_path: Path) -> None:
+    config = tmp_path / "typo.yaml"
+    config.write_text("admin_prot: 9464\nanthropic_capabilities: {strip_tl: true}\n")
+    with pytest.raises(SettingsError) as info:
+        load_settings(config, environ={"PROMPTCACHE_LOG_LEVL": "info"})
+    assert str(info.value).splitlines() == [
+        f"invalid setting anthropic_capabilities.strip_tl ({config}: anthropic_capabilities): "
+        'unknown setting; did you mean "strip_ttl"?',
+        f'invalid setting admin_prot ({config}: admin_prot): unknown setting; did you mean "admin_port"?',
+        'invalid setting log_levl (PROMPTCACHE_LOG_LEVL): unknown setting; did you mean "PROMPTCACHE_LOG_LEVEL"?',
+    ]
+
+
+def test_log_level_and_format_any_case() -> None:
+    settings = load_settings(environ={"PROMPTCACHE_LOG_LEVEL": "debug", "PROMPTCACHE_LOG_FORMAT": "JSON"})
+    assert (settings.log_level, settings.log_format) == ("DEBUG", "json")
+    with pytest.raises(SettingsError) as info:
+        load_settings(environ={"PROMPTCACHE_LOG_FORMAT": "xml"})
+    assert str(info.value) == "invalid setting log_format (PROMPTCACHE_LOG_FORMAT): Input should be 'text' or 'json'"
 
 
 def test_serve_exits_2_on_invalid_setting() -> None:

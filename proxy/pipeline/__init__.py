@@ -13,7 +13,8 @@ Stage contract:
    original bytes go upstream unchanged.
 4. Only `forward` produces a local reply.
 
-In `observe` mode only the measuring stages run (`Stage.rewrites` false) and the bytes sent are
+In `observe` mode, and for a signed request (`exchange.is_signed`: SigV4 covers the body), only
+the measuring stages run (`Stage.rewrites` false) and the bytes sent are
 the client's.
 """
 
@@ -32,6 +33,7 @@ from proxy.pipeline import (
     diagnostics,
     parse,
     pins,
+    platform,
     reorder,
     replay,
     serialise,
@@ -39,6 +41,7 @@ from proxy.pipeline import (
 )
 from proxy.providers.base import JSONObject
 from proxy.services import Services
+from proxy.tracing import CURRENT as CURRENT_TRACE
 
 _log = logging.getLogger("promptcache.pipeline")
 
@@ -66,6 +69,7 @@ REQUEST_STAGES: Final[tuple[Stage, ...]] = (
     replay.STAGE,
     diagnostics.STAGE,
     breakpoints.STAGE,
+    platform.STAGE,
     serialise.STAGE,
 )
 
@@ -84,16 +88,21 @@ async def run_request_stages(
 ) -> None:
     """Run `stages` in order on `exchange`; never raises (fail open)."""
     timers = services.metrics.stage_timers
-    is_observe = services.settings.mode == "observe"
+    is_observe = services.settings.mode == "observe" or exchange.is_signed
+    trace = CURRENT_TRACE.get()
     for stage in stages:
         if is_observe and stage.rewrites:
             continue
         started = time.perf_counter()
+        span = trace.stage(stage.name) if trace is not None else None
         try:
             await stage.run(exchange, services)
         except Exception as exc:  # noqa: BLE001 - fail open is the contract
+            if span is not None:
+                span.fail(exc)
             exchange.failed_stage = stage.name
             exchange.upstream_body = None
+            exchange.header_overrides = {}
             exchange.body = _client_body(exchange.raw)
             services.metrics.stage_error_counters[stage.name].inc()
             _log.warning(
@@ -104,3 +113,5 @@ async def run_request_stages(
             return
         finally:
             timers[stage.name].observe(time.perf_counter() - started)
+            if span is not None:
+                span.end()

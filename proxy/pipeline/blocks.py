@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.providers.base import JSONObject, MarkerPolicy, ProviderAdapter, Run
+from proxy.providers.base import HiddenCalls, JSONObject, MarkerPolicy, ProviderAdapter, Run
 from proxy.settings import UpstreamCapabilities
 
 Path = tuple[str | int, ...]
@@ -92,10 +92,18 @@ class BlockView:
         return run.key + (pos,) if run.is_list else run.key
 
 
+def _is_hidden_call(value: Any, hidden: HiddenCalls) -> bool:
+    if not isinstance(value, dict) or value.get("type") != hidden.call_kind:
+        return False
+    caller = value.get(hidden.caller_key)
+    kind = caller.get("type") if isinstance(caller, dict) else None
+    return isinstance(kind, str) and kind.startswith(hidden.caller_prefix)
+
+
 class Legality:
     """Which blocks may carry a marker (PROVIDERS.md 1.3, 2.3), per policy and capabilities."""
 
-    __slots__ = ("adapter", "path", "policy", "caps", "view", "_cache")
+    __slots__ = ("adapter", "path", "policy", "caps", "view", "_cache", "_hidden")
 
     def __init__(
         self,
@@ -107,6 +115,31 @@ class Legality:
     ) -> None:
         self.adapter, self.path, self.policy, self.caps, self.view = adapter, path, policy, caps, view
         self._cache: dict[tuple[int, bool], bool] = {}
+        self._hidden: frozenset[Any] | None = None
+
+    def _hidden_ids(self) -> frozenset[Any]:
+        """Ids of the hidden calls in the request (one scan, when first asked)."""
+        if self._hidden is None:
+            hidden = self.policy.hidden_calls
+            ids = set()
+            if hidden is not None:
+                for run in self.view.runs:
+                    if run.section == "messages" and run.is_list:
+                        ids.update(v.get(hidden.id_key) for v in run.value if _is_hidden_call(v, hidden))
+            self._hidden = frozenset(ids)
+        return self._hidden
+
+    def is_hidden(self, kind: str, value: Any) -> bool:
+        """Whether a block is a hidden call or the result of one (`MarkerPolicy.hidden_calls`)."""
+        hidden = self.policy.hidden_calls
+        if hidden is None or not isinstance(value, dict):
+            return False
+        if kind == hidden.call_kind:
+            return _is_hidden_call(value, hidden)
+        if kind == hidden.result_kind:
+            ref = value.get(hidden.ref_key)
+            return ref is not None and ref in self._hidden_ids()
+        return False
 
     def __call__(self, index: int, new: bool = False) -> bool:
         """May block `index` keep a client marker (`new` False) or take a new one (`new`)?"""
@@ -120,7 +153,7 @@ class Legality:
         run, pos = self.view.locate(index)
         value = run.value[pos] if run.is_list else run.value
         kind = kind_of(run, value)
-        if kind in policy.forbidden_kinds:
+        if kind in policy.forbidden_kinds or self.is_hidden(kind, value):
             return False
         if run.role is not None and policy.roles is not None and run.role not in policy.roles:
             return False

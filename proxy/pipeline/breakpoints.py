@@ -17,8 +17,13 @@ Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
   positions after the previous request's last breakpoint when the last marker cannot reach it
   (1.5: 20 positions, a run of tool_use or of tool_result blocks counting as one); the last
   message block before the newest user message (the end of the previous turn: still
-  byte-identical next turn when volatile text was moved onto the newest user message); the end
-  of the session-stable system. A candidate whose prefix is under the model's minimum
+  byte-identical next turn when volatile text was moved onto the newest user message); when
+  the client rewrote its history (`PlanContext.rewritten_from`: aider rebuilds the messages
+  after its few-shot examples every turn), the last block before the first rewritten message
+  (reason `survivor`: the last block that survived the previous turn, the prefix the next turn
+  is known to keep); the end of the session-stable system; the end of the tools (reason
+  `tools`, TTL `ttl_shared`: a conversation that shares the tools but not the system prompt
+  still reads them). A candidate whose prefix is under the model's minimum
   (`rules/models.yaml`, 1.6) is skipped. The estimate is the proxy's own: UTF-8 bytes of the
   blocks up to it / 4, rounded up (text blocks count their text, other blocks their JSON
   without markers), deliberately independent of the simulator's tokenizer.
@@ -70,7 +75,8 @@ from proxy.pipeline.support import (
     capabilities_for,
     count_markers,
     layout_cache,
-    rules_for,
+    min_tokens_for,
+    model_for,
 )
 from proxy.providers.base import JSONObject, ProviderAdapter
 from proxy.services import Services
@@ -88,6 +94,10 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+def _index(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class PlanContext:
     """What the session knows for planning (`exchange.notes["plan_context"]`)."""
@@ -101,6 +111,9 @@ class PlanContext:
     tail_misses: int = 0
     """Consecutive requests of the session, this one included, that rewrote the newest message
     of the request before them (`SessionRecord.tail_misses`): a marker there was never read."""
+    rewritten_from: int | None = None
+    """Index (in the message array) of the first earlier message this request rewrote
+    (`notes["history_rewritten"]`); `None` when the client kept its history."""
 
     @property
     def skips_tail(self) -> bool:
@@ -119,6 +132,7 @@ class PlanContext:
                 _ttl(value.get("ttl_shared", value.get("shared_ttl"))),
                 _ttl(value.get("ttl_session", value.get("session_ttl"))),
                 _count(value.get("tail_misses")),
+                _index(value.get("rewritten_from")),
             )
         raise TypeError(f"plan_context must be PlanContext or a mapping, not {type(value).__name__}")
 
@@ -132,7 +146,8 @@ class PlannedMarker:
     origin: str
     """`client` (kept in place), `moved` or `injected`."""
     reason: str
-    """Why it is there: `client`, `last`, `shared`, `bridge`, `turn` or `session`."""
+    """Why it is there: `client`, `last`, `survivor`, `shared`, `bridge`, `turn`, `session` or
+    `tools`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +196,10 @@ def place_breakpoints(
     top_key = policy.top_level_key
     top = body.get(top_key) if top_key is not None else None
     planner.resolve(marks, nested, top)
-    injected = planner.candidates(stable_end, session_end, first_cacheable(view, policy, min_tokens))
+    tools_end = view.span("tools")[1] - 1
+    injected = planner.candidates(
+        stable_end, session_end, first_cacheable(view, policy, min_tokens), tools_end=tools_end
+    )
     final = planner.finish()
     _apply(editor, adapter, path, view, policy.key, marks, nested, final)
     if top is not None:
@@ -240,15 +258,15 @@ class BreakpointsStage:
         body = exchange.body
         if body is None:
             return
-        rules = rules_for(services)
+        model = model_for(exchange)
         new_body, plan = place_breakpoints(
             exchange.adapter,
             exchange.path,
             body,
-            min_tokens=rules.min_tokens(body.get("model")),
+            min_tokens=min_tokens_for(services, exchange, model),
             system_tiers=exchange.notes.get("system_tiers"),
             context=PlanContext.coerce(exchange.notes.get("plan_context")),
-            caps=capabilities_for(services, exchange.adapter),
+            caps=capabilities_for(services, exchange.adapter, model),
             cache=layout_cache(exchange),
         )
         exchange.notes["plan"] = plan

@@ -36,7 +36,7 @@ import orjson
 from proxy.exchange import Exchange
 from proxy.pipeline.blocks import BlockView, Editor, Legality, order_top_keys, stronger, write_marker
 from proxy.pipeline.layout import LayoutCache, Scan, scan, view_of
-from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, layout_cache
+from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, layout_cache, model_for
 from proxy.providers.base import JSONObject, ProviderAdapter, Run, ToolShape
 from proxy.services import Services
 from proxy.settings import UpstreamCapabilities
@@ -357,7 +357,7 @@ class CanonicaliseStage:
         if body is None:
             return
         pins = SessionPins.coerce(exchange.notes.get("session_pins"))
-        caps = capabilities_for(services, exchange.adapter)
+        caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
         new_body, report = canonicalise_body(exchange.adapter, exchange.path, body, pins, caps, cache)
         count_markers(exchange, services, moved=report.markers_moved, dropped=report.markers_dropped)

@@ -1,11 +1,13 @@
-"""diagnostics: ask the upstream to diagnose its own cache misses (Anthropic cache diagnostics).
+"""diagnostics: ask the upstream to diagnose its own cache misses (the providers' cache diagnostics).
 
 With `settings.cache_diagnostics` on, each pipeline request gets the provider's request-level
 diagnostics field pointing at the session's previous response: on Anthropic
 `diagnostics: {"previous_message_id": <id or null>}` (null opts in on a first turn;
-platform.claude.com/docs/en/build-with-claude/cache-diagnostics, PROVIDERS.md 1.12). The response's
-`diagnostics.cache_miss_reason` is read by the usage reader and counted next to promptcache's own
-cause by `proxy.measure`.
+platform.claude.com/docs/en/build-with-claude/cache-diagnostics, PROVIDERS.md 1.12); on OpenAI
+Responses for GPT-5.6+ `prompt_cache_options.comparison_response_id` (from the second turn:
+there is no opt-in without a baseline; PROVIDERS.md 9). The response's reason is read by the
+usage reader and reconciled with promptcache's own cause by `proxy.measure`
+(`promptcache_diagnostics_agreement_total{provider,result}`).
 
 Contract: provider knowledge stays in the adapter (`with_cache_diagnostics`, `None` when the
 provider has no such feature or the client set the field itself); the body is replaced

@@ -18,6 +18,7 @@ import time
 
 from proxy.debug import remember_measurement
 from proxy.exchange import Exchange
+from proxy.ledger import attribute_usage
 from proxy.measure import measure
 from proxy.pipeline.session import after_response
 from proxy.services import Services
@@ -36,6 +37,7 @@ def record_usage(exchange: Exchange, services: Services) -> None:
     pm.input_tokens["write"].inc(usage.cache_write)
     pm.input_tokens["none"].inc(usage.input_none)
     pm.output_tokens.inc(usage.output)
+    attribute_usage(exchange, services)
 
 
 def observe(exchange: Exchange, services: Services) -> None:

@@ -1,7 +1,11 @@
 """parse: the client's body bytes to a JSON object (`exchange.body`).
 
 A body that is not a JSON object leaves `exchange.body` as `None`: later stages skip it and the
-bytes go upstream unchanged (the upstream answers the error in its own words).
+bytes go upstream unchanged (the upstream answers the error in its own words). One exception:
+a body that is not UTF-8 (RFC 8259 8.1: JSON exchanged between systems must be) can succeed
+nowhere, and the upstream's parser words it obscurely ("str is not valid UTF-8: surrogates not
+allowed"), so the stage sets `notes["invalid_utf8"] = (offset, byte)` and the handler answers a
+400 naming the offending byte in the provider's error shape (`invalid_utf8_message`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,23 @@ from proxy.exchange import Exchange
 from proxy.services import Services
 
 
+def invalid_utf8_offset(raw: bytes) -> int | None:
+    """Offset of the first byte that is not valid UTF-8 in `raw`, `None` when all of it is."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return int(exc.start)
+    return None
+
+
+def invalid_utf8_message(offset: int, byte: int) -> str:
+    """The 400 message for a body that is not UTF-8."""
+    return (
+        f"request body is not valid UTF-8 (byte 0x{byte:02x} at offset {offset}); "
+        "JSON request bodies must be encoded as UTF-8"
+    )
+
+
 class ParseStage:
     name: Final = "parse"
     rewrites: Final = False
@@ -22,6 +43,9 @@ class ParseStage:
         try:
             body = orjson.loads(exchange.raw)
         except orjson.JSONDecodeError:
+            offset = invalid_utf8_offset(exchange.raw)
+            if offset is not None:
+                exchange.notes["invalid_utf8"] = (offset, exchange.raw[offset])
             return
         if isinstance(body, dict):
             exchange.body = body

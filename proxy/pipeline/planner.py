@@ -123,7 +123,7 @@ class Planner:
                 del self.final[index]
             self.dropped += excess
 
-    def candidates(self, stable_end: int, session_end: int, cacheable_from: int) -> int:
+    def candidates(self, stable_end: int, session_end: int, cacheable_from: int, tools_end: int = -1) -> int:
         """Fill free slots; returns how many markers were injected."""
         ctx = self.context
         injected = 0
@@ -136,7 +136,9 @@ class Planner:
             ("shared", ctx.ttl_shared),
             ("bridge", ctx.ttl_session),
             ("turn", ctx.ttl_session),
+            ("survivor", ctx.ttl_session),
             ("session", ctx.ttl_session),
+            ("tools", ctx.ttl_shared),
         ]
         for reason, ttl in steps:
             if len(self.final) >= self.policy.max_markers:
@@ -149,6 +151,10 @@ class Planner:
                 index = self._bridge(max(self.final)) if self.final else None
             elif reason == "turn":
                 index = self._turn_boundary()
+            elif reason == "survivor":
+                index = self._survivor()
+            elif reason == "tools":
+                index = self.legal.at_or_before(tools_end) if tools_end >= 0 else None
             else:
                 index = self.legal.at_or_before(session_end) if session_end >= 0 else None
             if index is None or index in self.final or index < cacheable_from:
@@ -182,6 +188,20 @@ class Planner:
                 return None
             if self.legal(i, new=True):
                 best = i
+        return None
+
+    def _survivor(self) -> int | None:
+        """The last block before the first message the client rewrote (`PlanContext.
+        rewritten_from`), when it lies in the messages section; else `None`."""
+        rewritten = self.context.rewritten_from
+        if rewritten is None:
+            return None
+        first_message = self.view.span("messages")[0]
+        for r, run in enumerate(self.view.runs):
+            if run.section == "messages" and run.message is not None and run.message >= rewritten:
+                first = self.view.starts[r]
+                index = self.legal.at_or_before(first - 1) if first > 0 else None
+                return index if index is not None and index >= first_message else None
         return None
 
     def _turn_boundary(self) -> int | None:

@@ -45,7 +45,14 @@ from proxy.exchange import Exchange
 from proxy.pipeline.canonicalise import canonicalise_body
 from proxy.pipeline.layout import LayoutCache
 from proxy.pipeline.segments import TIER_RANK, Classifier, classifier_for, render, section_tiers
-from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, layout_cache, rules_for
+from proxy.pipeline.support import (
+    NO_CAPABILITY_LIMITS,
+    capabilities_for,
+    count_markers,
+    layout_cache,
+    model_for,
+    rules_for,
+)
 from proxy.providers.base import JSONObject, ProviderAdapter, SystemPart, SystemUnit
 from proxy.rules import RuleSet
 from proxy.services import Services
@@ -200,7 +207,7 @@ class ReorderStage:
         body = exchange.body
         if body is None:
             return
-        caps = capabilities_for(services, exchange.adapter)
+        caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
         new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache)
         exchange.notes["system_tiers"] = plan.tiers

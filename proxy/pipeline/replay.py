@@ -14,7 +14,9 @@ Pure core:
   that re-renders a timestamp send "the same" message.
 - `view_messages(...)`: per request, the masked digest of each element of the message array
   (`messages` or `input`: whichever array the adapter's `prefix_blocks` point into), the head
-  digest (tools, top-level system and system-section messages) and the identity boundaries
+  digest (top-level system, system-section messages and the tool SET: the tool digests sorted,
+  schema keys sorted as in every digest here, so a client that shuffles its tools or their
+  schema keys every turn still continues its session) and the identity boundaries
   `c_k = xxh3(c_{k-1} || d_k)` with `c_{-1}` the head (session inference, `proxy.sessions`).
   Computed once, by the `session` stage, on the client's body. It keeps the xxh3-128 of each
   element's marker-free orjson bytes (`keys`), which `splice` and the session record compare
@@ -317,7 +319,8 @@ class MessageView:
     array_key: str | None
     """Body key of the message array (`messages`, `input`), `None` without messages."""
     head: bytes
-    """Digest of tools, top-level system and system-section messages (16 bytes)."""
+    """Digest of the tool set (order-insensitive), top-level system and system-section messages
+    (16 bytes)."""
     digests: tuple[bytes, ...]
     """Masked digest per element of the message array (one for a string `input`)."""
     exact: tuple[bytes, ...]
@@ -371,10 +374,15 @@ def _view_messages(
     head = xxhash.xxh3_128()
     array_key: str | None = None
     system_positions: set[int] = set()
+    tools: list[bytes] = []
     for run in adapter.layout(path, body) if runs is None else runs:
         if run.message is None:
             for value in run.value if run.is_list else (run.value,):
-                head.update(run.section.encode() + b"\x00" + masker.digest(value))
+                digest = masker.digest(value)
+                if run.section == "tools":
+                    tools.append(digest)
+                else:
+                    head.update(run.section.encode() + b"\x00" + digest)
             continue
         if array_key is None:
             first = run.key[0]
@@ -387,6 +395,8 @@ def _view_messages(
     exact, digests, keys = masker.examine_all(elements)
     for position in sorted(system_positions):
         head.update(b"system-message\x00" + digests[position])
+    for digest in sorted(tools):  # the tool set, not its order: a client that shuffles its tools
+        head.update(b"tools\x00" + digest)
     head_digest = head.digest()
     boundaries = []
     previous = head_digest

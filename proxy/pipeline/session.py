@@ -145,7 +145,9 @@ class SessionStage:
         exchange.notes["tail_misses"] = tail_misses
         exchange.notes["session_pins"] = previous.pins if previous is not None and previous.pins else None
         shared_ttl, session_ttl = plan_ttls(arrivals, shared_arrivals)
-        exchange.notes["plan_context"] = make_plan_context(previous, shared_ttl, session_ttl, tail_misses)
+        exchange.notes["plan_context"] = make_plan_context(
+            previous, shared_ttl, session_ttl, tail_misses, exchange.notes.get("history_rewritten")
+        )
 
 
 def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> list[Run]:
@@ -172,12 +174,18 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
 
 
 def make_plan_context(
-    previous: SessionRecord | None, shared_ttl: str, session_ttl: str, tail_misses: int = 0
+    previous: SessionRecord | None,
+    shared_ttl: str,
+    session_ttl: str,
+    tail_misses: int = 0,
+    rewritten_from: int | None = None,
 ) -> PlanContext:
     """What the breakpoints stage needs from the session: the previous request's marker
-    positions (bridge breakpoints), the TTLs pacing chose and the count of consecutive
-    rewritten newest messages (wasted tail writes)."""
-    return PlanContext(previous.breakpoints if previous is not None else (), shared_ttl, session_ttl, tail_misses)
+    positions (bridge breakpoints), the TTLs pacing chose, the count of consecutive
+    rewritten newest messages (wasted tail writes) and the first rewritten message."""
+    return PlanContext(
+        previous.breakpoints if previous is not None else (), shared_ttl, session_ttl, tail_misses, rewritten_from
+    )
 
 
 def sent_markers(

@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from proxy.exchange import Exchange
 from proxy.pipeline.layout import LayoutCache
+from proxy.profiles import Profile
 from proxy.providers.base import ProviderAdapter
 from proxy.rules import RuleSet, cached_rules
 from proxy.services import Services
@@ -27,10 +28,39 @@ def rules_for(services: Services) -> RuleSet:
     return cached_rules(services.settings.rules_dir)
 
 
-def capabilities_for(services: Services, adapter: ProviderAdapter) -> UpstreamCapabilities:
-    """The `<provider>_capabilities` setting of the upstream behind `adapter`."""
+def capabilities_for(services: Services, adapter: ProviderAdapter, model: str | None = None) -> UpstreamCapabilities:
+    """What the upstream behind `adapter` accepts in markers for `model` (rules-table spelling,
+    `model_for`): its profile's rules (`Profile.capabilities`), with the old
+    `<provider>_capabilities` setting as overrides."""
     caps = getattr(services.settings, f"{adapter.name}_capabilities", None)
-    return caps if isinstance(caps, UpstreamCapabilities) else NO_CAPABILITY_LIMITS
+    overrides = caps if isinstance(caps, UpstreamCapabilities) else NO_CAPABILITY_LIMITS
+    profile: Any = getattr(adapter, "profile", None)
+    if isinstance(profile, Profile):
+        return profile.capabilities(model, overrides)
+    return overrides
+
+
+def model_for(exchange: Exchange) -> str | None:
+    """The request's model as the rules tables spell it: the platform path's model (Vertex,
+    Bedrock) or the body's `model`, through the profile's `model_name` pattern."""
+    model: Any = exchange.path_model
+    if model is None and exchange.body is not None:
+        model = exchange.body.get("model")
+    profile: Any = getattr(exchange.adapter, "profile", None)
+    if isinstance(profile, Profile):
+        return profile.model(model)
+    return model if isinstance(model, str) else None
+
+
+def min_tokens_for(services: Services, exchange: Exchange, model: str | None) -> int:
+    """Minimum cacheable prefix (tokens) of `model`: the platform's own table where it differs
+    (`Profile.min_tokens`), else the rules' `models.yaml`."""
+    profile: Any = getattr(exchange.adapter, "profile", None)
+    if isinstance(profile, Profile):
+        own = profile.min_tokens_for(model)
+        if own is not None:
+            return own
+    return rules_for(services).min_tokens(model)
 
 
 def count_markers(exchange: Exchange, services: Services, **actions: int) -> None:

@@ -1,16 +1,28 @@
-"""Provider adapters, chosen explicitly by request path.
+"""Provider adapters and upstream profiles, chosen explicitly by request path.
 
 `ADAPTERS` maps the routing prefix a client may use (`/anthropic`, `/openai`) to its adapter;
 `route(path)` resolves a request path to `(adapter, upstream_path)`: the explicit prefix wins,
 otherwise the path itself decides (`/v1/messages...` is Anthropic, `/v1/chat`, `/v1/responses`,
 `/v1/embeddings`... are OpenAI). Unknown paths go to the OpenAI upstream only when they carry an
 OpenAI-only shape; everything else defaults to Anthropic's.
+
+`Router` adds the upstream profiles (`proxy.profiles`): a platform's own paths (Vertex
+`:rawPredict`, Bedrock `/model/{model}/invoke`, Azure `/openai/deployments/{d}/...`) run through
+the pipeline with that platform's adapter, as the API shape they carry (`Route.path`), and are
+forwarded to their own path (`Route.upstream_path`, still percent-encoded as received); the
+standard paths use the adapters of the configured `anthropic_profile` / `openai_profile`.
+A platform path is recognised whatever profile is configured (the path names the platform),
+except one under a routing prefix (Azure's `/openai/v1/...`), which needs its profile chosen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
+from urllib.parse import unquote
 
+from proxy.profiles import PathRule, Profile, Profiles
 from proxy.providers.anthropic import AnthropicAdapter
 from proxy.providers.base import ProviderAdapter
 from proxy.providers.openai import OpenAIAdapter
@@ -53,3 +65,100 @@ def route(path: str, openai_markers: bool = False) -> tuple[ProviderAdapter, str
     if path.startswith("/v1/messages"):
         return ANTHROPIC, path
     return (OPENAI if openai_markers else ANTHROPIC), path
+
+
+_ROUTING_PREFIXES: Final = ("/anthropic/", "/openai/")
+"""A platform path under a routing prefix (Azure's `/openai/v1/...`) is the platform's only when
+its profile is the configured one; otherwise it keeps meaning "prefix + standard path"."""
+
+
+def _is_prefixed_standard(template: str) -> bool:
+    """`/openai/v1/...`: a routing prefix followed by a standard `/v1/` path."""
+    return any(template.startswith(prefix + "v1/") for prefix in _ROUTING_PREFIXES)
+
+
+_ADAPTER_TYPES: Final = {"anthropic": AnthropicAdapter, "openai": OpenAIAdapter}
+
+
+def adapter_for(profile: Profile) -> ProviderAdapter:
+    """The adapter of `profile`'s family, applying its rules."""
+    adapter: ProviderAdapter = _ADAPTER_TYPES[profile.family](profile)
+    return adapter
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one request goes and how the pipeline reads it."""
+
+    adapter: ProviderAdapter
+    path: str
+    """The path the adapter reads the body as: `/v1/messages` for a Vertex `:rawPredict`; for
+    other paths the path without a routing prefix."""
+    upstream_path: str
+    """The path sent upstream, percent-encoded as the client sent it."""
+    is_pipeline: bool = False
+    """True for a POST body the pipeline optimises (the caller checks the method)."""
+    model: str | None = None
+    """The model named by the path (`{model}` of a platform path), else `None`."""
+    stream: bool = False
+    """True when the path itself asks for a stream (`:streamRawPredict`)."""
+
+
+class Router:
+    """Routes requests with the configured profiles (one per family on the standard paths)."""
+
+    def __init__(self, profiles: Profiles, anthropic_profile: str = "direct", openai_profile: str = "direct") -> None:
+        chosen = {"anthropic": anthropic_profile, "openai": openai_profile}
+        self.adapters: dict[str, ProviderAdapter] = {
+            family: adapter_for(profiles.get(family, name)) for family, name in chosen.items()
+        }
+        self.platform: list[tuple[PathRule, ProviderAdapter]] = []
+        for profile in profiles.with_paths():
+            is_chosen = chosen[profile.family] == profile.name
+            adapter = self.adapters[profile.family] if is_chosen else adapter_for(profile)
+            self.platform.extend(
+                (rule, adapter)
+                for rule in profile.paths
+                if is_chosen or not _is_prefixed_standard(rule.template)
+            )
+
+    def route(self, path: str, raw_path: str | None = None, openai_markers: bool = False) -> Route:
+        """Resolve `path` (percent-decoded; `raw_path` as received, query string excluded)."""
+        raw = raw_path if raw_path is not None else path
+        platform = self._platform(raw, None)
+        if platform is not None:  # Azure's own paths start with /openai/
+            return platform
+        for prefix in ("/anthropic", "/openai"):
+            if path == prefix or path.startswith(prefix + "/"):
+                family = prefix[1:]
+                rest, raw_rest = path[len(prefix) :] or "/", raw[len(prefix) :] or "/"
+                return self._resolve(rest, raw_rest, self.adapters[family])
+        return self._resolve(path, raw, None, openai_markers)
+
+    def _platform(self, raw: str, family: str | None) -> Route | None:
+        for rule, adapter in self.platform:
+            if family is not None and family != adapter.name:
+                continue
+            found = rule.match(raw)
+            if found is not None:
+                model = found.get("model")
+                return Route(adapter, rule.api, raw, True, unquote(model) if model else None, rule.stream)
+        return None
+
+    def _resolve(
+        self, path: str, raw: str, forced: ProviderAdapter | None, openai_markers: bool = False
+    ) -> Route:
+        platform = self._platform(raw, forced.name if forced is not None else None)
+        if platform is not None:
+            return platform
+        if forced is None:
+            default, _ = route(path, openai_markers)
+            forced = self.adapters[default.name]
+        return Route(forced, path, raw, path in forced.pipeline_paths)
+
+
+def default_router(profiles: Profiles | None = None, names: Sequence[str] = ("direct", "direct")) -> Router:
+    """A router over the packaged profiles (or `profiles`), `names` = (anthropic, openai)."""
+    from proxy.profiles import load_profiles
+
+    return Router(profiles if profiles is not None else load_profiles(), names[0], names[1])

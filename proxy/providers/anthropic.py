@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.profiles import DIRECT, Profile
 from proxy.providers import anthropic_request
 from proxy.providers.base import (
     Block,
@@ -34,6 +35,7 @@ from proxy.providers.base import (
     SystemUnit,
     ToolShape,
     Usage,
+    platform_error_body,
 )
 
 _USAGE_KEYS: Final = (
@@ -54,6 +56,17 @@ PARAM_KEYS: Final = (
     "context_management",
     "output_format",
 )
+
+DIAGNOSTIC_CAUSES: Final[dict[str | None, frozenset[str]]] = {
+    None: frozenset({"none", "expired"}),
+    "model_changed": frozenset({"model_changed"}),
+    "system_changed": frozenset({"system_changed", "system_volatile_text"}),
+    "tools_changed": frozenset({"tools_changed"}),
+    "messages_changed": frozenset({"messages_changed", "history_rewritten"}),
+}
+"""Cache-diagnostics reason (`None` = no divergence: `diagnostics: null`) -> promptcache causes
+that agree with it (an `expired` read had an unchanged prefix: the entry was gone). `pending`,
+`previous_message_not_found`, `unavailable` and unknown types are inconclusive (PROVIDERS.md 1.12)."""
 
 
 class AnthropicUsage:
@@ -149,13 +162,21 @@ def session_in_user_id(user_id: str) -> str | None:
 
 
 class AnthropicAdapter:
-    """The Anthropic Messages API (`POST /v1/messages`)."""
+    """The Anthropic Messages API (`POST /v1/messages`), as served through `profile` (the API
+    itself, Vertex AI, Bedrock InvokeModel, Foundry, a strict compatible server ...)."""
 
     name: Final = "anthropic"
     pipeline_paths: Final = frozenset({"/v1/messages"})
 
+    def __init__(self, profile: Profile = DIRECT["anthropic"]) -> None:
+        self.profile = profile
+
     def error_body(self, kind: ErrorKind, message: str) -> bytes:
-        """`{"type":"error","error":{"type":...,"message":...}}` as the API answers errors."""
+        """`{"type":"error","error":{"type":...,"message":...}}` as the API answers errors, or
+        the profile's platform shape (`platform_error_body`)."""
+        platform = platform_error_body(self.profile.error_shape, kind, message)
+        if platform is not None:
+            return platform
         return orjson.dumps({"type": "error", "error": {"type": kind.anthropic_type, "message": message}})
 
     def usage_reader(self, path: str) -> AnthropicUsage:
@@ -175,6 +196,8 @@ class AnthropicAdapter:
         user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
         sid = session_in_user_id(user_id) if isinstance(user_id, str) else None
         return ("metadata", sid) if sid else None
+
+    diagnostic_causes: Final = DIAGNOSTIC_CAUSES
 
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking for cache diagnostics against response `previous_id`.

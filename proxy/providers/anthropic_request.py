@@ -10,7 +10,9 @@ Provider rules (platform.claude.com/docs/en/build-with-claude/prompt-caching; PR
   marker is 5m (1.2). At most 4 per request, the top-level automatic one included (1.1, 1.4);
 - markers are allowed on tool definitions, system text blocks and message content blocks (1.3),
   rejected on `thinking` / `redacted_thinking`, on empty text, and inside `tool_result.content`
-  (1.3, section 7: the fix is the `tool_result` block itself);
+  (1.3, section 7: the fix is the `tool_result` block itself), and on a `tool_use` called by
+  the code-execution tool (`caller.type` `code_execution_...`) or its `tool_result`: those are
+  not rendered in the model's context (1.3, programmatic tool calling);
 - a read walks back 20 positions from a breakpoint, counting the breakpoint; a run of consecutive
   `tool_use` blocks is one position, and so is a run of `tool_result` blocks (1.5);
 - `system` is a string or a list of text blocks; only list blocks carry markers (1.2);
@@ -26,7 +28,7 @@ from itertools import compress, count
 from operator import is_not
 from typing import Any, Final
 
-from proxy.providers.base import JSONObject, MarkerPolicy, Run, SystemPart, SystemUnit, ToolShape
+from proxy.providers.base import HiddenCalls, JSONObject, MarkerPolicy, Run, SystemPart, SystemUnit, ToolShape
 
 MARKER_KEY: Final = "cache_control"
 
@@ -63,6 +65,7 @@ POLICY: Final = MarkerPolicy(
     has_ttl=True,
     template=(("type", "ephemeral"),),
     top_level_key=MARKER_KEY,
+    hidden_calls=HiddenCalls("code_execution"),
 )
 
 TOOL_SHAPE: Final = ToolShape(name_path=("name",), schema_path=("input_schema",), call_kinds=frozenset({"tool_use"}))

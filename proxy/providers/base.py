@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, overload
 
+import orjson
+
 JSONObject = dict[str, Any]
 Section = Literal["tools", "system", "messages"]
 
@@ -75,6 +77,9 @@ class Usage:
     object (`diagnostics: null` means no divergence, or diagnostics not requested)."""
     cache_missed_tokens: int | None = None
     """`diagnostics.cache_miss_reason.cache_missed_input_tokens` (tokens), when reported."""
+    cache_discount: float | None = None
+    """OpenRouter's `usage.cache_discount` (USD the cache saved; negative when writes cost more
+    than they saved), when reported (PROVIDERS.md 6)."""
 
     @property
     def cache_write(self) -> int:
@@ -104,11 +109,51 @@ class ErrorKind:
     openai_type: str
 
 
-BAD_GATEWAY = ErrorKind(502, "api_error", "upstream_error")
-GATEWAY_TIMEOUT = ErrorKind(504, "timeout_error", "timeout")
+BAD_GATEWAY = ErrorKind(502, "api_error", "server_error")
+GATEWAY_TIMEOUT = ErrorKind(504, "timeout_error", "server_error")
 TOO_LARGE = ErrorKind(413, "request_too_large", "invalid_request_error")
 BAD_REQUEST = ErrorKind(400, "invalid_request_error", "invalid_request_error")
 NOT_FOUND = ErrorKind(404, "not_found_error", "invalid_request_error")
+
+_GOOGLE_STATUS = {
+    400: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    413: "INVALID_ARGUMENT",
+    502: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def platform_error_body(shape: str | None, kind: ErrorKind, message: str) -> bytes | None:
+    """A local error body in a platform's own shape, `None` for the provider's own (`shape`
+    `None`, `anthropic`, `openai`: the adapter renders those).
+
+    - `aws` (Bedrock): `{"message": ...}` (the runtime API's error body);
+    - `google` (Vertex AI): `{"error": {"code": 502, "message": ..., "status": "UNAVAILABLE"}}`
+      (google.rpc.Status as JSON).
+    """
+    if shape == "aws":
+        return orjson.dumps({"message": message})
+    if shape == "google":
+        status = _GOOGLE_STATUS.get(kind.status, "UNKNOWN")
+        return orjson.dumps({"error": {"code": kind.status, "message": message, "status": status}})
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenCalls:
+    """Tool calls a server-side caller makes that the model never sees (Anthropic programmatic
+    tool calling: a `tool_use` whose `caller.type` is the code-execution tool, and its
+    `tool_result`): the API rejects a marker on either (PROVIDERS.md 1.3)."""
+
+    caller_prefix: str
+    """A call is hidden when `caller.type` starts with this (`code_execution`)."""
+    call_kind: str = "tool_use"
+    result_kind: str = "tool_result"
+    id_key: str = "id"
+    """The call's id key; a result names its call by `ref_key`."""
+    ref_key: str = "tool_use_id"
+    caller_key: str = "caller"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +195,8 @@ class MarkerPolicy:
     """Top-level body key of an automatic marker (Anthropic `cache_control`), if any."""
     cache_key_field: str | None = None
     """Top-level routing key the proxy sets when the client did not (`prompt_cache_key`)."""
+    hidden_calls: HiddenCalls | None = None
+    """Calls (and their results) that may carry no marker at all (`HiddenCalls`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ CHAT_PATH: Final = "/v1/chat/completions"
 RESPONSES_PATH: Final = "/v1/responses"
 MARKER_KEY: Final = "prompt_cache_breakpoint"
 SYSTEM_ROLES: Final = frozenset({"system", "developer"})
+ITEM_ID_KEY: Final = "id"
+"""A Responses input item's id: unique within `input` (PROVIDERS.md 9: a duplicate is a 400)."""
 _MODEL_VERSION: Final = re.compile(r"gpt-(\d+)(?:\.(\d+))?")
 _BREAKPOINTS_SINCE: Final = (5, 6)
 
@@ -45,6 +47,23 @@ _COMMON: Final[dict[str, Any]] = {
 }
 _CHAT_KINDS: Final = frozenset({"text", "image_url", "input_audio", "file"})
 _RESPONSES_KINDS: Final = frozenset({"text", "input_text", "input_image", "input_file"})
+
+
+CLAUDE_CHAT_POLICY: Final = MarkerPolicy(
+    key="cache_control",
+    max_markers=4,
+    kinds=_CHAT_KINDS,
+    forbidden_kinds=frozenset({"tool", "tool_call"}),
+    roles=frozenset({"user", "system", "developer", "assistant"}),
+    tool_roles=frozenset({"tool"}),
+    lookback=20,
+    has_ttl=True,
+    template=(("type", "ephemeral"),),
+)
+"""Chat Completions to a Claude model behind an OpenAI-wire gateway (LiteLLM, OpenRouter):
+Anthropic `cache_control` on content parts (a string content becomes one text part), at most 4,
+never on a `role: tool` message (LiteLLM copies those parts into `tool_result.content`, which
+the Messages API rejects: PROVIDERS.md 6, 7), with Anthropic's 20-position lookback (1.5)."""
 
 
 def has_breakpoints(model: Any) -> bool:
@@ -216,7 +235,8 @@ def _part(path: str, items: list[Any], source: tuple[int, int | None], part: Sys
 
 def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
     """Head messages rebuilt from `parts`: consecutive parts of one message form one message
-    (string content stays a string when it stays one unmarked part); parts of
+    (string content stays a string when it stays one unmarked part); a message split into
+    several keeps its `id` on its first part only (item ids are unique, PROVIDERS.md 9); parts of
     `instructions` are joined back into it; head items with no text units keep their place
     (`_merge_head`)."""
     sources = _unit_sources(path, body)
@@ -228,11 +248,16 @@ def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSO
     messages: list[Any] = []
     group: list[SystemPart] = []
 
+    used: set[int] = set()
+
     def flush() -> None:
         if not group:
             return
         m = sources[group[0].source][0]
         original = items[m]
+        if m in used and ITEM_ID_KEY in original:  # a second part of a split item: no second id
+            original = {k: v for k, v in original.items() if k != ITEM_ID_KEY}
+        used.add(m)
         if len(group) == 1 and sources[group[0].source][1] is None and group[0].marker is None:
             part = group[0]
             messages.append(original if part.whole else {**original, "content": part.text})

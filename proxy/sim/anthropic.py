@@ -52,6 +52,13 @@ _TTL_ORDER_MSG: Final = (
 _NESTED_MARKER_MSG: Final = (
     "cache_control may not be specified within tool_result.content. Instead, place it directly on tool_result"
 )
+_HIDDEN_MSG: Final = (
+    "called by code execution cannot have cache_control. These blocks are not rendered in Claude's context."
+)
+"""Programmatic tool calling (1.3): a `tool_use` whose `caller` is the code-execution tool, and
+its `tool_result`, are not rendered in the model's context; a marker on either is a 400 (the
+result's wording is the API's as quoted in langchain PR #34579, the `tool_use` one follows it)."""
+_CODE_EXECUTION: Final = "code_execution"
 
 
 @dataclass(slots=True)
@@ -122,6 +129,10 @@ class CachePlan:
     """Entries to `commit` when the response starts."""
 
 
+DIRECT_MARKER_KEYS: Final = frozenset({"type", "ttl", "scope"})
+"""`cache_control` keys Anthropic's own API accepts (1.2)."""
+
+
 def bad(message: str) -> Rejected:
     return Rejected(400, message)
 
@@ -136,8 +147,11 @@ def parse_request(
     settings: AnthropicModel,
     *,
     require_max_tokens: bool = True,
+    marker_keys: frozenset[str] = DIRECT_MARKER_KEYS,
 ) -> Prompt:
-    """Validate and render a Messages request body; raises `Rejected` (400)."""
+    """Validate and render a Messages request body; raises `Rejected` (400).
+
+    `marker_keys`: the `cache_control` keys the platform accepts (`proxy.sim.platforms`)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("model: Field required")
@@ -155,9 +169,11 @@ def parse_request(
 
     blocks: list[Block] = []
     has_images = False
+    hidden: set[Any] = set()
     for level, path, raw, role in _iter_blocks(body):
         kind = "tool" if level == "tools" else str(raw["type"])
-        ttl = _marker_ttl(raw, path, kind, settings)
+        _check_hidden(raw, kind, hidden)
+        ttl = _marker_ttl(raw, path, kind, settings, marker_keys)
         if kind == "image" or (kind == "tool_result" and _has_nested_image(raw)):
             has_images = True
         tokens = _block_tokens(kind, raw, counter) + (MESSAGE_OVERHEAD if role else 0)
@@ -172,7 +188,7 @@ def parse_request(
             f"A maximum of {settings.max_breakpoints} blocks with cache_control may be provided. "
             f"Found {explicit}."
         )
-    _place_automatic(body, blocks, explicit, settings)
+    _place_automatic(body, blocks, explicit, settings, marker_keys)
     _check_ttl_order(blocks)
     _chain(body, blocks, betas, settings, has_images)
     breakpoints = [i for i, b in enumerate(blocks) if b.ttl is not None]
@@ -222,7 +238,25 @@ def _iter_blocks(body: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, 
             raise bad(f"messages.{i}.content: Field required")
 
 
-def _marker_ttl(block: Mapping[str, Any], path: str, kind: str, settings: AnthropicModel) -> str | None:
+def _check_hidden(block: Mapping[str, Any], kind: str, hidden: set[Any]) -> None:
+    """Reject a marker on a code-execution-called `tool_use` or its `tool_result` (`_HIDDEN_MSG`);
+    `hidden` collects the ids of such calls seen so far (a result follows its call)."""
+    if kind == "tool_use":
+        caller = block.get("caller")
+        caller_type = caller.get("type") if isinstance(caller, dict) else None
+        if isinstance(caller_type, str) and caller_type.startswith(_CODE_EXECUTION):
+            hidden.add(block.get("id"))
+            if block.get("cache_control") is not None:
+                raise bad(f"Tool use {block.get('id')} {_HIDDEN_MSG}")
+    elif kind == "tool_result" and block.get("cache_control") is not None:
+        ref = block.get("tool_use_id")
+        if ref in hidden:
+            raise bad(f"Tool use result for {ref} {_HIDDEN_MSG}")
+
+
+def _marker_ttl(
+    block: Mapping[str, Any], path: str, kind: str, settings: AnthropicModel, marker_keys: frozenset[str]
+) -> str | None:
     """The block's marker TTL, or None; raises for forbidden placements (1.3, section 7)."""
     if kind == "tool_result":
         inner = block.get("content")
@@ -237,17 +271,25 @@ def _marker_ttl(block: Mapping[str, Any], path: str, kind: str, settings: Anthro
         raise bad(f"{path}.{kind}.cache_control: Extra inputs are not permitted")
     if kind == "text" and block.get("text") == "":
         raise bad(f"{path}.text: cache_control cannot be set for empty text blocks")
-    return validate_cache_control(cc, f"{path}.cache_control", settings)
+    return validate_cache_control(cc, f"{path}.cache_control", settings, marker_keys)
 
 
-def validate_cache_control(cc: Any, path: str, settings: AnthropicModel) -> str:
-    """Check a `cache_control` object (1.2); returns its TTL (`5m` when absent)."""
+def validate_cache_control(
+    cc: Any, path: str, settings: AnthropicModel, marker_keys: frozenset[str] = DIRECT_MARKER_KEYS
+) -> str:
+    """Check a `cache_control` object (1.2); returns its TTL (`5m` when absent).
+
+    A key outside `marker_keys` is refused: `scope` on Vertex / Bedrock / Foundry ("Extra inputs
+    are not permitted", 1.2), `ttl` on a strict compatible server ("`cache_control.ttl: 1h` is
+    not supported", 1.7)."""
     if not isinstance(cc, dict):
         raise bad(f"{path}: Input should be a valid dictionary")
     if cc.get("type") != "ephemeral":
         raise bad(f"{path}.type: Input should be 'ephemeral'")
     for key in cc:
-        if key not in ("type", "ttl", "scope"):
+        if key == "ttl" and key not in marker_keys and key in DIRECT_MARKER_KEYS:
+            raise bad(f"`cache_control.ttl: {cc['ttl']}` is not supported")
+        if key not in marker_keys:
             raise bad(f"{path}.ephemeral.{key}: Extra inputs are not permitted")
     ttl = cc.get("ttl", "5m")
     if ttl not in TTL_SECONDS:
@@ -258,13 +300,17 @@ def validate_cache_control(cc: Any, path: str, settings: AnthropicModel) -> str:
 
 
 def _place_automatic(
-    body: Mapping[str, Any], blocks: list[Block], explicit: int, settings: AnthropicModel
+    body: Mapping[str, Any],
+    blocks: list[Block],
+    explicit: int,
+    settings: AnthropicModel,
+    marker_keys: frozenset[str] = DIRECT_MARKER_KEYS,
 ) -> None:
     """Top-level `cache_control`: a marker on the last eligible block (1.1)."""
     cc = body.get("cache_control")
     if cc is None:
         return
-    ttl = validate_cache_control(cc, "cache_control", settings)
+    ttl = validate_cache_control(cc, "cache_control", settings, marker_keys)
     target = next((b for b in reversed(blocks) if b.is_eligible), None)
     if target is None:
         return  # nothing eligible: caching silently skipped

@@ -90,13 +90,13 @@ def _frame(event: str, data: dict[str, Any]) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def sse_events(
+def stream_events(
     msg_id: str, model: str, content: list[dict[str, Any]], stop: str, usage: Usage, out_tokens: int
-) -> Iterator[bytes]:
-    """The SSE frames of a streamed reply."""
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The events of a streamed reply as `(name, data)`, in order."""
     start = message_body(msg_id, model, [], stop, usage, 1)
     start["stop_reason"] = None
-    yield _frame("message_start", {"type": "message_start", "message": start})
+    yield ("message_start", {"type": "message_start", "message": start})
     for index, block in enumerate(content):
         if block["type"] == "tool_use":
             empty = {**block, "input": {}}
@@ -107,16 +107,12 @@ def sse_events(
             cut = text.find(" ", len(text) // 2)
             parts = [text] if cut < 0 else [text[:cut], text[cut:]]
             deltas = [{"type": "text_delta", "text": p} for p in parts]
-        yield _frame(
-            "content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}
-        )
+        yield ("content_block_start", {"type": "content_block_start", "index": index, "content_block": empty})
         if index == 0:
-            yield _frame("ping", {"type": "ping"})
+            yield ("ping", {"type": "ping"})
         for delta in deltas:
-            yield _frame(
-                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-            )
-        yield _frame("content_block_stop", {"type": "content_block_stop", "index": index})
+            yield ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        yield ("content_block_stop", {"type": "content_block_stop", "index": index})
     final = usage.as_dict(out_tokens)
     delta_usage = {
         "input_tokens": final["input_tokens"],
@@ -124,7 +120,7 @@ def sse_events(
         "cache_read_input_tokens": final["cache_read_input_tokens"],
         "output_tokens": out_tokens,
     }
-    yield _frame(
+    yield (
         "message_delta",
         {
             "type": "message_delta",
@@ -132,4 +128,12 @@ def sse_events(
             "usage": delta_usage,
         },
     )
-    yield _frame("message_stop", {"type": "message_stop"})
+    yield ("message_stop", {"type": "message_stop"})
+
+
+def sse_events(
+    msg_id: str, model: str, content: list[dict[str, Any]], stop: str, usage: Usage, out_tokens: int
+) -> Iterator[bytes]:
+    """The SSE frames of a streamed reply."""
+    for name, data in stream_events(msg_id, model, content, stop, usage, out_tokens):
+        yield _frame(name, data)

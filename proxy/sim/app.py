@@ -4,6 +4,11 @@ Contract:
 - `create_sim_app(config, clock)` builds the app (default config `rules/simulator.yaml`, default
   real clock); the tokenizer loads off the loop in a `cleanup_ctx` step. `start_sim(host, port,
   config, clock)` starts it on the running loop and returns `(runner, "http://HOST:PORT")`.
+- Platform routes (`proxy.sim.platforms`): Vertex AI `POST /v1/projects/{p}/locations/{r}/
+  publishers/anthropic/models/{model}:rawPredict` (`:streamRawPredict`), Bedrock InvokeModel
+  `POST /model/{model}/invoke` (`/invoke-with-response-stream`: AWS event-stream frames), each
+  with its platform's rejections; `/v1/messages` applies the `anthropic_platform` given to
+  `create_sim_app` (default `direct`).
 - Provider routes: `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic; any query
   string such as `?beta=true`, any `anthropic-beta` values), `POST /v1/chat/completions`,
   `POST /v1/responses` (OpenAI), `GET /v1/models[/{id}]` (Anthropic shape when the request has an
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -28,15 +34,28 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from proxy.sim import anthropic, anthropic_wire, openai, openai_wire
+from proxy.sim import anthropic, anthropic_wire, diagnostics, gateway, openai, openai_wire
 from proxy.sim.cache import CacheStore, Entry
 from proxy.sim.clock import Clock, ClockError
 from proxy.sim.config import SimConfig
+from proxy.sim.diagnostics import Fingerprints
 from proxy.sim.errors import Rejected, anthropic_error_body, openai_error_body
+from proxy.sim.eventstream import chunk_event
+from proxy.sim.platforms import (
+    AWS_ERROR_TYPES,
+    PLATFORMS,
+    Platform,
+    body_betas,
+    check_betas,
+    check_body,
+    check_caching,
+    model_name,
+)
 from proxy.sim.replies import choose_reply
 from proxy.sim.tokens import TokenCounter, load_o200k
 
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+EVENTSTREAM: Final = "application/vnd.amazon.eventstream"
 ANTHROPIC_NO_KEY: Final = "x-api-key header is required"
 OPENAI_NO_KEY: Final = (
     "You didn't provide an API key. You need to provide your API key in an Authorization header "
@@ -52,8 +71,14 @@ class SimState:
     clock: Clock
     store: CacheStore = field(default_factory=CacheStore)
     router: openai.Router = field(default_factory=openai.Router)
+    fingerprints: Fingerprints = field(default_factory=Fingerprints)
+    """OpenAI Responses fingerprints for `prompt_cache_diagnostics` (proxy.sim.diagnostics)."""
     counter: TokenCounter | None = None
     """Set by the startup step; `None` only before the app has started."""
+    anthropic_platform: str = "direct"
+    """The platform whose rules `/v1/messages` applies (`proxy.sim.platforms`)."""
+    openai_platform: str = "direct"
+    """`litellm` / `openrouter`: Chat requests for Claude models go through `proxy.sim.gateway`."""
     requests: int = 0
 
     def next_request(self) -> int:
@@ -69,12 +94,31 @@ class SimState:
 STATE: Final = web.AppKey("promptcache_sim_state", SimState)
 
 
-def create_sim_app(config: SimConfig | None = None, clock: Clock | None = None) -> web.Application:
-    """The simulator as an aiohttp app (see the module docstring)."""
+def create_sim_app(
+    config: SimConfig | None = None,
+    clock: Clock | None = None,
+    anthropic_platform: str = "direct",
+    openai_platform: str = "direct",
+) -> web.Application:
+    """The simulator as an aiohttp app (see the module docstring); `anthropic_platform` is the
+    platform `/v1/messages` behaves as (`proxy.sim.platforms.PLATFORMS`: `direct`,
+    `strict-compatible`, `vertex`, `bedrock`, `foundry`); `openai_platform` `litellm` or
+    `openrouter` makes `/v1/chat/completions` serve Claude model names as that gateway does
+    (`proxy.sim.gateway`)."""
+    if anthropic_platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {anthropic_platform!r} (known: {', '.join(PLATFORMS)})")
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_error_middleware])
     app[STATE] = SimState(config if config is not None else SimConfig.load(), clock or Clock.real())
+    if openai_platform not in ("direct", *gateway.GATEWAYS):
+        raise ValueError(f"unknown OpenAI platform {openai_platform!r}")
+    app[STATE].anthropic_platform = anthropic_platform
+    app[STATE].openai_platform = openai_platform
     app.cleanup_ctx.append(_load_tokenizer)
     app.router.add_post("/v1/messages", anthropic_messages)
+    vertex = "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{action}"
+    app.router.add_post(vertex, vertex_predict)
+    app.router.add_post("/model/{model}/invoke", bedrock_invoke)
+    app.router.add_post("/model/{model}/invoke-with-response-stream", bedrock_invoke)
     app.router.add_post("/v1/messages/count_tokens", anthropic_count_tokens)
     app.router.add_post("/v1/chat/completions", openai_chat)
     app.router.add_post("/v1/responses", openai_responses)
@@ -92,11 +136,14 @@ async def start_sim(
     port: int = 0,
     config: SimConfig | None = None,
     clock: Clock | None = None,
+    anthropic_platform: str = "direct",
+    openai_platform: str = "direct",
 ) -> tuple[web.AppRunner, str]:
     """Start the simulator on the running loop; returns the runner and `http://HOST:PORT`."""
     if config is None:
         config = await asyncio.to_thread(SimConfig.load)
-    runner = web.AppRunner(create_sim_app(config, clock), access_log=None)
+    app = create_sim_app(config, clock, anthropic_platform, openai_platform)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -121,8 +168,10 @@ async def _load_tokenizer(app: web.Application) -> AsyncIterator[None]:
 
 def _provider(request: web.Request) -> str:
     path = request.path
-    if path.startswith("/v1/messages"):
+    if path.startswith(("/v1/messages", "/v1/projects/")):
         return "anthropic"
+    if path.startswith("/model/"):
+        return "bedrock"
     if path.startswith("/_sim/"):
         return "admin"
     if path.startswith("/v1/models") and "anthropic-version" in request.headers:
@@ -141,13 +190,22 @@ async def _error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     try:
-        return await handler(request)
+        try:
+            return await handler(request)
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+            # The real APIs answer unknown paths (and methods) with a JSON 404 in their own shape.
+            if _provider(request) == "openai":
+                raise Rejected(404, f"Invalid URL ({request.method} {request.path})") from None
+            raise Rejected(404, "Not Found") from None
     except Rejected as exc:
         provider = _provider(request)
         if provider == "anthropic":
             return _json(anthropic_error_body(exc), exc.status)
         if provider == "openai":
             return _json(openai_error_body(exc), exc.status)
+        if provider == "bedrock":
+            kind = AWS_ERROR_TYPES.get(exc.status, "InternalServerException")
+            return _json({"message": exc.message}, exc.status, headers={"x-amzn-ErrorType": kind})
         return _json({"error": {"message": exc.message}}, exc.status)
 
 
@@ -167,6 +225,12 @@ async def _body(request: web.Request) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise Rejected(
+                400, f"The request body is not valid UTF-8 (byte 0x{raw[bad.start]:02x} at offset {bad.start})"
+            ) from exc
         raise Rejected(400, f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise Rejected(400, "The request body must be a JSON object")
@@ -187,14 +251,14 @@ async def _send(
     headers: dict[str, str],
     body: Any = None,
     frames: Iterable[bytes] | None = None,
+    content_type: str = "text/event-stream",
 ) -> web.StreamResponse:
-    """Commit the request's cache writes as its response starts, then send JSON or SSE."""
+    """Commit the request's cache writes as its response starts, then send JSON or a stream
+    (SSE, or AWS event-stream frames)."""
     store.commit(writes)
     if frames is None:
         return _json(body, headers=headers)
-    resp = web.StreamResponse(
-        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
+    resp = web.StreamResponse(headers={**headers, "Content-Type": content_type, "Cache-Control": "no-cache"})
     await resp.prepare(request)
     for frame in frames:
         await resp.write(frame)
@@ -234,14 +298,68 @@ def _check_prewarm(body: Mapping[str, Any], stream: bool) -> None:
 
 async def anthropic_messages(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    now = state.clock.now()
+    platform = PLATFORMS[state.anthropic_platform]
     tenant = _anthropic_preamble(request)
     body = await _body(request)
+    return await _anthropic(request, platform, tenant, body, str(body.get("model") or ""), body.get("stream") is True)
+
+
+async def vertex_predict(request: web.Request) -> web.StreamResponse:
+    """Vertex AI `.../publishers/anthropic/models/{model}:rawPredict` (`:streamRawPredict`)."""
+    model, _, action = request.match_info["action"].rpartition(":")
+    if action not in ("rawPredict", "streamRawPredict") or not model:
+        raise Rejected(404, f"The requested URL {request.path} was not found on this server.")
+    platform = PLATFORMS["vertex"]
+    tenant = _tenant(request, ANTHROPIC_NO_KEY)
+    body = check_body(platform, await _body(request))
+    stream = action == "streamRawPredict" or body.get("stream") is True
+    return await _anthropic(request, platform, tenant, {**body, "model": model}, model_name(platform, model), stream)
+
+
+def _aws_tenant(request: web.Request) -> str:
+    """A Bedrock API key (bearer) or the access key id of a SigV4 `Authorization`."""
+    auth = request.headers.get("Authorization", "")
+    if auth.startswith("AWS4-HMAC-SHA256 "):
+        found = re.search(r"Credential=([^/,\s]+)", auth)
+        if found:
+            return hashlib.sha256(found.group(1).encode()).hexdigest()
+    return _tenant(request, "Missing Authentication Token")
+
+
+async def bedrock_invoke(request: web.Request) -> web.StreamResponse:
+    """Bedrock InvokeModel `/model/{model}/invoke` and `/invoke-with-response-stream`."""
+    platform = PLATFORMS["bedrock"]
+    model = request.match_info["model"]
+    tenant = _aws_tenant(request)
+    raw = await _body(request)
+    check_betas(platform, body_betas(platform, raw))
+    body = check_body(platform, raw)
+    name = model_name(platform, model)
+    check_caching(platform, name, body)
+    stream = request.path.endswith("/invoke-with-response-stream")
+    body = {k: v for k, v in body.items() if k != "stream"}
+    return await _anthropic(request, platform, tenant, {**body, "model": model}, name, stream, aws_stream=stream)
+
+
+async def _anthropic(
+    request: web.Request,
+    platform: Platform,
+    tenant: str,
+    body: dict[str, Any],
+    model: str,
+    stream: bool,
+    *,
+    aws_stream: bool = False,
+) -> web.StreamResponse:
+    """One Messages request as `platform` serves it (`model`: Anthropic's spelling)."""
+    state = request.app[STATE]
+    now = state.clock.now()
+    betas = _betas(request)
+    check_betas(platform, betas)
     n = state.next_request()
-    settings = state.config.anthropic_model(str(body.get("model") or ""))
+    settings = state.config.anthropic_model(model)
     counter = state.tokens()
-    prompt = anthropic.parse_request(body, _betas(request), counter, settings)
-    stream = body.get("stream") is True
+    prompt = anthropic.parse_request(body, betas, counter, settings, marker_keys=platform.marker_keys)
     if body["max_tokens"] == 0:
         _check_prewarm(body, stream)
         content: list[dict[str, Any]] = []
@@ -253,11 +371,30 @@ async def anthropic_messages(request: web.Request) -> web.StreamResponse:
     plan = anthropic.plan_cache(prompt, settings, tenant, now, state.store)
     msg_id = f"msg_sim_{n:06d}"
     headers = {"request-id": f"req_sim_{n:06d}"}
+    if aws_stream:
+        events = anthropic_wire.stream_events(msg_id, prompt.model, content, stop, plan.usage, out)
+        frames = [chunk_event(_with_bedrock_metrics(data, plan.usage.as_dict(out), out)) for _, data in events]
+        return await _send(request, state.store, plan.writes, headers, frames=frames, content_type=EVENTSTREAM)
     if stream:
-        frames = anthropic_wire.sse_events(msg_id, prompt.model, content, stop, plan.usage, out)
-        return await _send(request, state.store, plan.writes, headers, frames=frames)
+        frames_sse = anthropic_wire.sse_events(msg_id, prompt.model, content, stop, plan.usage, out)
+        return await _send(request, state.store, plan.writes, headers, frames=frames_sse)
     data = anthropic_wire.message_body(msg_id, prompt.model, content, stop, plan.usage, out)
     return await _send(request, state.store, plan.writes, headers, body=data)
+
+
+def _with_bedrock_metrics(data: dict[str, Any], usage: dict[str, Any], out: int) -> dict[str, Any]:
+    """Bedrock adds `amazon-bedrock-invocationMetrics` to the `message_stop` event."""
+    if data.get("type") != "message_stop":
+        return data
+    metrics = {
+        "inputTokenCount": usage["input_tokens"],
+        "outputTokenCount": out,
+        "invocationLatency": 1,
+        "firstByteLatency": 1,
+        "cacheReadInputTokenCount": usage["cache_read_input_tokens"],
+        "cacheWriteInputTokenCount": usage["cache_creation_input_tokens"],
+    }
+    return {**data, "amazon-bedrock-invocationMetrics": metrics}
 
 
 async def anthropic_count_tokens(request: web.Request) -> web.StreamResponse:
@@ -289,6 +426,8 @@ async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
     tenant = _tenant(request, OPENAI_NO_KEY)
     body = await _body(request)
     model = _model(body, "you must provide a model parameter")
+    if chat and state.openai_platform in gateway.GATEWAYS and gateway.is_claude(model):
+        return await _gateway_claude(request, tenant, body, model)
     n = state.next_request()
     settings = state.config.openai_model(model)
     counter = state.tokens()
@@ -318,11 +457,41 @@ async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
         )
     ids = openai_wire.Ids(f"resp_sim_{n:06d}", openai_wire.item_id(reply, n), f"call_sim_{n:06d}", int(now))
     usage = openai_wire.responses_usage(plan, out, settings.breakpoints)
+    current = diagnostics.fingerprint(body, model, rendered.tokens)
+    options = body.get("prompt_cache_options")
+    compared = options.get("comparison_response_id") if isinstance(options, dict) else None
+    diagnosis = None
+    if isinstance(compared, str):
+        diagnosis = diagnostics.diagnose(state.fingerprints.get(tenant, compared), current, settings.breakpoints)
+    state.fingerprints.put(tenant, ids.response, current)
     if stream:
-        frames = openai_wire.responses_events(body, model, reply, ids, usage)
+        frames = openai_wire.responses_events(body, model, reply, ids, usage, diagnosis)
         return await _send(request, state.store, plan.writes, headers, frames=frames)
-    data = openai_wire.responses_body(body, model, reply, ids, usage)
+    data = openai_wire.responses_body(body, model, reply, ids, usage, diagnosis)
     return await _send(request, state.store, plan.writes, headers, body=data)
+
+
+async def _gateway_claude(request: web.Request, tenant: str, body: dict[str, Any], model: str) -> web.StreamResponse:
+    """A Chat request for Claude behind an OpenAI-wire gateway (`proxy.sim.gateway`)."""
+    state = request.app[STATE]
+    now = state.clock.now()
+    n = state.next_request()
+    messages_body = gateway.chat_to_messages(body)
+    settings = state.config.anthropic_model(messages_body["model"])
+    counter = state.tokens()
+    prompt = anthropic.parse_request(messages_body, frozenset(), counter, settings)
+    plan = anthropic.plan_cache(prompt, settings, tenant, now, state.store)
+    reply = choose_reply(openai_wire.chat_conversation(body), request.headers)
+    out = openai_wire.output_tokens(reply, counter)
+    usage = gateway.chat_usage(plan.usage.as_dict(out), out)
+    ids = openai_wire.Ids(f"chatcmpl-sim{n:06d}", f"msg_sim_{n:06d}", f"call_sim_{n:06d}", int(now))
+    headers = {"x-request-id": f"req_sim_{n:06d}"}
+    if body.get("stream") is True:
+        options = body.get("stream_options")
+        include = isinstance(options, dict) and options.get("include_usage") is True
+        frames = openai_wire.chat_chunks(model, reply, ids, usage, include)
+        return await _send(request, state.store, plan.writes, headers, frames=frames)
+    return await _send(request, state.store, plan.writes, headers, body=openai_wire.chat_body(model, reply, ids, usage))
 
 
 # --- models -----------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """`promptcache simulate`: run the upstream simulator as its own server, on uvloop.
 
 Contract: `add_arguments(parser)` adds `--host` (127.0.0.1), `--port` (8090; 0 = any free port),
-`--clock real|manual` and `--models PATH` (default `rules/simulator.yaml`); `run(args)` loads the
+`--clock real|manual`, `--models PATH` (default `rules/simulator.yaml`) and `--platform NAME` (the
+platform `/v1/messages` behaves as: `direct`, `strict-compatible`, `vertex`, `bedrock`, `foundry`;
+Vertex and Bedrock paths always answer as their platform); `run(args)` loads the
 table (errors -> exit 2), starts the server, prints `promptcache simulator listening on URL` (the
 real bound port) and serves until SIGINT/SIGTERM; returns the exit code.
 """
@@ -18,6 +20,7 @@ import uvloop
 from proxy.sim.app import start_sim
 from proxy.sim.clock import Clock
 from proxy.sim.config import ConfigError, SimConfig
+from proxy.sim.platforms import PLATFORMS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--models", metavar="PATH", default=None, help="per-model table (default rules/simulator.yaml)"
     )
+    parser.add_argument(
+        "--platform",
+        choices=tuple(PLATFORMS),
+        default="direct",
+        help="the platform whose rules /v1/messages applies (default direct)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,12 +50,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"promptcache simulate: {exc}", file=sys.stderr)
         return 2
     clock = Clock.manual_at() if args.clock == "manual" else Clock.real()
-    return uvloop.run(_serve(args.host, args.port, config, clock))
+    return uvloop.run(_serve(args.host, args.port, config, clock, args.platform))
 
 
-async def _serve(host: str, port: int, config: SimConfig, clock: Clock) -> int:
+async def _serve(host: str, port: int, config: SimConfig, clock: Clock, platform: str = "direct") -> int:
     try:
-        runner, url = await start_sim(host, port, config, clock)
+        runner, url = await start_sim(host, port, config, clock, platform)
     except OSError as exc:
         print(f"promptcache simulate: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -207,6 +207,22 @@ def render_chat(body: Mapping[str, Any], counter: TokenCounter) -> Rendered:
     return r.finish()
 
 
+def _check_unique_ids(items: list[Any]) -> None:
+    """Input item ids are unique within `input` (items may omit `id`); a duplicate is the API's
+    400 (PROVIDERS.md 9)."""
+    seen: set[str] = set()
+    for item in items:
+        item_id = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(item_id, str):
+            continue
+        if item_id in seen:
+            raise bad(
+                f"Duplicate item found with id {item_id}. Remove duplicate items from your input and try again.",
+                "input",
+            )
+        seen.add(item_id)
+
+
 def render_responses(body: Mapping[str, Any], counter: TokenCounter) -> Rendered:
     """Token sequence of a Responses request (module docstring)."""
     if body.get("previous_response_id"):
@@ -230,6 +246,7 @@ def render_responses(body: Mapping[str, Any], counter: TokenCounter) -> Rendered
         items = [{"role": "user", "content": items}]
     if not isinstance(items, list):
         items = []
+    _check_unique_ids(items)
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise bad(f"Invalid type for 'input[{i}]': expected an object.", f"input[{i}]")

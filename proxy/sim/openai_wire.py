@@ -290,10 +290,16 @@ def item_id(reply: Reply, n: int) -> str:
 
 
 def responses_body(
-    body: Mapping[str, Any], model: str, reply: Reply | None, ids: Ids, usage: dict[str, Any] | None
+    body: Mapping[str, Any],
+    model: str,
+    reply: Reply | None,
+    ids: Ids,
+    usage: dict[str, Any] | None,
+    diagnosis: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A `Response` object; `reply=None` gives the in-progress shell of `response.created`."""
-    return {
+    """A `Response` object; `reply=None` gives the in-progress shell of `response.created`.
+    `diagnosis` is the `prompt_cache_diagnostics` object (proxy.sim.diagnostics), when asked."""
+    data = {
         "id": ids.response,
         "object": "response",
         "created_at": ids.created,
@@ -318,10 +324,18 @@ def responses_body(
         "usage": usage,
         "metadata": body.get("metadata") or {},
     }
+    if diagnosis is not None:
+        data["prompt_cache_diagnostics"] = diagnosis
+    return data
 
 
 def responses_events(
-    body: Mapping[str, Any], model: str, reply: Reply, ids: Ids, usage: dict[str, Any]
+    body: Mapping[str, Any],
+    model: str,
+    reply: Reply,
+    ids: Ids,
+    usage: dict[str, Any],
+    diagnosis: dict[str, Any] | None = None,
 ) -> Iterator[bytes]:
     """`event:`/`data:` frames of a streamed response, `response.created` .. `response.completed`."""
     seq = 0
@@ -365,4 +379,4 @@ def responses_events(
     yield frame(
         "response.output_item.done", {"output_index": 0, "item": _output_item(reply, ids, "completed")}
     )
-    yield frame("response.completed", {"response": responses_body(body, model, reply, ids, usage)})
+    yield frame("response.completed", {"response": responses_body(body, model, reply, ids, usage, diagnosis)})

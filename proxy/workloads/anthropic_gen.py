@@ -20,7 +20,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.workloads import text
-from proxy.workloads.script import Event, Script, Tool
+from proxy.workloads.script import TOOL_CALL_HEADER, Event, Script, Tool
 
 PATH: Final = "/v1/messages"
 COMPACT_PROMPT: Final = (
@@ -243,4 +243,6 @@ def render_session(script: Script, client: Client, shared: Shared, seed: int, cw
             now += step.gap
             send(turn.model)
         history.append({"role": "assistant", "content": [{"type": "text", "text": turn.answer}]})
+    if script.abandoned and events and script.tools:
+        events[-1].headers[TOOL_CALL_HEADER] = script.tools[0].name
     return events

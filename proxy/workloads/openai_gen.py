@@ -19,7 +19,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.workloads import text
-from proxy.workloads.script import Event, Script, Tool
+from proxy.workloads.script import TOOL_CALL_HEADER, Event, Script, Tool
 
 CHAT: Final = "/v1/chat/completions"
 RESPONSES: Final = "/v1/responses"
@@ -186,4 +186,6 @@ def render_session(script: Script, client: Client, shared: Shared, seed: int, cw
                     "content": [{"type": "output_text", "text": turn.answer}],
                 }
             )
+    if script.abandoned and events and script.tools:
+        events[-1].headers[TOOL_CALL_HEADER] = script.tools[0].name
     return events

@@ -5,8 +5,11 @@ input, cache writes by TTL, cache reads, priced per model by `rules/pricing.yaml
 `proxy.pricing`); output tokens are the same under every strategy and are left out so savings
 compare caching alone. `uncached_cost` prices every input token at the plain input price (no
 caching at all); savings are `uncached_cost - cost` (negative when writes cost more than
-reads saved). Hit ratio = read / all input tokens. Attainment = a strategy's read tokens / the
-oracle's optimum read tokens (`oracle.py`).
+reads saved). Hit ratio = read / all input tokens; `hit2+` the same over requests 2..N of each
+trace (the first request can never read). Attainment = a strategy's read tokens / the oracle's
+clairvoyant read bound (`oracle.py`); `cost/min` = a strategy's cost / the oracle's clairvoyant
+minimum cost. The causal bound (`oracle.py`) is printed beside the optimum, never used for
+attainment.
 
 An errored request (non-2xx) is counted in `errors` and charged as uncached input of the
 client's prompt (the oracle's token count): the client would have to send it again without
@@ -74,6 +77,17 @@ class Tally:
 
 
 @dataclass(slots=True)
+class KeepWarmTally:
+    """Keep-warm pings of one strategy over one trace (tokens, USD)."""
+
+    pings: int = 0
+    read: int = 0
+    """Prompt tokens the pings read (each refreshes the entry it reads)."""
+    cost: float = 0.0
+    """Input-side USD of the pings (included in the strategy's `Tally.cost`)."""
+
+
+@dataclass(slots=True)
 class RequestOutcome:
     """One request under one strategy."""
 
@@ -107,10 +121,36 @@ class TraceResult:
     """The oracle's read bound of each request (tokens)."""
     client_totals: list[int] = field(default_factory=list)
     """Prompt tokens of each request as the client sent it (the oracle's raw-form count)."""
+    causal_read: int = 0
+    """The causal bound's read tokens (printed beside the optimum, never used for attainment)."""
+    min_cost: float = 0.0
+    """The clairvoyant minimum input cost of the trace (USD)."""
+    keep_warm: dict[str, KeepWarmTally] = field(default_factory=dict)
+    """Keep-warm pings per strategy (only when replayed with `--keep-warm`)."""
 
     @property
     def optimum_share(self) -> float:
         return self.optimum_read / self.optimum_total if self.optimum_total else 0.0
+
+    @property
+    def causal_share(self) -> float:
+        return self.causal_read / self.optimum_total if self.optimum_total else 0.0
+
+    @property
+    def optimum_share_after_first(self) -> float:
+        """The clairvoyant read share over requests 2..N."""
+        total = sum(self.client_totals[1:])
+        return sum(self.optimum_reads[1:]) / total if total else 0.0
+
+    def share_after_first(self, strategy: str) -> float:
+        """A strategy's read share over requests 2..N (read / all input of those requests)."""
+        outcomes = self.outcomes.get(strategy, [])[1:]
+        total = sum(o.read + o.write_5m + o.write_1h + o.none for o in outcomes)
+        return sum(o.read for o in outcomes) / total if total else 0.0
+
+    def cost_ratio(self, strategy: str) -> float:
+        """A strategy's input cost / the clairvoyant minimum (0 when the minimum is 0)."""
+        return self.tallies[strategy].cost / self.min_cost if self.min_cost else 0.0
 
     def attainment(self, strategy: str) -> float:
         """Read tokens / optimum read tokens (1.0 when the optimum is 0)."""
@@ -145,20 +185,54 @@ class Report:
     def attainment(self, strategy: str) -> float:
         return self.total(strategy).read / self.optimum_read if self.optimum_read else 1.0
 
+    @property
+    def causal_read(self) -> int:
+        return sum(t.causal_read for t in self.traces)
+
+    @property
+    def min_cost(self) -> float:
+        return sum(t.min_cost for t in self.traces)
+
+    def cost_ratio(self, strategy: str) -> float:
+        return self.total(strategy).cost / self.min_cost if self.min_cost else 0.0
+
+    def share_after_first(self, strategy: str) -> float:
+        """Read share over requests 2..N of every trace."""
+        read = total = 0
+        for trace in self.traces:
+            for o in trace.outcomes.get(strategy, [])[1:]:
+                read += o.read
+                total += o.read + o.write_5m + o.write_1h + o.none
+        return read / total if total else 0.0
+
+    @property
+    def optimum_share_after_first(self) -> float:
+        read = sum(sum(t.optimum_reads[1:]) for t in self.traces)
+        total = sum(sum(t.client_totals[1:]) for t in self.traces)
+        return read / total if total else 0.0
+
 
 # --- output -------------------------------------------------------------------------------
 
 _HEAD = (
     f"{'trace':<26} {'strategy':<11} {'reqs':>4} {'err':>3} {'read':>9} {'write':>9} {'none':>9} "
-    f"{'hit':>6} {'cost $':>9} {'saved':>7} {'attain':>6}"
+    f"{'hit':>6} {'hit2+':>6} {'cost $':>9} {'saved':>7} {'attain':>6} {'cost/min':>8}"
 )
 
 
-def _row(name: str, strategy: str, tally: Tally, attainment: float) -> str:
+def _row(name: str, strategy: str, tally: Tally, share: float, attainment: float, cost_ratio: float) -> str:
     return (
         f"{name:<26} {strategy:<11} {tally.requests:>4} {tally.errors:>3} {tally.read:>9} {tally.write:>9} "
-        f"{tally.none:>9} {tally.hit_ratio:>6.1%} {tally.cost:>9.4f} {tally.savings_ratio:>7.1%} "
-        f"{attainment:>6.3f}"
+        f"{tally.none:>9} {tally.hit_ratio:>6.1%} {share:>6.1%} {tally.cost:>9.4f} {tally.savings_ratio:>7.1%} "
+        f"{attainment:>6.3f} {cost_ratio:>8.3f}"
+    )
+
+
+def _bound_rows(name: str, requests: str, read: int, share: float, share2: float, cost: float | None) -> str:
+    money = f"{cost:>9.4f}" if cost is not None else f"{'':>9}"
+    return (
+        f"{name:<26} {'optimum':<11} {requests:>4} {'':>3} {read:>9} {'':>9} {'':>9} {share:>6.1%} "
+        f"{share2:>6.1%} {money}"
     )
 
 
@@ -192,33 +266,74 @@ def format_requests(trace: TraceResult) -> list[str]:
     return lines
 
 
+def _keep_warm_row(name: str, strategy: str, tally: KeepWarmTally) -> str:
+    return (
+        f"{name:<26} {strategy:<11} keep-warm: {tally.pings} pings, {tally.read} tokens read, "
+        f"${tally.cost:.4f}"
+    )
+
+
 def format_text(report: Report, per_request: bool = False) -> str:
-    """Per trace and strategy, then totals; one optimum line and one `causes:` line per strategy
-    for each trace and in total (and, when asked, one line per request before each trace's rows)."""
+    """Per trace and strategy, then totals; per trace and in total one `optimum` line (the
+    clairvoyant read bound and minimum cost), one `causal` line (the causal read bound) and one
+    `causes:` line per strategy (and, when asked, one line per request before each trace's rows)."""
     lines = [_HEAD, "-" * len(_HEAD)]
     for trace in report.traces:
         if per_request:
             lines.extend(format_requests(trace))
         for strategy in report.strategies:
             if strategy in trace.tallies:
-                lines.append(_row(trace.name, strategy, trace.tallies[strategy], trace.attainment(strategy)))
+                lines.append(
+                    _row(
+                        trace.name,
+                        strategy,
+                        trace.tallies[strategy],
+                        trace.share_after_first(strategy),
+                        trace.attainment(strategy),
+                        trace.cost_ratio(strategy),
+                    )
+                )
         note = f"  ({trace.limit_binding} requests need > 4 markers)" if trace.limit_binding else ""
         errors = f"; {trace.stage_errors} pipeline stage errors" if trace.stage_errors else ""
         lines.append(
-            f"{trace.name:<26} {'optimum':<11} {trace.requests:>4} {'':>3} {trace.optimum_read:>9} {'':>9} "
-            f"{'':>9} {trace.optimum_share:>6.1%}{note}{errors}"
+            _bound_rows(
+                trace.name,
+                str(trace.requests),
+                trace.optimum_read,
+                trace.optimum_share,
+                trace.optimum_share_after_first,
+                trace.min_cost,
+            )
+            + note
+            + errors
+        )
+        lines.append(
+            f"{trace.name:<26} {'causal':<11} {'':>4} {'':>3} {trace.causal_read:>9} {'':>9} {'':>9} "
+            f"{trace.causal_share:>6.1%}"
         )
         for strategy in report.strategies:
             if strategy in trace.tallies:
                 lines.append(_causes_row(trace.name, strategy, trace.tallies[strategy]))
+            if strategy in trace.keep_warm:
+                lines.append(_keep_warm_row(trace.name, strategy, trace.keep_warm[strategy]))
     lines.append("-" * len(_HEAD))
     for strategy in report.strategies:
-        lines.append(_row("TOTAL", strategy, report.total(strategy), report.attainment(strategy)))
+        lines.append(
+            _row(
+                "TOTAL",
+                strategy,
+                report.total(strategy),
+                report.share_after_first(strategy),
+                report.attainment(strategy),
+                report.cost_ratio(strategy),
+            )
+        )
     share = report.optimum_read / report.optimum_total if report.optimum_total else 0.0
+    causal = report.causal_read / report.optimum_total if report.optimum_total else 0.0
     lines.append(
-        f"{'TOTAL':<26} {'optimum':<11} {'':>4} {'':>3} {report.optimum_read:>9} {'':>9} {'':>9} "
-        f"{share:>6.1%}"
+        _bound_rows("TOTAL", "", report.optimum_read, share, report.optimum_share_after_first, report.min_cost)
     )
+    lines.append(f"{'TOTAL':<26} {'causal':<11} {'':>4} {'':>3} {report.causal_read:>9} {'':>9} {'':>9} {causal:>6.1%}")
     for strategy in report.strategies:
         lines.append(_causes_row("TOTAL", strategy, report.total(strategy)))
     return "\n".join(lines)
@@ -247,19 +362,44 @@ def to_json(report: Report, per_request: bool = False) -> dict[str, Any]:
                 "read": trace.optimum_read,
                 "input": trace.optimum_total,
                 "share": trace.optimum_share,
+                "share_after_first": trace.optimum_share_after_first,
+                "min_cost": trace.min_cost,
                 "limit_binding": trace.limit_binding,
             },
+            "causal": {"read": trace.causal_read, "share": trace.causal_share},
             "stage_errors": trace.stage_errors,
             "strategies": {
-                s: {**tally(t), "attainment": trace.attainment(s)} for s, t in trace.tallies.items()
+                s: {
+                    **tally(t),
+                    "attainment": trace.attainment(s),
+                    "share_after_first": trace.share_after_first(s),
+                    "cost_ratio": trace.cost_ratio(s),
+                }
+                for s, t in trace.tallies.items()
             },
         }
+        if trace.keep_warm:
+            item["keep_warm"] = {s: asdict(k) for s, k in trace.keep_warm.items()}
         if per_request:
             item["outcomes"] = {s: [asdict(o) for o in outs] for s, outs in trace.outcomes.items()}
         traces.append(item)
-    totals = {s: {**tally(report.total(s)), "attainment": report.attainment(s)} for s in report.strategies}
+    totals = {
+        s: {
+            **tally(report.total(s)),
+            "attainment": report.attainment(s),
+            "share_after_first": report.share_after_first(s),
+            "cost_ratio": report.cost_ratio(s),
+        }
+        for s in report.strategies
+    }
     return {
         "traces": traces,
         "total": totals,
-        "optimum": {"read": report.optimum_read, "input": report.optimum_total},
+        "optimum": {
+            "read": report.optimum_read,
+            "input": report.optimum_total,
+            "share_after_first": report.optimum_share_after_first,
+            "min_cost": report.min_cost,
+        },
+        "causal": {"read": report.causal_read},
     }

@@ -11,6 +11,8 @@ Contract (`replay_traces`):
 - `promptcache` runs through a fresh proxy per trace (`memory://` store) in front of the same
   simulator; its session clock follows the trace's time (the simulator's epoch plus the gaps),
   so pacing-based TTL choices see the gaps the simulator sees.
+- Each request is answered as the recorded model answered it: a tool call where the
+  conversation's next request carries one (`replies.py`), else text.
 - Usage is read from each response (`usage.py`), priced with `proxy.pricing`, and tallied
   (`report.py`); the optimum comes from `oracle.py`, computed before the trace runs.
 - Each 2xx request gets its divergence cause (`divergence.py`): for `promptcache` the cause the
@@ -42,6 +44,7 @@ from proxy.sim.config import SimConfig
 from proxy.sim.tokens import TokenCounter, load_o200k
 from proxy.workloads.divergence import CauseTracker, cause_counts, new_cause
 from proxy.workloads.oracle import optimum
+from proxy.workloads.replies import reply_headers
 from proxy.workloads.report import Report, RequestOutcome, Tally, TraceResult
 from proxy.workloads.strategies import upstream_body
 from proxy.workloads.trace import Trace, TraceRequest
@@ -95,8 +98,8 @@ class Progress:
         self.stream.flush()
 
 
-def _headers(request: TraceRequest, key: str) -> dict[str, str]:
-    headers = {"content-type": "application/json", **request.headers}
+def _headers(request: TraceRequest, key: str, reply: dict[str, str] | None = None) -> dict[str, str]:
+    headers = {"content-type": "application/json", **request.headers, **(reply or {})}
     if request.provider == "anthropic":
         headers["x-api-key"] = key
         headers["anthropic-version"] = ANTHROPIC_VERSION
@@ -121,12 +124,13 @@ async def _send(
     pricing: PricingTable,
     client_tokens: int,
     causes: CauseTracker | None = None,
+    reply: dict[str, str] | None = None,
 ) -> RequestOutcome:
-    """Send one request; `causes` (strategies without a proxy) names its divergence cause."""
+    """Send one request; `causes` (strategies without a proxy) names its divergence cause;
+    `reply` headers make the simulator answer as the recorded model did (`replies.py`)."""
     body = upstream_body(strategy, request.path, request.body)
-    async with http.post(
-        base + request.path, data=orjson.dumps(body), headers=_headers(request, f"sk-replay-{strategy}")
-    ) as response:
+    headers = _headers(request, f"sk-replay-{strategy}", reply)
+    async with http.post(base + request.path, data=orjson.dumps(body), headers=headers) as response:
         data = await response.read()
         status = response.status
         content_type = response.headers.get("content-type", "")
@@ -226,6 +230,7 @@ async def _run_strategy(
             target, registry = await stack.enter_async_context(_proxy(sim_url, clock))
             tracker = None
         counted: Counter[str] = Counter()
+        replies = reply_headers(trace)
         tally = Tally()
         outcomes = []
         progress.start(f"{trace.name} {strategy}", len(trace.requests))
@@ -233,7 +238,7 @@ async def _run_strategy(
             if request.gap:
                 await _admin(http, "POST", f"{sim_url}/_sim/clock", {"advance": request.gap})
                 clock.advance(request.gap)
-            outcome = await _send(http, target, strategy, request, pricing, totals[i], tracker)
+            outcome = await _send(http, target, strategy, request, pricing, totals[i], tracker, replies[i])
             if registry is not None and outcome.status < 300:
                 outcome.cause = await _measured_cause(registry, counted)
             outcomes.append(outcome)
@@ -291,11 +296,13 @@ async def replay_traces(
         now = await _admin(http, "GET", f"{sim_url}/_sim/clock")
         clock = TraceClock(float(now["now"]))
         for trace in traces:
-            best = await asyncio.to_thread(optimum, trace, config, counter)
+            best = await asyncio.to_thread(optimum, trace, config, counter, pricing)
             totals = [b.total for b in best.requests]
             result = TraceResult(trace.name, len(trace.requests), best.read, best.total, best.limit_binding)
             result.optimum_reads = [b.read for b in best.requests]
             result.client_totals = totals
+            result.causal_read = best.causal_read
+            result.min_cost = best.min_cost
             for strategy in strategies:
                 tally, outcomes, stage_errors = await _run_strategy(
                     http, sim_url, clock, trace, strategy, totals, pricing, progress, rules

@@ -12,11 +12,16 @@ Units: `*_tokens` are approximate `o200k_base` tokens; gaps are whole seconds.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from proxy.workloads import text
+
+TOOL_CALL_HEADER: Final = "x-sim-tool-call"
+"""Trace header asking the simulator to answer with a call of the named tool (`proxy/sim/replies.py`):
+how a trace says that the recorded response was a tool call."""
 
 _TOOL_NAMES = (
     "Read",
@@ -120,6 +125,8 @@ class Script:
     """Trace second of the session's first request."""
     turns: tuple[Turn, ...]
     tools: tuple[Tool, ...]
+    abandoned: bool = False
+    """The last request's answer is a tool call that never runs (`ScriptSpec.abandon_share`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +149,16 @@ class ScriptSpec:
     compact_before: tuple[int, ...] = ()
     """Human-turn indices preceded by a compaction."""
     summary_tokens: int = 1200
+    human_gap_lognormal: tuple[float, float, int] | None = None
+    """`(median seconds, sigma, cap seconds)`: human gaps drawn lognormal instead of uniform from
+    `human_gap` (at least 15 s, at most the cap)."""
+    turns_range: tuple[int, int] | None = None
+    """Human turns drawn per session from this inclusive range instead of `human_turns`."""
+    short_share: float = 0.0
+    """Chance that a session is 1-2 requests (one human turn, at most one tool step)."""
+    abandon_share: float = 0.0
+    """Chance that a session is abandoned: its last request is answered with a tool call that
+    never runs (the person left); the turn's later steps are dropped."""
 
 
 def make_tools(rng: random.Random, count: int, description_tokens: int = 140) -> tuple[Tool, ...]:
@@ -187,15 +204,21 @@ def make_script(
 ) -> Script:
     """Draw a session plan from `rng` (see the module docstring)."""
     turns = []
-    for h in range(spec.human_turns):
+    human_turns, loop_steps = spec.human_turns, spec.loop_steps
+    short = spec.short_share > 0 and rng.random() < spec.short_share
+    if short:
+        human_turns, loop_steps = 1, (0, 1)
+    elif spec.turns_range is not None:
+        human_turns = rng.randrange(*_span(spec.turns_range))
+    for h in range(human_turns):
         model = spec.models[min(h, len(spec.models) - 1)]
-        gap = 0 if h == 0 else rng.randrange(spec.human_gap[0], spec.human_gap[1] + 1)
+        gap = 0 if h == 0 else _human_gap(rng, spec)
         user = text.sentence(rng, rng.randrange(*_span(spec.user_tokens)))
         attach = ""
         if spec.attach_tokens[1] > 0:
             attach = text.code(rng, rng.randrange(*_span(spec.attach_tokens)))
         steps = []
-        for _ in range(rng.randrange(*_span(spec.loop_steps))):
+        for _ in range(rng.randrange(*_span(loop_steps))):
             calls = []
             for _ in range(rng.randrange(*_span(spec.parallel))):
                 tool = rng.choice(tools)
@@ -207,7 +230,21 @@ def make_script(
         compact = h in spec.compact_before
         summary = text.prose(rng, spec.summary_tokens) if compact else ""
         turns.append(Turn(gap, user, model, attach, tuple(steps), answer, compact, summary))
-    return Script(session_id, start, tuple(turns), tools)
+    abandoned = not short and spec.abandon_share > 0 and rng.random() < spec.abandon_share
+    if abandoned:
+        last = turns[-1]
+        turns[-1] = Turn(
+            last.gap, last.text, last.model, last.attachment, last.steps[: len(last.steps) // 2], ""
+        )
+    return Script(session_id, start, tuple(turns), tools, abandoned)
+
+
+def _human_gap(rng: random.Random, spec: ScriptSpec) -> int:
+    """Seconds before a human turn: uniform from `human_gap`, or lognormal when configured."""
+    if spec.human_gap_lognormal is None:
+        return rng.randrange(spec.human_gap[0], spec.human_gap[1] + 1)
+    median, sigma, cap = spec.human_gap_lognormal
+    return int(min(cap, max(15.0, median * math.exp(sigma * rng.gauss(0.0, 1.0)))))
 
 
 def _span(bounds: tuple[int, int]) -> tuple[int, int]:

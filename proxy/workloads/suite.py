@@ -52,6 +52,27 @@ class Workload:
 
 
 _CC = anthropic_gen.Client(markers="claude-code", stream=True, reminders=True, betas=CC_BETAS)
+_HERMES = anthropic_gen.Client(markers="system-and-3", stream=True, session_header=None)
+"""Hermes Agent on Anthropic: four 5-minute markers (system and the last three messages), no
+session header."""
+
+HUMAN_GAP_LOGNORMAL: Final = (240.0, 1.65, 14400)
+"""Realistic human gaps: lognormal, median 4 minutes, sigma 1.65 (about 29% above 10 minutes,
+45% above 5 minutes, 5% above an hour), capped at 4 hours."""
+_REALISTIC = ScriptSpec(
+    (SONNET,),
+    turns_range=(2, 8),
+    loop_steps=(0, 4),
+    parallel=(1, 2),
+    machine_gap=(2, 30),
+    human_gap_lognormal=HUMAN_GAP_LOGNORMAL,
+    short_share=0.2,
+    abandon_share=0.15,
+)
+"""A working day of one tenant: conversations of 2-8 human turns, each starting a tool loop of
+0-4 steps 2-30 s apart; ~20% of conversations are 1-2 requests; ~15% abandoned mid-loop."""
+_MIXED = ScriptSpec((SONNET,), human_turns=5, loop_steps=(1, 3), machine_gap=(20, 20), human_gap=(360, 2400))
+"""Tool steps 20 s apart inside a turn, 6-40 minutes between human turns."""
 
 SUITE: Final[tuple[Workload, ...]] = (
     Workload(
@@ -205,8 +226,55 @@ SUITE: Final[tuple[Workload, ...]] = (
         system_tokens=2000,
         committed=False,
     ),
+    Workload(
+        "realistic-cc",
+        "A day of one Claude Code user: 8 conversations 15-90 minutes apart, human gaps lognormal "
+        "(median 4 min, ~30% above 10 min, ~5% above 1 h), tool steps 2-30 s, ~20% of "
+        "conversations 1-2 requests, some abandoned mid-loop.",
+        117,
+        _REALISTIC,
+        _CC,
+        sessions=8,
+        stagger=(900, 5400),
+        committed=False,
+    ),
+    Workload(
+        "realistic-hermes",
+        "The same day as realistic-cc for a Hermes Agent user (system_and_3 markers, no session "
+        "header).",
+        118,
+        _REALISTIC,
+        _HERMES,
+        sessions=8,
+        stagger=(900, 5400),
+        committed=False,
+    ),
+    Workload(
+        "mixed-pacing-cc",
+        "Three Claude Code conversations of one tenant: tool steps 20 s apart, 6-40 minutes "
+        "between human turns.",
+        119,
+        _MIXED,
+        _CC,
+        sessions=3,
+        stagger=(1800, 5400),
+        committed=False,
+    ),
+    Workload(
+        "mixed-pacing-hermes",
+        "Three Hermes Agent conversations of one tenant: tool steps 20 s apart, 6-40 minutes "
+        "between human turns.",
+        120,
+        _MIXED,
+        _HERMES,
+        sessions=3,
+        stagger=(1800, 5400),
+        committed=False,
+    ),
 )
 BY_NAME: Final = {w.name: w for w in SUITE}
+PACING: Final = ("realistic-cc", "realistic-hermes", "mixed-pacing-cc", "mixed-pacing-hermes")
+"""The human-pacing workloads (issue 13's targets)."""
 
 
 def _merge(streams: Iterable[list[Event]]) -> list[TraceRequest]:

@@ -67,6 +67,17 @@ class Trace:
         return float(sum(r.gap for r in self.requests))
 
 
+def with_gaps(trace: Trace, seconds: float) -> Trace:
+    """`trace` with every gap after the first request set to `seconds` (uniform pacing), named
+    `<name>@<seconds>s`."""
+    requests = tuple(
+        TraceRequest(r.gap if i == 0 else float(seconds), r.path, r.body, r.headers)
+        for i, r in enumerate(trace.requests)
+    )
+    label = int(seconds) if float(seconds).is_integer() else seconds
+    return Trace(f"{trace.name}@{label}s", trace.description, requests)
+
+
 def _check_headers(headers: Mapping[str, Any], where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in headers.items():

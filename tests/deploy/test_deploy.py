@@ -3,6 +3,7 @@ metrics, and the Dockerfile, compose file and Kubernetes manifests hold together
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -76,8 +77,12 @@ def test_compose_runs_two_replicas_redis_prometheus_grafana() -> None:
     for name in ("proxy-1", "proxy-2"):
         proxy = services[name]
         assert proxy["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
-        assert proxy["environment"]["PROMPTCACHE_STORE"] == "redis://redis:6379/0"
+        assert proxy["environment"]["PROMPTCACHE_STORE"] == (
+            "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD (letters and digits) for Redis auth}@redis:6379/0"
+        )
         assert proxy["environment"]["PROMPTCACHE_ADMIN_PORT"] == "9464"
+        # Never the simulator by accident: `auto` would serve canned answers after a DNS blip.
+        assert proxy["environment"]["PROMPTCACHE_UPSTREAM"] == "${PROMPTCACHE_UPSTREAM:-real}"
         assert "PROMPTCACHE_SECRET" in proxy["environment"]
     for service in services.values():
         for volume in service.get("volumes", []):
@@ -86,6 +91,43 @@ def test_compose_runs_two_replicas_redis_prometheus_grafana() -> None:
     scrape = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     targets = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
     assert targets == ["proxy-1:9464", "proxy-2:9464"]
+
+
+_REQUIRED_VAR = re.compile(r"\$\{(\w+):\?[^}]*\}")
+_DEFAULTED_VAR = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def _interpolate(value: str, environ: dict[str, str]) -> str:
+    """Compose's `${VAR:?message}` (required) and `${VAR:-default}` over `environ`."""
+
+    def required(match: re.Match[str]) -> str:
+        if not environ.get(match.group(1)):
+            raise KeyError(match.group(1))
+        return environ[match.group(1)]
+
+    value = _REQUIRED_VAR.sub(required, value)
+    return _DEFAULTED_VAR.sub(lambda m: environ.get(m.group(1)) or m.group(2), value)
+
+
+def test_compose_requires_every_password_and_redis_checks_it() -> None:
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    environ = {"PROMPTCACHE_SECRET": "s" * 64, "REDIS_PASSWORD": "a1b2c3", "GRAFANA_ADMIN_PASSWORD": "g7"}
+    grafana = services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert _interpolate(grafana, environ) == "g7"
+    with pytest.raises(KeyError, match="GRAFANA_ADMIN_PASSWORD"):
+        _interpolate(grafana, {})
+    proxy = services["proxy-1"]["environment"]
+    assert _interpolate(proxy["PROMPTCACHE_STORE"], environ) == "redis://:a1b2c3@redis:6379/0"
+    with pytest.raises(KeyError, match="REDIS_PASSWORD"):
+        _interpolate(proxy["PROMPTCACHE_STORE"], {"PROMPTCACHE_SECRET": "s" * 64})
+    redis = services["redis"]
+    assert [_interpolate(arg, environ) for arg in redis["command"]] == [
+        "redis-server", "--requirepass", "a1b2c3", "--save", "", "--appendonly", "no",
+        "--maxmemory", "512mb", "--maxmemory-policy", "allkeys-lru",
+    ]
+    assert _interpolate(redis["environment"]["REDISCLI_AUTH"], environ) == "a1b2c3"
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert ":-admin" not in (DEPLOY / "compose.yaml").read_text()
 
 
 def test_dockerfile_runs_unprivileged_with_a_healthcheck() -> None:
@@ -151,7 +193,11 @@ def test_kubernetes_manifests() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
     [container] = pod["containers"]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
-    assert env["PROMPTCACHE_STORE"] == "redis://redis:6379/0"
+    assert env["PROMPTCACHE_STORE"] == "redis://:$(REDIS_PASSWORD)@redis:6379/0"
+    names = [e["name"] for e in container["env"]]
+    assert names.index("REDIS_PASSWORD") < names.index("PROMPTCACHE_STORE")  # $(VAR) needs it defined first
+    assert env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "promptcache", "key": "redis-password"}}
+    assert env["PROMPTCACHE_UPSTREAM"] == "real"
     assert env["PROMPTCACHE_SECRET"] == {"secretKeyRef": {"name": "promptcache", "key": "secret"}}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -166,9 +212,29 @@ def test_kubernetes_manifests() -> None:
     assert docs["Deployment", "redis"]["spec"]["template"]["metadata"]["labels"].items() >= (
         docs["Service", "redis"]["spec"]["selector"].items()
     )
+    [redis] = docs["Deployment", "redis"]["spec"]["template"]["spec"]["containers"]
+    assert redis["args"][:3] == ["redis-server", "--requirepass", "$(REDIS_PASSWORD)"]
+    assert {e["name"]: e["valueFrom"] for e in redis["env"]} == {
+        name: {"secretKeyRef": {"name": "promptcache", "key": "redis-password"}}
+        for name in ("REDIS_PASSWORD", "REDISCLI_AUTH")
+    }
+    policy = docs["NetworkPolicy", "redis"]["spec"]
+    assert policy == {
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "redis"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {
+                "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "promptcache"}}}],
+                "ports": [{"protocol": "TCP", "port": 6379}],
+            }
+        ],
+    }
+    assert "app.kubernetes.io/name" in labels and labels["app.kubernetes.io/name"] == "promptcache"
     rules = docs["ConfigMap", "promptcache-rules"]
     [mount] = [m for m in container["volumeMounts"] if m["name"] == "rules"]
     assert mount["subPath"] in rules["data"]
+    # The image installs a wheel: its packaged rules are the data files under /usr/local/share.
+    assert mount["mountPath"] == "/usr/local/share/promptcache/rules/" + mount["subPath"]
     [volume] = [v for v in pod["volumes"] if v["name"] == "rules"]
     assert volume["configMap"]["name"] == "promptcache-rules"
 
@@ -180,3 +246,11 @@ def test_configmap_rules_load_with_the_packaged_ones(tmp_path: Path) -> None:
     for name, text in docs["ConfigMap", "promptcache-rules"]["data"].items():
         (folder / name).write_text(text)
     assert check_rules(folder) == []
+
+
+def test_kubernetes_manifests_pass_the_schemas() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = _manifests()
+    assert len(docs) == 8
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.34.0", strict=True)

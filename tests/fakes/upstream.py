@@ -18,6 +18,8 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.sim.eventstream import chunk_event
+
 ANTHROPIC_USAGE = {
     "input_tokens": 21,
     "cache_creation_input_tokens": 1500,
@@ -115,6 +117,11 @@ def anthropic_stream(base: dict[str, Any] | None = None) -> list[bytes]:
     ]
 
 
+def anthropic_stream_events(base: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON events of `anthropic_stream(base)` (Bedrock wraps each in an event-stream frame)."""
+    return [orjson.loads(frame.split(b"data: ", 1)[1]) for frame in anthropic_stream(base)]
+
+
 def chat_stream(include_usage: bool) -> list[bytes]:
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1764400000, "model": "gpt-5.1"}
     chunks = [
@@ -193,14 +200,17 @@ class FakeUpstream:
             await asyncio.Event().wait()
         payload: Any = orjson.loads(body) if body and request.method == "POST" else {}
         is_stream = isinstance(payload, dict) and payload.get("stream") is True
-        if request.path.endswith("/v1/messages"):
+        if request.path.endswith("/invoke-with-response-stream"):
+            return await self._frames(request, anthropic_stream_events(ANTHROPIC_MESSAGE))
+        if request.path.endswith(("/v1/messages", ":rawPredict", ":streamRawPredict", "/invoke")):
+            is_stream = is_stream or request.path.endswith(":streamRawPredict")
             message = ANTHROPIC_MESSAGE
             if self.anthropic_script:
                 message = {**ANTHROPIC_MESSAGE, **self.anthropic_script.pop(0)}
             if is_stream:
                 return await self._stream(request, anthropic_stream(message))
             return self._json(message)
-        if request.path.endswith("/v1/chat/completions"):
+        if request.path.endswith("/chat/completions"):  # also Azure /openai/deployments/{d}/...
             if is_stream:
                 include = bool((payload.get("stream_options") or {}).get("include_usage"))
                 return await self._stream(request, chat_stream(include))
@@ -221,6 +231,15 @@ class FakeUpstream:
                 headers={"Content-Type": "application/json", "Content-Encoding": "gzip", "x-fake": "1"},
             )
         return web.Response(body=raw, headers={"Content-Type": "application/json", "x-fake": "1"})
+
+    async def _frames(self, request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
+        """Bedrock's `invoke-with-response-stream`: each event in an AWS event-stream `chunk`."""
+        response = web.StreamResponse(headers={"Content-Type": "application/vnd.amazon.eventstream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(chunk_event(event))
+        await response.write_eof()
+        return response
 
     async def _stream(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -63,16 +63,25 @@ async def test_series_are_bounded() -> None:
         observe(ex, services)
     after = _series(registry)
     grown = after - at_start
-    # Only the upstream-reason counter is created lazily: at most reasons x causes series.
+    # Created lazily: the upstream-reason counter (at most reasons x causes series) and the cost
+    # series of each family seen (bounded by the price table's families).
     assert {name for name, _ in grown} <= {
         "promptcache_upstream_cache_miss_reasons_total",
-        "promptcache_upstream_cache_miss_reasons_created",
+        "promptcache_cost_usd_total",
+        "promptcache_uncached_cost_usd_total",
+        "promptcache_team_requests_total",
+        "promptcache_team_input_tokens_total",
+        "promptcache_team_cost_usd_total",
+        "promptcache_team_uncached_cost_usd_total",
     }
-    assert len(grown) <= 2 * len(UPSTREAM_MISS_REASONS) * len(CAUSES)
+    # No team configured: every request is team `other`.
+    assert {value for _, labels in grown for key, value in labels if key == "team"} == {"other"}
+    reasons_grown = [g for g in grown if g[0] == "promptcache_upstream_cache_miss_reasons_total"]
+    assert len(reasons_grown) <= len(UPSTREAM_MISS_REASONS) * len(CAUSES)
     table = default_pricing()
     allowed_families = set(table.family_names("anthropic")) | set(table.family_names("openai"))
     values = {value for _, labels in after for key, value in labels if key == "family"}
-    assert values == allowed_families
+    assert values <= allowed_families and "other" in values
     assert len(after) < 1500
     text = b"".join(f"{name}{labels}".encode() for name, labels in after)
     for n in (0, 1, 999):

@@ -428,3 +428,15 @@ def test_cli_hooks() -> None:
     )
     defaults = parser.parse_args(["a.json", "b.json"])
     assert (defaults.provider, defaults.response, defaults.rules) == ("auto", None, None)
+
+
+def test_command_takes_literal_empty_reference(tmp_path: Path) -> None:
+    """`promptcache explain {} B.json` (the documented "no reference request")."""
+    b = tmp_path / "b.json"
+    b.write_bytes(orjson.dumps(BASE))
+    out = io.StringIO()
+    assert explain_command("{}", str(b), out=out) == 1
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["promptcache explain (anthropic, /v1/messages)", "  A: 0 blocks, 0 bytes (~0 tokens)"]
+    assert "cause: first_request" in lines
+    assert "  A is empty: B is a first request, nothing to read" in lines

@@ -114,9 +114,13 @@ def reference_blocks(adapter: Any, path: str, body: dict[str, Any]) -> list[Any]
 def ref_view(adapter: Any, path: str, body: dict[str, Any], patterns: Any) -> tuple[Any, ...]:
     head = xxhash.xxh3_128()
     array_key, system = None, set()
+    tools = []
     for block in reference_blocks(adapter, path, body):
         if block.message_index is None:
-            head.update(block.section.encode() + b"\x00" + ref_digests(block.value, patterns)[1])
+            if block.section == "tools":  # the tool set: order does not count
+                tools.append(ref_digests(block.value, patterns)[1])
+            else:
+                head.update(block.section.encode() + b"\x00" + ref_digests(block.value, patterns)[1])
             continue
         if array_key is None:
             array_key = block.path.split("[", 1)[0].split(".", 1)[0]
@@ -128,6 +132,8 @@ def ref_view(adapter: Any, path: str, body: dict[str, Any], patterns: Any) -> tu
     digests = tuple(p[1] for p in pairs)
     for position in sorted(system):
         head.update(b"system-message\x00" + digests[position])
+    for digest in sorted(tools):
+        head.update(b"tools\x00" + digest)
     head_digest = head.digest()
     boundaries, previous = [], head_digest
     for digest in digests:

@@ -16,6 +16,8 @@ CONFORMANCE = [
     ("test_openai_sdk_chat", "2.4 Chat usage, include_usage stream, tool_calls"),
     ("test_openai_sdk_responses", "2.4 Responses usage, streamed events, function_call"),
     ("test_openai_sdk_error", "OpenAI error shape parsed into BadRequestError"),
+    ("test_openai_sdk_duplicate_item_ids", "9 Responses input item ids unique"),
+    ("test_anthropic_sdk_code_execution_callers", "1.3 no marker on code-execution calls"),
 ]
 
 tok = TokenCounter().count
@@ -155,3 +157,62 @@ async def test_openai_sdk_error(sim) -> None:
             await client.responses.create(model="gpt-4o", input="hi", previous_response_id="resp_nope")
     assert caught.value.status_code == 400
     assert caught.value.code == "previous_response_not_found"
+
+
+async def test_openai_sdk_duplicate_item_ids(sim) -> None:
+    item = {"type": "message", "role": "developer", "id": "msg_dev_1", "content": "Be brief."}
+    question = {"role": "user", "content": "hi"}
+    async with openai_client(sim) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(model="gpt-4o", input=[item, {**item, "content": "Note."}, question])
+        ok = await client.responses.create(model="gpt-4o", input=[item, {**item, "id": "msg_dev_2"}, question])
+        assert ok.output_text == REPLY
+        no_ids = {k: v for k, v in item.items() if k != "id"}
+        assert (await client.responses.create(model="gpt-4o", input=[no_ids, no_ids, question])).output_text == REPLY
+    assert caught.value.status_code == 400
+    assert caught.value.param == "input"
+    assert caught.value.body["message"] == (
+        "Duplicate item found with id msg_dev_1. Remove duplicate items from your input and try again."
+    )
+
+
+def _programmatic(call_marker: bool, result_marker: bool) -> list[dict]:
+    """A programmatic tool call: code execution calls `get_weather`, whose result comes back."""
+    eph = {"type": "ephemeral"}
+    call = {
+        "type": "tool_use",
+        "id": "toolu_01",
+        "name": "get_weather",
+        "input": {"city": "Paris"},
+        "caller": {"type": "code_execution_20250825", "tool_id": "srvtoolu_01"},
+    }
+    result = {"type": "tool_result", "tool_use_id": "toolu_01", "content": "sunny"}
+    return [
+        {"role": "user", "content": "weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Running code.", "cache_control": eph},
+                {**call, "cache_control": eph} if call_marker else call,
+            ],
+        },
+        {"role": "user", "content": [{**result, "cache_control": eph} if result_marker else result]},
+    ]
+
+
+async def test_anthropic_sdk_code_execution_callers(sim) -> None:
+    tools = [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}]
+    hidden = "called by code execution cannot have cache_control. These blocks are not rendered in Claude's context."
+    async with anthropic_client(sim) as client:
+        for call_marker, result_marker, message in (
+            (True, False, f"Tool use toolu_01 {hidden}"),
+            (False, True, f"Tool use result for toolu_01 {hidden}"),
+        ):
+            with pytest.raises(anthropic.BadRequestError) as caught:
+                await client.messages.create(
+                    model=MODEL, max_tokens=8, tools=tools, messages=_programmatic(call_marker, result_marker)
+                )
+            assert caught.value.status_code == 400
+            assert caught.value.body["error"]["message"] == message
+        ok = await client.messages.create(model=MODEL, max_tokens=8, tools=tools, messages=_programmatic(False, False))
+        assert ok.stop_reason == "end_turn"

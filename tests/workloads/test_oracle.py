@@ -9,7 +9,7 @@ import pytest
 
 from proxy.sim.tokens import TokenCounter
 from proxy.workloads import text
-from proxy.workloads.oracle import causal_ttls, optimum
+from proxy.workloads.oracle import _Price, causal_ttls, cheapest_sequence, optimum
 from proxy.workloads.stable import stable_forms
 from proxy.workloads.suite import COMMITTED_DIR, SUITE
 from proxy.workloads.trace import Trace, TraceRequest, load_trace
@@ -33,35 +33,66 @@ def request(gap: float, messages: list[dict[str, str]], system: str = SYSTEM) ->
     )
 
 
-def test_append_only_session_reads_the_whole_previous_request():
-    trace = Trace(
-        "t",
-        "",
-        (
-            request(0, turns("u1")),
-            request(10, turns("u1", "a1", "u2")),
-            request(400, turns("u1", "a1", "u2", "a2", "u3")),
-        ),
-    )
+INPUT, WRITE_5M, WRITE_1H, READ = 5.00e-6, 6.25e-6, 10.00e-6, 0.50e-6  # USD per token, Opus 5
+
+
+def three(gaps: tuple[float, float, float]) -> tuple[Trace, int, int, int]:
+    messages = [turns("u1"), turns("u1", "a1", "u2"), turns("u1", "a1", "u2", "a2", "u3")]
     t1 = COUNTER.count(SYSTEM) + message_tokens("u1")
     t2 = t1 + message_tokens("a1") + message_tokens("u2")
     t3 = t2 + message_tokens("a2") + message_tokens("u3")
+    trace = Trace("t", "", tuple(request(gap, m) for gap, m in zip(gaps, messages, strict=True)))
+    return trace, t1, t2, t3
+
+
+def test_clairvoyant_reads_whatever_was_sent_within_the_hour_and_the_causal_bound_sits_beside():
+    trace, t1, t2, t3 = three((0, 10, 400))
     best = optimum(trace)
     assert [b.total for b in best.requests] == [t1, t2, t3]
-    # No gap over 5 minutes was seen before the 400 s one: a causal policy wrote 5-minute
-    # entries at request 1, gone by request 2 (it was [0, t1, t2] with 1-hour entries always).
+    # Clairvoyant: request 2's prefix is read 400 s later (a 1-hour entry where the next read
+    # is 5-60 minutes away).
+    assert [b.read for b in best.requests] == [0, t1, t2]
+    # Causal: no gap over 5 minutes was seen before the 400 s one, so 5-minute entries, gone.
     assert causal_ttls(trace) == [300.0, 300.0, 3600.0]
-    assert [b.read for b in best.requests] == [0, t1, 0]
-    assert best.read == t1 and best.limit_binding == 0
+    assert [b.causal_read for b in best.requests] == [0, t1, 0]
+    assert best.read == t1 + t2 and best.causal_read == t1 and best.limit_binding == 0
 
 
-def test_after_a_long_gap_entries_live_an_hour_and_a_client_1h_marker_counts_from_the_start():
+def test_clairvoyant_minimum_cost_never_writes_what_is_not_read_and_pays_1h_only_for_two_reads():
+    # 0, 10, 410: system+u1 (sent at 0, 10, 410): 5m write, read (refreshed to an hour), read.
+    # a1+u2 (sent at 10, 410): a 1h write read once costs 10 + 0.5 > 5 + 5: never written.
+    # a2+u3 (sent once): uncached.
+    trace, t1, t2, t3 = three((0, 10, 400))
+    best = optimum(trace).requests
+    assert [(p.read, p.write_5m, p.write_1h, p.none) for p in (b.plan for b in best)] == [
+        (0, t1, 0, 0),
+        (t1, 0, 0, t2 - t1),
+        (t1, 0, 0, t3 - t1),
+    ]
+    assert [b.min_cost for b in best] == pytest.approx(
+        [t1 * WRITE_5M, t1 * READ + (t2 - t1) * INPUT, t1 * READ + (t3 - t1) * INPUT]
+    )
+    # 0, 400, 1400: system+u1 read twice after gaps over 5 minutes: a 1h write pays (10 + 2 x 0.5).
+    trace, t1, t2, t3 = three((0, 400, 1000))
+    best = optimum(trace).requests
+    assert [b.read for b in best] == [0, t1, t2]
+    assert [(p.read, p.write_5m, p.write_1h, p.none) for p in (b.plan for b in best)] == [
+        (0, 0, t1, 0),
+        (t1, 0, 0, t2 - t1),
+        (t1, 0, 0, t3 - t1),
+    ]
+    assert sum(b.min_cost for b in best) == pytest.approx(
+        t1 * (WRITE_1H + 2 * READ) + (t2 - t1) * 2 * INPUT + (t3 - t2) * INPUT
+    )
+
+
+def test_causal_bound_counts_a_client_1h_marker_from_the_start():
     messages = [turns("u1"), turns("u1", "a1", "u2"), turns("u1", "a1", "u2", "a2", "u3")]
     t1 = COUNTER.count(SYSTEM) + message_tokens("u1")
     t2 = t1 + message_tokens("a1") + message_tokens("u2")
     paced = Trace("t", "", tuple(request(gap, m) for gap, m in zip((0, 400, 1000), messages, strict=True)))
     assert causal_ttls(paced) == [300.0, 3600.0, 3600.0]
-    assert [b.read for b in optimum(paced).requests] == [0, 0, t2]
+    assert [b.causal_read for b in optimum(paced).requests] == [0, 0, t2]
     first = request(0, messages[0])
     marked = {
         **first.body,
@@ -71,17 +102,40 @@ def test_after_a_long_gap_entries_live_an_hour_and_a_client_1h_marker_counts_fro
         "t", "", (TraceRequest(0, first.path, marked), request(400, messages[1]), request(1000, messages[2]))
     )
     assert causal_ttls(client_1h) == [3600.0, 3600.0, 3600.0]
-    assert [b.read for b in optimum(client_1h).requests] == [0, t1, t2]
-    # a 5-minute entry refreshed within 5 minutes stays readable
+    assert [b.causal_read for b in optimum(client_1h).requests] == [0, t1, t2]
     quick = Trace("t", "", tuple(request(gap, m) for gap, m in zip((0, 250, 250), messages, strict=True)))
-    assert [b.read for b in optimum(quick).requests] == [0, t1, t2]
+    assert [b.causal_read for b in optimum(quick).requests] == [0, t1, t2]
 
 
 def test_entries_expire_after_an_hour_idle_and_below_the_minimum_nothing_is_written():
     trace = Trace("t", "", (request(0, turns("u1")), request(3600, turns("u1", "a1", "u2"))))
-    assert [b.read for b in optimum(trace).requests] == [0, 0]
+    best = optimum(trace)
+    assert [b.read for b in best.requests] == [0, 0]
+    assert [b.plan.none for b in best.requests] == [b.total for b in best.requests]
     tiny = Trace("t", "", (request(0, turns("u1"), "short"), request(5, turns("u1", "a1", "u2"), "short")))
-    assert optimum(tiny).read == 0
+    assert optimum(tiny).read == 0 and optimum(tiny).min_cost == pytest.approx(INPUT * optimum(tiny).total)
+
+
+UNIT = _Price(input=1.0, read=0.1, write_5m=1.25, write_1h=2.0)
+
+
+@pytest.mark.parametrize(
+    ("times", "kinds"),
+    [
+        ([0], ["none"]),
+        ([0, 10, 20], ["write_5m", "read", "read"]),
+        ([0, 400], ["none", "none"]),  # 2.0 + 0.1 > 1 + 1
+        ([0, 400, 800], ["write_1h", "read", "read"]),
+        ([0, 4000, 4010], ["none", "write_5m", "read"]),
+        ([0, 250, 500, 900], ["write_5m", "read", "read", "read"]),  # a read refreshes to an hour
+        ([0, 299.9, 600], ["write_5m", "read", "read"]),
+        ([0, 300, 600], ["write_1h", "read", "read"]),  # a 5m entry is gone at exactly 300 s
+        ([0, 3000, 6599.0, 10198.0], ["write_1h", "read", "read", "read"]),
+        ([0, 3000, 6599.0, 10199.0], ["write_1h", "read", "read", "none"]),  # an hour idle: gone
+    ],
+)
+def test_cheapest_sequence_of_one_block(times, kinds):
+    assert cheapest_sequence(times, UNIT) == kinds
 
 
 def test_a_volatile_system_line_is_moved_out_of_the_prefix():

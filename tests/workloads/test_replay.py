@@ -46,9 +46,17 @@ async def test_small_trace_exact_totals():
     assert (naive.read, naive.write_5m, naive.write_1h, naive.none) == (t1, t2 + t3, 0, 0)
     assert naive.cost == pytest.approx((t1 * OPUS_READ + (t2 + t3) * OPUS_WRITE_5M) / 1e6)
     assert naive.uncached_cost == none.cost == pytest.approx((t1 + t2 + t3) * OPUS_INPUT / 1e6)
-    # the oracle's TTLs are causal: no gap over 5 minutes before the 400 s one, so no read there
-    assert result.optimum_read == t1 and result.optimum_total == t1 + t2 + t3
-    assert result.attainment("naive") == pytest.approx(1.0)
+    # the clairvoyant optimum reads request 2's prefix 400 s later (a 1h entry); the causal bound
+    # beside it does not (no gap over 5 minutes before that one)
+    assert result.optimum_read == t1 + t2 and result.optimum_total == t1 + t2 + t3
+    assert result.causal_read == t1
+    assert result.attainment("naive") == pytest.approx(t1 / (t1 + t2))
+    # minimum: system+u1 written 5m, read twice; the rest uncached (a 1h write read once never pays)
+    cheapest = t1 * (OPUS_WRITE_5M + 2 * OPUS_READ) + (t3 - t1 + t2 - t1) * OPUS_INPUT
+    assert result.min_cost == pytest.approx(cheapest / 1e6)
+    assert result.cost_ratio("none") == pytest.approx(none.cost / result.min_cost)
+    assert result.share_after_first("naive") == pytest.approx(t1 / (t2 + t3))
+    assert result.optimum_share_after_first == pytest.approx((t1 + t2) / (t2 + t3))
     assert pc.errors == 0 and result.stage_errors == 0
     assert all(
         o.read <= bound for o, bound in zip(result.outcomes["promptcache"], result.optimum_reads, strict=True)
@@ -109,6 +117,8 @@ async def test_optimum_bounds_every_strategy_on_every_committed_trace():
                 if strategy != "promptcache":  # usage read right from JSON and SSE alike
                     assert sent == client, (result.name, strategy, i)
             assert not over, f"{result.name} {strategy}: (request, read, optimum, added) {over}"
+            # the clairvoyant minimum cost is a lower bound on what any strategy pays
+            assert result.min_cost <= result.tallies[strategy].cost * (1 + 1e-9), (result.name, strategy)
         errors = {s: result.tallies[s].errors for s in ("none", "naive")}
         assert errors == (
             {"none": 5, "naive": 5} if result.name == "client-markers-5" else {"none": 0, "naive": 0}
@@ -190,9 +200,11 @@ def test_cli_json_and_text(tmp_path, capsys):
     assert replay.run(_args(traces=[str(tmp_path)], strategy="none")) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("small ") and lines[3].startswith("small                      optimum")
-    assert lines[4] == "small                      none        causes: none 2, first_request 1"
-    assert lines[-3].startswith("TOTAL                      none ")
-    assert lines[-2].startswith("TOTAL                      optimum")
+    assert lines[4].startswith("small                      causal")
+    assert lines[5] == "small                      none        causes: none 2, first_request 1"
+    assert lines[-4].startswith("TOTAL                      none ")
+    assert lines[-3].startswith("TOTAL                      optimum")
+    assert lines[-2].startswith("TOTAL                      causal")
     assert lines[-1] == "TOTAL                      none        causes: none 2, first_request 1"
 
 
