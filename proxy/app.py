@@ -18,10 +18,12 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.admin import add_admin_routes
+from proxy.affinity import Affinity, base_urls
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
-from proxy.debug import LastMeasurements, session_handler
-from proxy.handlers import healthz, metrics_handler, not_found, proxy_handler, readyz
-from proxy.ledger import TenantLedger, tenants_handler
+from proxy.debug import LastMeasurements
+from proxy.handlers import healthz, not_found, proxy_handler, readyz
+from proxy.ledger import TenantLedger
 from proxy.metrics import Metrics
 from proxy.profiles import load_profiles
 from proxy.providers import Router
@@ -55,7 +57,7 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
     use_sim = settings.upstream == "sim"
     fallback = False
     if settings.upstream == "auto":
-        use_sim = fallback = not await _is_reachable(settings.anthropic_upstream)
+        use_sim = fallback = not await _is_reachable(base_urls(settings.anthropic_upstream)[0])
         if use_sim:
             _log.warning(
                 "no real API reachable at %s: serving the built-in upstream SIMULATOR (canned answers); "
@@ -76,7 +78,10 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
     services.active_upstreams = active
     for item in active.values():
         services.metrics.upstream_info.labels(item.provider, item.mode, item.host).set(1)
-    upstreams = {name: item.url for name, item in active.items()}
+    # an upstream may list several base URLs: sessions keep to one (proxy.affinity)
+    pools = {name: Affinity(base_urls(item.url)) for name, item in active.items()}
+    services.affinity = {name: pool for name, pool in pools.items() if len(pool.urls) > 1}
+    upstreams = {name: pool.urls[0] for name, pool in pools.items()}
     app[UPSTREAMS] = upstreams
     timeout = aiohttp.ClientTimeout(
         total=None,
@@ -100,6 +105,18 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
             await client.close()
         if sim_runner is not None:
             await sim_runner.cleanup()
+
+
+async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Load the offline `o200k_base` tokenizer (about 0.2 s, in a thread) for predictions in
+    real OpenAI tokens; without it measurement keeps its bytes/4 estimate."""
+    from proxy.sim.tokens import TokenCounter, load_o200k
+
+    try:
+        app[SERVICES].tokens = TokenCounter(await asyncio.to_thread(load_o200k))
+    except RuntimeError as exc:
+        _log.warning("o200k_base tokenizer unavailable (%s): predictions estimate bytes/4", exc)
+    yield
 
 
 async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -126,9 +143,9 @@ def create_app(
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
     if settings.tracing:
-        from proxy.otel import default_provider, tracing_middleware
+        from proxy.otel import install_tracing
 
-        app.middlewares.append(tracing_middleware(tracer_provider or default_provider()))
+        install_tracing(app, tracer_provider)
     teams = TeamResolver.build(
         settings.team_header,
         settings.teams,
@@ -141,33 +158,33 @@ def create_app(
         metrics=metrics,
         rules=load_rules(settings.rules_dir),
         router=Router(load_profiles(settings.rules_dir), settings.anthropic_profile, settings.openai_profile),
-        last_measurements=LastMeasurements(),
+        last_measurements=LastMeasurements(
+            settings.history_sessions, settings.history_sessions_per_tenant, settings.history_requests
+        ),
         teams=teams,
         ledger=TenantLedger(),
     )
     app.cleanup_ctx.append(_resolve_upstreams)
+    app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(store_ctx)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if settings.admin_port is None:
-        app.router.add_get("/metrics", metrics_handler)
-        app.router.add_get("/debug/sessions/{session_id}", session_handler)
-        app.router.add_get("/debug/tenants", tenants_handler)
+        add_admin_routes(app.router)
     app.router.add_route("*", "/debug/{tail:.*}", not_found)
+    app.router.add_route("*", "/ui{tail:(/.*)?}", not_found)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
 
 def create_admin_app(proxy_app: web.Application) -> web.Application:
-    """The separate admin listener (`admin_port`): `/metrics`, `/debug/sessions/{id}` and health
-    of `proxy_app`."""
+    """The separate admin listener (`admin_port`): `/metrics`, `/debug/sessions`, `/ui/` (behind
+    `admin_token` when set: `proxy.admin`) and `/healthz` of `proxy_app`."""
     admin = web.Application()
     admin[SERVICES] = proxy_app[SERVICES]
-    admin.router.add_get("/metrics", metrics_handler)
+    add_admin_routes(admin.router)
     admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/debug/sessions/{session_id}", session_handler)
-    admin.router.add_get("/debug/tenants", tenants_handler)
     admin.router.add_route("*", "/{tail:.*}", not_found)
     return admin
 

@@ -192,6 +192,8 @@ async def forward(
     with trace.upstream(request.method, str(url), headers) as span:
         response = await _send(request, exchange, session, base_url, url, headers, metrics, read_timeout, data)
         span.set_status_code(exchange.status)
+        if exchange.usage is not None:
+            span.set_usage(exchange.usage)
         return response
 
 

@@ -20,6 +20,7 @@ from typing import Final
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.affinity import is_failure
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.exchange import Exchange
 from proxy.forward import forward, local_error
@@ -31,6 +32,8 @@ from proxy.pipeline.parse import invalid_utf8_message
 from proxy.profiles import Profile, load_profiles
 from proxy.providers import Route, Router, route
 from proxy.providers.base import BAD_REQUEST, NOT_FOUND, TOO_LARGE
+from proxy.services import Services
+from proxy.upstreams import host_of
 
 _log = logging.getLogger(ACCESS_LOGGER)
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -94,9 +97,15 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             if bad_utf8 is not None:
                 status = BAD_REQUEST.status
                 return local_error(adapter, BAD_REQUEST, invalid_utf8_message(*bad_utf8))
+            upstream_base = _session_base(services, exchange, upstream_base)
             response = await forward(
                 request, exchange, session, upstream_base, pm, read_timeout, exchange.outgoing
             )
+            moved = _after_answer(services, exchange, upstream_base, pm)
+            if moved is not None and not response.prepared:
+                # nothing reached the upstream (connect error): the request goes to the new one
+                response = await forward(request, exchange, session, moved, pm, read_timeout, exchange.outgoing)
+                _after_answer(services, exchange, moved, pm)
             status = exchange.status
             # The last byte is out: from here on nothing awaits, so the client leaving now
             # cannot cancel the measurement or the record save (a background task).
@@ -129,6 +138,39 @@ async def not_found(request: web.Request) -> web.Response:
     (`/debug/...` on the main listener, anything unknown on the admin listener)."""
     adapter, _ = route(request.path, _is_openai_shaped(request))
     return local_error(adapter, NOT_FOUND, f"promptcache serves no {request.method} {request.path}")
+
+
+def _affinity_key(exchange: Exchange) -> str | None:
+    """The key a session's upstream is hashed by: tenant and session, `None` without a session."""
+    if exchange.session_id is None:
+        return None
+    return f"{exchange.tenant or ''}\x00{exchange.session_id}"
+
+
+def _session_base(services: Services, exchange: Exchange, default: str) -> str:
+    """The base URL of the exchange's session among its upstream's (`proxy.affinity`)."""
+    pool = (services.affinity or {}).get(exchange.provider)
+    return pool.pick(_affinity_key(exchange)) if pool is not None else default
+
+
+def _after_answer(services: Services, exchange: Exchange, base: str, pm: ProviderMetrics) -> str | None:
+    """After a failure (connect error, 5xx, 429) move the session to its next base URL: the new
+    URL, counted in `promptcache_upstream_moves_total` (the next request writes its cache afresh
+    there), else `None`."""
+    pool = (services.affinity or {}).get(exchange.provider)
+    key = _affinity_key(exchange)
+    if pool is None or not is_failure(exchange.status) or not pool.failed(key, base):
+        return None
+    pm.upstream_moves.inc()
+    moved = pool.pick(key)
+    _log.warning(
+        "%s upstream %s answered %s: session moved to %s (a cold cache write there)",
+        exchange.provider,
+        host_of(base),
+        exchange.status,
+        host_of(moved),
+    )
+    return moved
 
 
 def _platform_route(exchange: Exchange, where: Route, pm: ProviderMetrics) -> None:

@@ -17,6 +17,10 @@ Pure core (plain data in, plain data out, no I/O), used by `measure()` and by `p
   lookback window (20 positions counting itself; a run of `tool_use` or of `tool_result` blocks
   is one position: PROVIDERS.md 1.5, platform.claude.com/docs/en/build-with-claude/prompt-caching).
   TTLs are deliberately ignored: a predicted read that comes back as a write is `expired`.
+  An adapter that can count its provider's tokens offline replaces the estimate with its own
+  rule (`predict_read_tokens`: OpenAI in `o200k_base`, `proxy.providers.openai_tokens`, so the
+  prediction equals what the cache reads); Claude's tokenizer is not public, so Anthropic keeps
+  bytes/4.
 - `is_expired(predicted, usage)`: a write happened and less than `EXPIRED_READ_SHARE` of the
   predicted read came back as a read (the share absorbs the bytes/4 token estimate).
 
@@ -237,11 +241,7 @@ def marker_positions(blocks: Sequence[Block], body: JSONObject) -> tuple[int, ..
 def with_top_marker(found: Sequence[int], n_blocks: int, body: JSONObject) -> tuple[int, ...]:
     """`found` (blocks carrying their own marker) plus the last block when `body` has a top-level
     marker (`marker_positions`)."""
-    if (
-        n_blocks
-        and any(body.get(k) is not None for k in MARKER_KEYS)
-        and (not found or found[-1] != n_blocks - 1)
-    ):
+    if n_blocks and any(body.get(k) is not None for k in MARKER_KEYS) and (not found or found[-1] != n_blocks - 1):
         return (*found, n_blocks - 1)
     return tuple(found)
 
@@ -271,10 +271,7 @@ def predict_read(
             continue
         if estimate_tokens(previous_ends[b]) < min_tokens:
             continue
-        if any(
-            p >= b and p < len(positions) and positions[p] - positions[b] < lookback
-            for p in current_breakpoints
-        ):
+        if any(p >= b and p < len(positions) and positions[p] - positions[b] < lookback for p in current_breakpoints):
             best = b
     if best is None:
         return None, 0
@@ -373,9 +370,7 @@ def block_text(block: Block) -> str:
 def volatile_checker(rules: Any) -> Callable[[Block], bool] | None:
     """`block -> it holds a line a volatile rule matches` for a loaded `RuleSet` (rules are
     matched line by line, proxy.rules); `None` without rules or volatile rules."""
-    patterns = tuple(
-        rule.pattern for rule in getattr(rules, "rules", ()) if getattr(rule, "tier", None) == "volatile"
-    )
+    patterns = tuple(rule.pattern for rule in getattr(rules, "rules", ()) if getattr(rule, "tier", None) == "volatile")
     if not patterns:
         return None
 
@@ -415,6 +410,34 @@ def _min_tokens(rules: Any, model: str) -> int:
     return int(minimum(model)) if callable(minimum) else 0
 
 
+def _token_prediction(
+    exchange: Exchange,
+    services: Services,
+    body: JSONObject,
+    n_blocks: int,
+    divergence: Divergence,
+    previous: Any,
+    min_tokens: int,
+) -> tuple[int | None, int] | None:
+    """The adapter's prediction in real tokens (`predict_read_tokens`, OpenAI: `o200k_base`)
+    when it has one and the tokenizer is loaded (`services.tokens`), else `None` (bytes/4)."""
+    predictor = getattr(exchange.adapter, "predict_read_tokens", None)
+    counter = getattr(services, "tokens", None)
+    if predictor is None or counter is None:
+        return None
+    result: tuple[int | None, int] | None = predictor(
+        exchange.path,
+        body,
+        counter.count,
+        n_blocks,
+        divergence.shared_blocks,
+        len(previous.ends),
+        previous.breakpoints,
+        min_tokens,
+    )
+    return result
+
+
 def measure(exchange: Exchange, services: Services) -> None:
     """Measure one finished exchange (see the module docstring); 2xx JSON requests only."""
     if exchange.body is None or not 200 <= exchange.status < 300:
@@ -448,6 +471,11 @@ def measure(exchange: Exchange, services: Services) -> None:
             kind_positions(prompt.kinds),
             min_tokens=_min_tokens(rules, model),
         )
+        counted = _token_prediction(
+            exchange, services, body, len(blocks), divergence, previous, _min_tokens(rules, model)
+        )
+        if counted is not None:
+            predicted_at, predicted = counted
     usage = exchange.usage
     cause = "expired" if is_expired(predicted, usage) else divergence.cause
     pricing: PricingTable = getattr(services, "pricing", None) or default_pricing()
@@ -472,9 +500,7 @@ def measure(exchange: Exchange, services: Services) -> None:
         cost_usd=cost,
         uncached_cost_usd=uncached,
         upstream_reason=(usage.cache_miss_reason if usage is not None else None) if requested else None,
-        diagnosis=agreement(
-            getattr(exchange.adapter, "diagnostic_causes", {}), usage.cache_miss_reason, cause
-        )
+        diagnosis=agreement(getattr(exchange.adapter, "diagnostic_causes", {}), usage.cache_miss_reason, cause)
         if requested and usage is not None
         else None,
     )
@@ -514,8 +540,6 @@ def _record(result: Measurement, services: Services, diagnostics_requested: bool
         cost.inc(result.cost_usd)
         uncached.inc(result.uncached_cost_usd)
     if diagnostics_requested and result.usage is not None:
-        metrics.upstream_miss_reasons.labels(
-            upstream_reason_label(result.upstream_reason), result.cause
-        ).inc()
+        metrics.upstream_miss_reasons.labels(upstream_reason_label(result.upstream_reason), result.cause).inc()
         if result.diagnosis is not None:
             metrics.diagnostics_agreement.labels(result.provider, result.diagnosis).inc()

@@ -7,16 +7,21 @@ upstream call, W3C trace context in and out. Imported only when tracing is on.
 - Names (`proxy/tracing.py` draws the tree): `{method} {path}` for a pipeline route (`POST
   /v1/messages`), `{method}` elsewhere; `promptcache.stage.{stage}`; `upstream {method}`.
 - Attributes follow the HTTP semantic conventions (`http.request.method`, `url.path`,
-  `server.address`, `server.port`, `http.response.status_code`) plus `promptcache.provider`.
+  `server.address`, `server.port`, `http.response.status_code`) plus `promptcache.provider`;
+  the upstream span also carries the response's token counts (GenAI conventions:
+  `gen_ai.usage.input_tokens` = the whole prompt, `.output_tokens`, `.cache_read.input_tokens`,
+  `.cache_creation.input_tokens`).
   Never a header value, a query string, a body or a session id. A 5xx and a failed stage set the
   span status to ERROR.
-- `default_provider()`: the SDK provider already installed globally (for example by
-  `opentelemetry-instrument`), else one exporting OTLP over HTTP configured by the standard
-  `OTEL_EXPORTER_OTLP_*` variables, service name `OTEL_SERVICE_NAME` (default `promptcache`).
+- `install_tracing(app)` adds the middleware. `default_provider()`: the SDK provider already
+  installed globally (for example by `opentelemetry-instrument`), else one exporting OTLP over
+  HTTP as the standard `OTEL_EXPORTER_OTLP_*` variables say, with service name
+  `OTEL_SERVICE_NAME` (default `promptcache`); one made here is flushed when the app stops.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -32,11 +37,27 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from proxy import __version__
 from proxy.providers import route
+from proxy.providers.base import Usage
 from proxy.tracing import CURRENT
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+def install_tracing(app: web.Application, provider: trace.TracerProvider | None = None) -> None:
+    """Trace `app`'s proxied requests to `provider` (default: `default_provider()`). A provider
+    made here is shut down (its pending spans exported) when the app stops."""
+    if provider is None:
+        provider = default_provider()
+        if provider is not trace.get_tracer_provider():
+            owned = provider
+
+            async def shutdown(_: web.Application) -> None:
+                await asyncio.to_thread(owned.shutdown)
+
+            app.on_cleanup.append(shutdown)
+    app.middlewares.append(tracing_middleware(provider))
 
 
 def default_provider() -> TracerProvider:
@@ -78,6 +99,16 @@ class _Upstream:
         self._span.set_attribute("http.response.status_code", status)
         if status >= 500 or status == 0:
             self._span.set_status(Status(StatusCode.ERROR))
+
+    def set_usage(self, usage: Usage) -> None:
+        self._span.set_attributes(
+            {
+                "gen_ai.usage.input_tokens": usage.prompt_total,
+                "gen_ai.usage.output_tokens": usage.output,
+                "gen_ai.usage.cache_read.input_tokens": usage.cache_read,
+                "gen_ai.usage.cache_creation.input_tokens": usage.cache_write,
+            }
+        )
 
 
 class _RequestTrace:

@@ -31,7 +31,7 @@ from proxy.settings import UpstreamCapabilities
 
 PROFILES_FILE: Final = "profiles.yaml"
 FAMILIES: Final = ("anthropic", "openai")
-API_PATHS: Final = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses"})
+API_PATHS: Final = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses", "/converse"})
 ErrorShape = Literal["anthropic", "openai", "aws", "google"]
 _SHAPES: Final = ("anthropic", "openai", "aws", "google")
 _SEGMENT: Final = re.compile(r"\{([a-z_]+)\}")
@@ -48,7 +48,8 @@ class PathRule:
     template: str
     """`/model/{model}/invoke`: each `{name}` matches one path segment (no `/`)."""
     api: str
-    """The API shape of the body: `/v1/messages`, `/v1/chat/completions` or `/v1/responses`."""
+    """The API shape of the body: `/v1/messages`, `/v1/chat/completions`, `/v1/responses` or
+    `/converse` (Bedrock Converse)."""
     stream: bool = False
     """True when the path itself asks for a streamed response (`:streamRawPredict`)."""
     pattern: re.Pattern[str] = field(default=re.compile(""), compare=False)

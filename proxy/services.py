@@ -17,12 +17,17 @@ class Services:
     """The loaded `RuleSet` (proxy.rules), `None` until rules are loaded."""
     recorder: Any = None
     """The `TraceRecorder` (proxy.record) when `settings.record` is set."""
+    affinity: Any = None
+    """Provider -> `proxy.affinity.Affinity` over its upstream's base URLs (set at start)."""
     router: Any = None
     """The `proxy.providers.Router` of the configured profiles; `None` builds the default."""
     last_measurements: Any = None
     """`proxy.debug.LastMeasurements`: newest measurement per session, for `/debug/sessions`."""
     store: Any = None
     """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
+    tokens: Any = None
+    """`o200k_base` counter (`proxy.sim.tokens.TokenCounter`) for predictions in real tokens,
+    loaded off the loop at start; `None` before (measurement then estimates bytes/4)."""
     teams: Any = None
     """`proxy.teams.TeamResolver` built from `team_header`, `teams` and `teams_file`."""
     ledger: Any = None

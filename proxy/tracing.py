@@ -19,6 +19,8 @@ from typing import Final, Protocol
 
 from multidict import CIMultiDict
 
+from proxy.providers.base import Usage
+
 
 class StageSpan(Protocol):
     def fail(self, exc: BaseException) -> None:
@@ -31,6 +33,10 @@ class StageSpan(Protocol):
 class UpstreamSpan(Protocol):
     def set_status_code(self, status: int) -> None:
         """The HTTP status the client got (the upstream's, or a local 502/504)."""
+        ...
+
+    def set_usage(self, usage: Usage) -> None:
+        """Token counts teed off the response (GenAI semantic-convention attributes)."""
         ...
 
 

@@ -36,7 +36,8 @@ class ActiveUpstream:
 
     @property
     def host(self) -> str:
-        return host_of(self.url)
+        """The first base URL's host (an upstream may list several: `proxy.affinity`)."""
+        return host_of(self.url.split(",", 1)[0])
 
     def as_json(self) -> dict[str, object]:
         return {"mode": self.mode, "host": self.host, "url": self.url, "fallback": self.fallback}

@@ -4,8 +4,10 @@ nothing imported or sent when tracing is off."""
 
 from __future__ import annotations
 
+import http.server
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
+from proxy import __version__
 from proxy.app import start_proxy
 from proxy.pipeline import REQUEST_STAGES
 from proxy.settings import Settings, SettingsError, load_settings
@@ -91,6 +94,11 @@ async def test_spans_per_request_stage_and_upstream_with_traceparent(
         "url.path": "/v1/messages",
         "promptcache.provider": "anthropic",
         "http.response.status_code": 200,
+        # the fake's streamed usage: 21 uncached + 3000 read + 1500 written, 7 out
+        "gen_ai.usage.input_tokens": 21 + 3000 + 1500,
+        "gen_ai.usage.output_tokens": 7,
+        "gen_ai.usage.cache_read.input_tokens": 3000,
+        "gen_ai.usage.cache_creation.input_tokens": 1500,
     }
     assert {s.status.status_code for s in spans} == {StatusCode.UNSET}
     [received] = fake_upstream.received
@@ -149,6 +157,7 @@ OFF_SCRIPT = """
 import asyncio, sys
 import aiohttp
 from prometheus_client import CollectorRegistry
+from proxy import __version__
 from proxy.app import start_proxy
 from proxy.settings import Settings
 from tests.fakes.upstream import FakeUpstream
@@ -190,3 +199,59 @@ def test_tracing_without_the_extra_is_a_settings_error(monkeypatch: pytest.Monke
     )
     assert load_settings(environ={"PROMPTCACHE_TRACING": "false"}).tracing is False
 
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP trace receiver (protobuf `ExportTraceServiceRequest` on POST /v1/traces)."""
+
+    received: list[tuple[str, str, bytes]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's hook name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.received.append((self.path, self.headers["Content-Type"], body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def test_default_provider_exports_otlp_http_to_the_configured_collector(
+    fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    _Collector.received = []
+    collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=collector.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{collector.server_address[1]}/v1/traces"
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "promptcache-test")
+        runner, url = await start_proxy(
+            Settings(port=0, store="memory://", upstream=fake_upstream.url, tracing=True), CollectorRegistry()
+        )
+        try:
+            async with aiohttp.ClientSession() as http_client:
+                async with http_client.post(url + "/v1/messages", json=BODY, headers=HEADERS) as response:
+                    assert response.status == 200
+                    await response.read()
+        finally:
+            await runner.cleanup()  # shuts the provider down: the batch is exported now
+    finally:
+        collector.shutdown()
+        collector.server_close()
+    [(path, content_type, body)] = _Collector.received
+    assert (path, content_type) == ("/v1/traces", "application/x-protobuf")
+    export = ExportTraceServiceRequest.FromString(body)
+    [resource_spans] = export.resource_spans
+    service = [a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"]
+    assert service == ["promptcache-test"]
+    names = [span.name for scope in resource_spans.scope_spans for span in scope.spans]
+    stage_names = [f"promptcache.stage.{stage.name}" for stage in REQUEST_STAGES]
+    assert names == [*stage_names, "upstream POST", "POST /v1/messages"]
+    [scope] = resource_spans.scope_spans
+    assert (scope.scope.name, scope.scope.version) == ("promptcache", __version__)

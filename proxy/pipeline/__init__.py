@@ -13,6 +13,9 @@ Stage contract:
    original bytes go upstream unchanged.
 4. Only `forward` produces a local reply.
 
+With tracing on (`proxy/tracing.py`), each stage that runs gets a `promptcache.stage.<name>`
+span under the request's span.
+
 In `observe` mode, and for a signed request (`exchange.is_signed`: SigV4 covers the body), only
 the measuring stages run (`Stage.rewrites` false) and the bytes sent are
 the client's.

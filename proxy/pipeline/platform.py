@@ -1,6 +1,8 @@
 """platform: the upstream profile's rules outside the markers (betas, session hint).
 
-Pure core `platform_edits(profile, betas, body, session_id)`; the wrapper reads the profile
+Pure core `platform_edits(profile, betas, body, session_id)`; the wrapper first lets the adapter
+place markers of a platform whose markers are blocks of their own (`with_platform_markers`:
+Bedrock Converse `cachePoint`), then reads the profile
 from the exchange's adapter (`adapter.profile`) and writes `exchange.header_overrides` and a
 copy-on-write body. Marker attributes (ttl, scope, tool messages) are the breakpoint planner's,
 through `Profile.capabilities`.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.exchange import Exchange
+from proxy.pipeline.support import capabilities_for, min_tokens_for, model_for
 from proxy.profiles import DIRECT, Profile
 from proxy.providers.base import JSONObject
 from proxy.services import Services
@@ -80,6 +83,14 @@ class PlatformStage:
         if body is None:
             return
         profile = profile_of(exchange)
+        model = model_for(exchange)
+        caps = capabilities_for(services, exchange.adapter, model)
+        marked = exchange.adapter.with_platform_markers(
+            exchange.path, body, min_tokens_for(services, exchange, model), not caps.strip_ttl
+        )
+        if marked is not None and marked is not body:
+            body = exchange.body = marked
+            exchange.notes["dirty"] = True
         if not (profile.rejected_betas or profile.session_field):
             return
         edits = platform_edits(

@@ -25,6 +25,7 @@ from urllib.parse import unquote
 from proxy.profiles import PathRule, Profile, Profiles
 from proxy.providers.anthropic import AnthropicAdapter
 from proxy.providers.base import ProviderAdapter
+from proxy.providers.converse import CONVERSE_PATH, ConverseAdapter
 from proxy.providers.openai import OpenAIAdapter
 
 ANTHROPIC: Final = AnthropicAdapter()
@@ -78,11 +79,14 @@ def _is_prefixed_standard(template: str) -> bool:
 
 
 _ADAPTER_TYPES: Final = {"anthropic": AnthropicAdapter, "openai": OpenAIAdapter}
+_API_ADAPTERS: Final = {CONVERSE_PATH: ConverseAdapter}
+"""API shapes with an adapter of their own (the family's adapter serves the others)."""
 
 
-def adapter_for(profile: Profile) -> ProviderAdapter:
-    """The adapter of `profile`'s family, applying its rules."""
-    adapter: ProviderAdapter = _ADAPTER_TYPES[profile.family](profile)
+def adapter_for(profile: Profile, api: str | None = None) -> ProviderAdapter:
+    """The adapter of `profile`'s family (or of the `api` shape, Converse), applying its rules."""
+    kind = _API_ADAPTERS.get(api or "", _ADAPTER_TYPES[profile.family])
+    adapter: ProviderAdapter = kind(profile)
     return adapter
 
 
@@ -115,9 +119,10 @@ class Router:
         self.platform: list[tuple[PathRule, ProviderAdapter]] = []
         for profile in profiles.with_paths():
             is_chosen = chosen[profile.family] == profile.name
-            adapter = self.adapters[profile.family] if is_chosen else adapter_for(profile)
+            family = self.adapters[profile.family] if is_chosen else adapter_for(profile)
+            own = {api: adapter_for(profile, api) for api in _API_ADAPTERS}
             self.platform.extend(
-                (rule, adapter)
+                (rule, own.get(rule.api, family))
                 for rule in profile.paths
                 if is_chosen or not _is_prefixed_standard(rule.template)
             )

@@ -332,6 +332,12 @@ class ProviderAdapter(Protocol):
         `previous_id`, or `None` when the provider has no such feature (body unchanged)."""
         ...
 
+    def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
+        """`body` with markers that are blocks of their own (Bedrock Converse `cachePoint`),
+        placed by the adapter; `None` when the shared planner's key markers are the only kind.
+        `min_tokens`: the model's minimum prefix; `keep_ttl`: the upstream accepts `ttl`."""
+        ...
+
 
 @dataclass(slots=True)
 class LastWins:

@@ -28,13 +28,13 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import orjson
 
 from proxy.profiles import DIRECT, Profile
-from proxy.providers import openai_request
+from proxy.providers import openai_request, openai_tokens
 from proxy.providers.base import (
     Block,
     ErrorKind,
@@ -222,6 +222,34 @@ class OpenAIAdapter:
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
 
+    def predict_read_tokens(
+        self,
+        path: str,
+        body: JSONObject,
+        count: Callable[[str], int],
+        n_blocks: int,
+        shared: int,
+        previous_blocks: int,
+        previous_breakpoints: Sequence[int],
+        min_tokens: int,
+    ) -> tuple[int | None, int] | None:
+        """`(block, tokens)` of the cache read due, counted in `o200k_base` tokens with `count`
+        (`proxy.providers.openai_tokens`); `None` when the body's shape is not covered."""
+        offsets = openai_tokens.prompt_offsets(path, body, count, n_blocks)
+        if offsets is None:
+            return None
+        options = body.get("prompt_cache_options")
+        mode = options.get("mode", "implicit") if isinstance(options, dict) else "implicit"
+        return openai_tokens.predict_read(
+            offsets,
+            shared=shared,
+            previous_blocks=previous_blocks,
+            previous_breakpoints=previous_breakpoints,
+            min_tokens=min_tokens,
+            has_breakpoints=openai_request.has_breakpoints(body.get("model")),
+            implicit=mode == "implicit",
+        )
+
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` with `prompt_cache_options.comparison_response_id = previous_id`
         (other `prompt_cache_options` kept), on Responses for GPT-5.6+ only (PROVIDERS.md 9).
@@ -271,3 +299,7 @@ class OpenAIAdapter:
 
     def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         return openai_request.with_user_text(path, body, texts)
+
+    def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
+        """Markers here are keys on blocks (the shared planner's): `None`."""
+        return None

@@ -6,7 +6,8 @@ Contract:
   config, clock)` starts it on the running loop and returns `(runner, "http://HOST:PORT")`.
 - Platform routes (`proxy.sim.platforms`): Vertex AI `POST /v1/projects/{p}/locations/{r}/
   publishers/anthropic/models/{model}:rawPredict` (`:streamRawPredict`), Bedrock InvokeModel
-  `POST /model/{model}/invoke` (`/invoke-with-response-stream`: AWS event-stream frames), each
+  `POST /model/{model}/invoke` (`/invoke-with-response-stream`: AWS event-stream frames) and
+  Converse `POST /model/{model}/converse` (`/converse-stream`; `proxy.sim.converse`), each
   with its platform's rejections; `/v1/messages` applies the `anthropic_platform` given to
   `create_sim_app` (default `direct`).
 - Provider routes: `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic; any query
@@ -25,6 +26,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import hashlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -34,7 +36,7 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from proxy.sim import anthropic, anthropic_wire, diagnostics, gateway, openai, openai_wire
+from proxy.sim import anthropic, anthropic_wire, converse, diagnostics, gateway, openai, openai_wire
 from proxy.sim.cache import CacheStore, Entry
 from proxy.sim.clock import Clock, ClockError
 from proxy.sim.config import SimConfig
@@ -43,6 +45,7 @@ from proxy.sim.errors import Rejected, anthropic_error_body, openai_error_body
 from proxy.sim.eventstream import chunk_event
 from proxy.sim.platforms import (
     AWS_ERROR_TYPES,
+    BEDROCK_NO_CACHING,
     PLATFORMS,
     Platform,
     body_betas,
@@ -119,6 +122,8 @@ def create_sim_app(
     app.router.add_post(vertex, vertex_predict)
     app.router.add_post("/model/{model}/invoke", bedrock_invoke)
     app.router.add_post("/model/{model}/invoke-with-response-stream", bedrock_invoke)
+    app.router.add_post("/model/{model}/converse", bedrock_converse)
+    app.router.add_post("/model/{model}/converse-stream", bedrock_converse)
     app.router.add_post("/v1/messages/count_tokens", anthropic_count_tokens)
     app.router.add_post("/v1/chat/completions", openai_chat)
     app.router.add_post("/v1/responses", openai_responses)
@@ -339,6 +344,36 @@ async def bedrock_invoke(request: web.Request) -> web.StreamResponse:
     stream = request.path.endswith("/invoke-with-response-stream")
     body = {k: v for k, v in body.items() if k != "stream"}
     return await _anthropic(request, platform, tenant, {**body, "model": model}, name, stream, aws_stream=stream)
+
+
+async def bedrock_converse(request: web.Request) -> web.StreamResponse:
+    """Bedrock Converse `/model/{model}/converse` and `/converse-stream` (`proxy.sim.converse`)."""
+    state = request.app[STATE]
+    now = state.clock.now()
+    platform = PLATFORMS["bedrock"]
+    model = request.match_info["model"]
+    tenant = _aws_tenant(request)
+    raw = await _body(request)
+    name = model_name(platform, model)
+    no_caching = any(fnmatch.fnmatchcase(name, p) for p in platform.no_cache_models)
+    if no_caching and b'"cachePoint"' in orjson.dumps(raw):
+        raise Rejected(403, BEDROCK_NO_CACHING)
+    body = converse.to_messages(raw, name)
+    n = state.next_request()
+    settings = state.config.anthropic_model(name)
+    counter = state.tokens()
+    prompt = anthropic.parse_request(body, frozenset(), counter, settings)
+    reply = choose_reply(anthropic_wire.conversation(body), request.headers)
+    content = anthropic_wire.content_blocks(reply, f"toolu_sim_{n:06d}")
+    text = "".join(str(b.get("text", "")) for b in content if b.get("type") == "text") or "ok"
+    out = anthropic_wire.output_tokens(reply, counter)
+    plan = anthropic.plan_cache(prompt, settings, tenant, now, state.store)
+    usage = converse.usage(plan.usage.as_dict(out), out)
+    headers = {"x-amzn-RequestId": f"req_sim_{n:06d}"}
+    if request.path.endswith("/converse-stream"):
+        frames = list(converse.stream_frames(text, "end_turn", usage))
+        return await _send(request, state.store, plan.writes, headers, frames=frames, content_type=EVENTSTREAM)
+    return await _send(request, state.store, plan.writes, headers, body=converse.response_body(text, "end_turn", usage))
 
 
 async def _anthropic(

@@ -39,7 +39,8 @@ pytestmark = needs_helm
 
 SECRET = "0123456789abcdef0123456789abcdef"
 PASSWORD = "9f8e7d6c5b4a39281706f5e4d3c2b1a0"
-REQUIRED = [f"secret={SECRET}", f"redis.password={PASSWORD}"]
+ADMIN_TOKEN = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
+REQUIRED = [f"secret={SECRET}", f"redis.password={PASSWORD}", f"adminToken={ADMIN_TOKEN}"]
 K8S_VERSION = "1.34.0"
 PROXY_SELECTOR = {
     "app.kubernetes.io/name": "promptcache",
@@ -146,6 +147,7 @@ def test_proxy_deployment_probes_secret_and_real_upstream() -> None:
     assert secret["data"] == {
         "secret": base64.b64encode(SECRET.encode()).decode(),
         "redis-password": base64.b64encode(PASSWORD.encode()).decode(),
+        "admin-token": base64.b64encode(ADMIN_TOKEN.encode()).decode(),
     }
     env = _resolve_env(container, secret)
     assert env == {
@@ -157,6 +159,7 @@ def test_proxy_deployment_probes_secret_and_real_upstream() -> None:
         "PROMPTCACHE_LOG_LEVEL": "INFO",
         "PROMPTCACHE_STATE_DIR": "/var/lib/promptcache",
         "PROMPTCACHE_SECRET": SECRET,
+        "PROMPTCACHE_ADMIN_TOKEN": ADMIN_TOKEN,
         "REDIS_PASSWORD": PASSWORD,
         "PROMPTCACHE_STORE": f"redis://:{PASSWORD}@prod-promptcache-redis:6379/0",
     }
@@ -199,7 +202,14 @@ def test_pdb_hpa_services_and_servicemonitor_select_the_proxy_pods() -> None:
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
     assert monitor["spec"] == {
         "selector": {"matchLabels": PROXY_SELECTOR},
-        "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        "endpoints": [
+            {
+                "port": "metrics",
+                "path": "/metrics",
+                "interval": "15s",
+                "bearerTokenSecret": {"name": "prod-promptcache", "key": "admin-token"},
+            }
+        ],
     }
     fixed = _render(*REQUIRED, "autoscaling.enabled=false", "replicaCount=3")
     assert fixed["Deployment", "prod-promptcache"]["spec"]["replicas"] == 3
@@ -240,6 +250,9 @@ def test_missing_or_weak_values_fail_the_render() -> None:
     no_password = _helm("template", "prod", str(CHART), "--set", f"secret={SECRET}")
     assert no_password.returncode == 1
     assert "redis.password is required" in no_password.stderr
+    no_token = _helm("template", "prod", str(CHART), "--set", f"secret={SECRET}", "--set", f"redis.password={PASSWORD}")
+    assert no_token.returncode == 1
+    assert "adminToken is required: --set adminToken=$(openssl rand -hex 24) (or existingSecret)" in no_token.stderr
     short = _helm("template", "prod", str(CHART), "--set", "secret=short", "--set", f"redis.password={PASSWORD}")
     assert "secret must be at least 32 characters" in short.stderr
     url_breaking = _helm("template", "prod", str(CHART), "--set", f"secret={SECRET}", "--set", "redis.password=a@b")
@@ -255,6 +268,7 @@ def test_existing_secret_and_external_redis() -> None:
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
     assert refs == {
         "PROMPTCACHE_SECRET": {"name": "llm-keys", "key": "secret"},
+        "PROMPTCACHE_ADMIN_TOKEN": {"name": "llm-keys", "key": "admin-token"},
         "REDIS_PASSWORD": {"name": "llm-keys", "key": "redis-password"},
     }
     [store] = [e["value"] for e in container["env"] if e["name"] == "PROMPTCACHE_STORE"]

@@ -3,6 +3,7 @@
 Not a simulator: answers are fixed per path (see `ANTHROPIC_MESSAGE`, `CHAT_COMPLETION`,
 `RESPONSE`), enough to check that bytes, headers and usage pass through the proxy unchanged.
 Behaviour switches (`mode`): `normal`, `gzip` (gzip-encoded JSON), `stall` (never answers),
+`overloaded` (429 to everything),
 `hang_stream` (sends the first SSE event, then waits until the client goes away).
 `anthropic_script` scripts per-response ids, usage and diagnostics for multi-turn tests.
 """
@@ -37,6 +38,19 @@ ANTHROPIC_MESSAGE: dict[str, Any] = {
     "stop_reason": "end_turn",
     "stop_sequence": None,
     "usage": ANTHROPIC_USAGE,
+}
+
+CONVERSE_RESPONSE: dict[str, Any] = {
+    "output": {"message": {"role": "assistant", "content": [{"text": "Hello there"}]}},
+    "stopReason": "end_turn",
+    "usage": {
+        "inputTokens": 21,
+        "outputTokens": 7,
+        "totalTokens": 4528,
+        "cacheReadInputTokens": 3000,
+        "cacheWriteInputTokens": 1500,
+    },
+    "metrics": {"latencyMs": 1},
 }
 
 CHAT_COMPLETION: dict[str, Any] = {
@@ -198,8 +212,13 @@ class FakeUpstream:
         )
         if self.mode == "stall":
             await asyncio.Event().wait()
+        if self.mode == "overloaded":
+            error = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+            return web.json_response(error, status=429)
         payload: Any = orjson.loads(body) if body and request.method == "POST" else {}
         is_stream = isinstance(payload, dict) and payload.get("stream") is True
+        if request.path.endswith("/converse"):
+            return self._json(CONVERSE_RESPONSE)
         if request.path.endswith("/invoke-with-response-stream"):
             return await self._frames(request, anthropic_stream_events(ANTHROPIC_MESSAGE))
         if request.path.endswith(("/v1/messages", ":rawPredict", ":streamRawPredict", "/invoke")):

@@ -173,3 +173,20 @@ async def test_old_capability_flags_still_strip_on_the_direct_profile(fake_upstr
     markers = _markers(orjson.loads(fake_upstream.received[-1].body))
     assert markers and all("ttl" not in m for m in markers)
     assert markers[0] == {"type": "ephemeral", "scope": "global"}
+
+
+async def test_foundry_sdk_gets_no_scope_and_no_scope_beta(fake_upstream: FakeUpstream, make_proxy) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url, anthropic_profile="foundry")
+    client = anthropic.AsyncAnthropicFoundry(api_key="foundry-key", base_url=proxy.url + "/anthropic/", max_retries=0)
+    async with client:
+        await client.messages.create(
+            model=MODEL,
+            max_tokens=8,
+            system=_system({"type": "ephemeral", "ttl": "1h", "scope": "global"}),
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"anthropic-beta": SCOPE_BETA},
+        )
+    received = fake_upstream.received[-1]
+    assert received.path == "/v1/messages"
+    assert "anthropic-beta" not in received.headers
+    assert orjson.loads(received.body)["system"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
