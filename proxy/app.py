@@ -18,11 +18,12 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.admin import add_admin_routes
 from proxy.affinity import Affinity, base_urls
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
-from proxy.debug import LastMeasurements, session_handler
-from proxy.handlers import healthz, metrics_handler, not_found, proxy_handler, readyz
-from proxy.ledger import TenantLedger, tenants_handler
+from proxy.debug import LastMeasurements
+from proxy.handlers import healthz, not_found, proxy_handler, readyz
+from proxy.ledger import TenantLedger
 from proxy.metrics import Metrics
 from proxy.profiles import load_profiles
 from proxy.providers import Router
@@ -157,7 +158,9 @@ def create_app(
         metrics=metrics,
         rules=load_rules(settings.rules_dir),
         router=Router(load_profiles(settings.rules_dir), settings.anthropic_profile, settings.openai_profile),
-        last_measurements=LastMeasurements(),
+        last_measurements=LastMeasurements(
+            settings.history_sessions, settings.history_sessions_per_tenant, settings.history_requests
+        ),
         teams=teams,
         ledger=TenantLedger(),
     )
@@ -168,23 +171,20 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if settings.admin_port is None:
-        app.router.add_get("/metrics", metrics_handler)
-        app.router.add_get("/debug/sessions/{session_id}", session_handler)
-        app.router.add_get("/debug/tenants", tenants_handler)
+        add_admin_routes(app.router)
     app.router.add_route("*", "/debug/{tail:.*}", not_found)
+    app.router.add_route("*", "/ui{tail:(/.*)?}", not_found)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 
 
 def create_admin_app(proxy_app: web.Application) -> web.Application:
-    """The separate admin listener (`admin_port`): `/metrics`, `/debug/sessions/{id}` and health
-    of `proxy_app`."""
+    """The separate admin listener (`admin_port`): `/metrics`, `/debug/sessions`, `/ui/` (behind
+    `admin_token` when set: `proxy.admin`) and `/healthz` of `proxy_app`."""
     admin = web.Application()
     admin[SERVICES] = proxy_app[SERVICES]
-    admin.router.add_get("/metrics", metrics_handler)
+    add_admin_routes(admin.router)
     admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/debug/sessions/{session_id}", session_handler)
-    admin.router.add_get("/debug/tenants", tenants_handler)
     admin.router.add_route("*", "/{tail:.*}", not_found)
     return admin
 

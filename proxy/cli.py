@@ -33,7 +33,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mode", choices=("optimise", "observe"), help="optimise (default) or observe")
     parser.add_argument("--store", help="memory://, sqlite:///path or redis://host:port/db")
-    parser.add_argument("--admin-port", type=int, help="separate listener for /metrics")
+    parser.add_argument("--admin-port", type=int, help="separate listener for /metrics, /debug and /ui")
+    parser.add_argument("--admin-host", help="address of the admin listener (default: --host)")
     parser.add_argument("--record", help="append every request body to this JSONL trace (no credentials)")
     parser.add_argument("--rules-dir", help="folder of rule files (default: the packaged rules/)")
 
@@ -41,6 +42,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
 async def _serve_forever(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from proxy.admin import admin_host
     from proxy.app import create_admin_app, start_proxy
     from proxy.appkeys import SERVICES
 
@@ -51,6 +53,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "store": args.store,
         "admin_port": args.admin_port,
+        "admin_host": args.admin_host,
         "record": args.record,
         "rules_dir": args.rules_dir,
     }
@@ -85,10 +88,11 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         await admin.setup()
         runners.append(admin)
         try:
-            await web.TCPSite(admin, settings.host, settings.admin_port).start()
+            await web.TCPSite(admin, admin_host(settings), settings.admin_port).start()
         except OSError as exc:
             print(
-                f"promptcache: cannot listen on {settings.host}:{settings.admin_port} (admin_port): {exc.strerror}",
+                f"promptcache: cannot listen on {admin_host(settings)}:{settings.admin_port} (admin_port): "
+                f"{exc.strerror}",
                 file=sys.stderr,
             )
             for item in reversed(runners):

@@ -1,44 +1,45 @@
-"""`GET /debug/sessions/{id}`: a live session's state and its last request's measurement, as JSON.
+"""`GET /debug/sessions` and `/debug/sessions/{id}`: the caller's sessions, as JSON.
 
 Tenant-partitioned like every stored byte: the caller presents the same credential header the
-client uses (`x-api-key` or `Authorization`), and only that tenant's session is visible; a
-session of another tenant is indistinguishable from a missing one (404). `{id}` is the id the
-client sends (`x-claude-code-session-id`, `metadata.user_id`'s session, `prompt_cache_key` ...)
-or the stored id shown in logs. `?provider=anthropic|openai` picks the upstream (default
-anthropic). Served on the admin listener when `admin_port` is set, else on the main one.
+client uses (`x-api-key` or `Authorization`), and only that tenant's sessions are visible; a
+session of another tenant is indistinguishable from a missing one (404).
 
-`LastMeasurements` keeps the newest `Measurement` per (tenant, session), bounded (LRU).
+- `/debug/sessions`: the caller's recent sessions, newest first (`requests`, `hit_ratio`,
+  `savings_usd`, `last_cause` ...), from the in-process index `proxy.history.SessionHistory`
+  (bounded; the same index the `/ui/` pages read).
+- `/debug/sessions/{id}`: one session's stored record and its last request's measurement.
+  `{id}` is the id the client sends (`x-claude-code-session-id`, `metadata.user_id`'s session,
+  `prompt_cache_key` ...) or the stored id shown in logs and in the listing. The provider is
+  found from the session (each provider's tenant is tried); `?provider=anthropic|openai`
+  restricts the lookup to one.
+
+Served on the admin listener when `admin_port` is set, else on the main one; behind
+`admin_token` when one is set (`proxy.admin`).
+
+`remember_measurement` feeds the index after each measured response (`proxy.pipeline.observe`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import logging
+from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from typing import Any, Final
 
 from aiohttp import web
 
+from proxy.admin import caller_headers
 from proxy.appkeys import SERVICES
+from proxy.history import SessionHistory
 
-MAX_SESSIONS: Final = 4096
+_log = logging.getLogger("promptcache.debug")
+
+PROVIDERS: Final = ("anthropic", "openai")
 
 
-class LastMeasurements:
-    """Newest measurement per `(tenant, session_id)`; at most `cap` sessions (LRU)."""
-
-    def __init__(self, cap: int = MAX_SESSIONS) -> None:
-        self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self._cap = cap
-
-    def put(self, tenant: str, session_id: str, measurement: Any) -> None:
-        key = (tenant, session_id)
-        self._items[key] = measurement
-        self._items.move_to_end(key)
-        while len(self._items) > self._cap:
-            self._items.popitem(last=False)
-
-    def get(self, tenant: str, session_id: str) -> Any:
-        return self._items.get((tenant, session_id))
+class LastMeasurements(SessionHistory):
+    """The newest measurement per `(tenant, session_id)`: now the recent-sessions index
+    (`proxy.history.SessionHistory`), whose `get` keeps the old meaning."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -71,36 +72,110 @@ def record_summary(record: Any) -> dict[str, Any]:
     }
 
 
+def caller_tenants(state: Any, headers: Mapping[str, str], provider: str | None = None) -> list[tuple[str, str]]:
+    """`(provider, tenant)` of the caller for each provider (or only `provider`)."""
+    return [(p, state.tenant_of(p, headers)) for p in PROVIDERS if provider in (None, p)]
+
+
+def _scope(request: web.Request) -> tuple[Any, str | None, web.Response | None]:
+    """`(services, ?provider=, error response)`: 503 while sessions are off, 400 for an unknown
+    provider."""
+    services = request.app[SERVICES]
+    if services.sessions is None or services.store is None or services.last_measurements is None:
+        return services, None, web.json_response({"error": "sessions are off"}, status=503)
+    provider = request.query.get("provider")
+    if provider is not None and provider not in PROVIDERS:
+        return services, None, web.json_response({"error": "provider must be anthropic or openai"}, status=400)
+    return services, provider, None
+
+
+async def sessions_handler(request: web.Request) -> web.Response:
+    """`GET /debug/sessions`: the caller's recent sessions, newest first (module docstring)."""
+    services, provider, error = _scope(request)
+    if error is not None:
+        return error
+    mine = caller_tenants(services.sessions, caller_headers(request), provider)
+    return web.json_response({"sessions": [e.summary() for e in services.last_measurements.recent(mine)]})
+
+
 async def session_handler(request: web.Request) -> web.Response:
     """See the module docstring."""
-    services = request.app[SERVICES]
-    state, store = services.sessions, services.store
-    if state is None or store is None:
-        return web.json_response({"error": "sessions are off"}, status=503)
     from proxy.sessions import explicit_id
 
-    provider = request.query.get("provider", "anthropic")
-    if provider not in ("anthropic", "openai"):
-        return web.json_response({"error": "provider must be anthropic or openai"}, status=400)
-    tenant = state.tenant_of(provider, request.headers)
+    services, provider, error = _scope(request)
+    if error is not None:
+        return error
+    state, store, history = services.sessions, services.store, services.last_measurements
     raw_id = request.match_info["session_id"]
-    for session_id in (explicit_id(raw_id), raw_id):
+    candidates = [
+        (name, tenant, session_id)
+        for name, tenant in caller_tenants(state, caller_headers(request), provider)
+        for session_id in dict.fromkeys((explicit_id(raw_id), raw_id))
+    ]
+    # The index knows each session's provider; the store (keyed by tenant only) is the fallback.
+    for name, tenant, session_id in candidates:
+        entry = history.entry(tenant, session_id)
+        if entry is not None and entry.provider == name:
+            record = await store.load(tenant, session_id)
+            return _session_json(session_id, name, entry, record)
+    tried: set[tuple[str, str]] = set()
+    for name, tenant, session_id in candidates:
+        if (tenant, session_id) in tried:
+            continue
+        tried.add((tenant, session_id))
         record = await store.load(tenant, session_id)
-        measurement = services.last_measurements.get(tenant, session_id)
-        if record is not None or measurement is not None:
-            return web.json_response(
-                {
-                    "session_id": session_id,
-                    "record": record_summary(record) if record is not None else None,
-                    "last_request": _jsonable(measurement),
-                }
-            )
+        if record is not None:
+            return _session_json(session_id, name, None, record)
     return web.json_response({"error": "no such session for this credential"}, status=404)
 
 
+def _session_json(session_id: str, provider: str, entry: Any, record: Any) -> web.Response:
+    return web.json_response(
+        {
+            "session_id": session_id,
+            "provider": provider,
+            "summary": entry.summary() if entry is not None else None,
+            "record": record_summary(record) if record is not None else None,
+            "last_request": _jsonable(entry.last_measurement if entry is not None else None),
+        }
+    )
+
+
 def remember_measurement(exchange: Any, services: Any) -> None:
-    """Keep `exchange.notes["measurement"]` as its session's newest (for the debug endpoint)."""
+    """Add `exchange.notes["measurement"]` to its session's history (`/debug/sessions`, `/ui/`).
+
+    Reads what measurement left in the notes (the body and `PromptScan` sent, the previous
+    record); never raises into the response path (a failure is logged and skipped)."""
     measurement = exchange.notes.get("measurement")
-    log = services.last_measurements
-    if measurement is not None and log is not None and exchange.tenant and exchange.session_id:
-        log.put(exchange.tenant, exchange.session_id, measurement)
+    history = services.last_measurements
+    if measurement is None or history is None or not exchange.tenant or not exchange.session_id:
+        return
+    if getattr(services.settings, "history_sessions", 1) == 0:
+        return
+    try:
+        from proxy.pricing import default_pricing
+
+        sent = exchange.notes.get("sent_prompt")
+        body, prompt = (sent[0], sent[1]) if sent is not None else (None, None)
+        rules = services.rules
+        classifier = None
+        if rules is not None:
+            from proxy.pipeline.segments import classifier_for
+
+            classifier = classifier_for(rules)
+        pricing = getattr(services, "pricing", None) or default_pricing()
+        model = body.get("model") if isinstance(body, dict) else None
+        prices = pricing.prices(exchange.provider, model if isinstance(model, str) else "")
+        history.add(
+            exchange.tenant,
+            exchange.session_id,
+            measurement,
+            path=exchange.path,
+            body=body,
+            prompt=prompt,
+            previous=exchange.notes.get("previous"),
+            classifier=classifier,
+            prices=prices,
+        )
+    except Exception as exc:  # noqa: BLE001 - the history never fails a request
+        _log.warning("session history skipped (%s)", type(exc).__name__)

@@ -24,6 +24,12 @@ model. A `system`-role message inside `messages` is only a weak OpenAI signal: A
 it too (PROVIDERS.md 1.8; Claude Code sends one). The side with more weight wins; a tie is
 Anthropic. `--provider openai` picks Responses when a Responses signal is present, else Chat.
 
+`--html FILE` also writes the forensic map of the pair (`pair_view`, `proxy.ui.page.session_page`):
+one self-contained HTML file (no network) with B's blocks in render order, one row per request
+(A, then B) and the divider. Without `--response` the rows' token figures are estimates: A
+writes up to its last marker; B reads what A's markers let it read (`predicted_read_tokens`)
+and writes up to its own last marker; the rest is uncached.
+
 Exit status: 0 when B extends A, 1 otherwise, 2 when an input or the rules cannot be read.
 """
 
@@ -62,6 +68,7 @@ __all__ = [
     "excerpt",
     "explain",
     "explain_command",
+    "pair_view",
     "first_difference",
     "plan_lines",
     "render",
@@ -229,6 +236,100 @@ def detect_path(a: JSONObject | RequestInput, b: JSONObject | RequestInput, prov
     return ANTHROPIC_PATH
 
 
+# --- the forensic map of a pair -----------------------------------------------------------------
+
+
+def _estimated_usage(blocks: Sequence[Any], read: int) -> Usage:
+    """Usage of a request whose markers write up to the last one (TTL of that marker)."""
+    total = sum(b.tokens for b in blocks)
+    marked = [i for i, b in enumerate(blocks) if b.ttl]
+    written_to = sum(b.tokens for b in blocks[: marked[-1] + 1]) if marked else 0
+    read = min(read, written_to) if marked else 0
+    write = max(written_to - read, 0)
+    is_1h = bool(marked) and blocks[marked[-1]].ttl == "1h"
+    return Usage(
+        input_none=max(total - read - write, 0),
+        cache_read=read,
+        cache_write_5m=0 if is_1h else write,
+        cache_write_1h=write if is_1h else 0,
+        seen=True,
+    )
+
+
+def pair_view(
+    a: JSONObject, b: JSONObject, path: str, x: Explanation, rules: Any, usage: Usage | None = None
+) -> dict[str, Any]:
+    """Page data (`proxy.ui.page`) of the pair A, B: B's map, rows for A and B."""
+    from proxy.history import RequestRow, map_blocks, top_ttl
+    from proxy.pipeline.segments import classifier_for
+    from proxy.prefix import scan_prompt
+    from proxy.pricing import default_pricing
+    from proxy.ui.page import default_chosen, tail_ttl
+
+    adapter, _ = route(path)
+    classifier = classifier_for(rules) if rules is not None else None
+    maps = [
+        map_blocks(scan_prompt(adapter.layout(path, body)), top_ttl(body), classifier) if body else ()
+        for body in (a, b)
+    ]
+    family, prices = default_pricing().lookup(adapter.name, request_model(b))
+    usages = [
+        _estimated_usage(maps[0], 0),
+        usage if usage is not None else _estimated_usage(maps[1], x.predicted_read_tokens),
+    ]
+    rows = []
+    for n, (body, blocks, u) in enumerate(zip((a, b), maps, usages, strict=True), start=1):
+        if n == 1 and not body:
+            continue
+        is_b = n == 2
+        rows.append(
+            RequestRow(
+                n=n,
+                at=0.0,
+                model=request_model(body),
+                family=family,
+                read=u.cache_read,
+                write_5m=u.cache_write_5m,
+                write_1h=u.cache_write_1h,
+                uncached=u.input_none,
+                output=u.output,
+                cost_usd=prices.cost(u) if prices is not None else None,
+                uncached_cost_usd=prices.uncached_cost(u) if prices is not None else None,
+                cause=x.cause if is_b else "first_request",
+                section=x.section if is_b else "none",
+                block=x.block_index if is_b else 0,
+                block_path=x.block_path if is_b else None,
+                field_path=x.field_path if is_b else None,
+                tokens_before=x.tokens_before if is_b else 0,
+                prompt_tokens=sum(blk.tokens for blk in blocks),
+                predicted_read=x.predicted_read_tokens if is_b else 0,
+                before=x.before if is_b else None,
+                after=x.after if is_b else None,
+            )
+        )
+    blocks_b = list(maps[1])
+    return {
+        "title": "promptcache explain: A -> B",
+        "subtitle": f"{adapter.name} {path} · {request_model(b)} · cause {x.cause}"
+        + (f" · {x.detail}" if x.detail else ""),
+        "prices": None
+        if prices is None
+        else {
+            "input": prices.input,
+            "output": prices.output,
+            "cache_write_5m": prices.cache_write_5m,
+            "cache_write_1h": prices.cache_write_1h,
+            "cache_read": prices.cache_read,
+        },
+        "family": family,
+        "tail_ttl": tail_ttl(blocks_b),
+        "blocks": blocks_b,
+        "rows": rows,
+        "chosen": default_chosen(blocks_b, rows),
+        "estimated": usage is None,
+    }
+
+
 # --- planner, loading, rendering, command ------------------------------------------------------
 
 
@@ -319,9 +420,10 @@ def explain_command(
     out: TextIO | None = None,
     err: TextIO | None = None,
     rules_dir: str | None = None,
+    html_path: str | None = None,
 ) -> int:
     """Read two request bodies (or trace lines), print the explanation; exit status 0 (B extends
-    A), 1, or 2.
+    A), 1, or 2. `html_path`: also write the forensic map of the pair there (module docstring).
 
     Volatile rules and model minimums come from `rules_dir` (default: the packaged rules)."""
     out = out or sys.stdout
@@ -371,6 +473,15 @@ def explain_command(
         min_tokens=min_tokens,
     )
     render(result, out)
+    if html_path is not None:
+        from proxy.ui.page import session_page
+
+        try:
+            Path(html_path).write_text(session_page(pair_view(a, b, path, result, rules, usage)), encoding="utf-8")
+        except OSError as exc:
+            err.write(f"promptcache explain: {html_path}: cannot write: {exc.strerror}\n")
+            return 2
+        out.write(f"map written to {html_path}\n")
     return 0 if result.extends else 1
 
 
@@ -386,8 +497,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--response", metavar="FILE", help="B's response body or usage (to detect `expired`)")
     parser.add_argument("--rules", metavar="DIR", help="rules folder (volatile patterns, model minimums)")
+    parser.add_argument("--html", metavar="FILE", help="also write the forensic map of the pair (offline HTML)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `promptcache explain`."""
-    return explain_command(args.a, args.b, args.provider, args.response, rules_dir=args.rules)
+    return explain_command(args.a, args.b, args.provider, args.response, rules_dir=args.rules, html_path=args.html)

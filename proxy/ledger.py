@@ -100,13 +100,15 @@ class TenantLedger:
 
 async def tenants_handler(request: web.Request) -> web.Response:
     """See the module docstring."""
+    from proxy.admin import caller_headers
+
     services = request.app[SERVICES]
     state, ledger = services.sessions, services.ledger
     if state is None or ledger is None:
         return web.json_response({"error": "sessions are off"}, status=503)
     found: dict[str, dict[str, Any]] = {}
     for provider in ("anthropic", "openai"):
-        tenant = state.tenant_of(provider, request.headers)
+        tenant = state.tenant_of(provider, caller_headers(request))
         totals = ledger.get(tenant)
         if totals is not None and tenant not in found:
             found[tenant] = totals.as_json(tenant)

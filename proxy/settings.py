@@ -82,8 +82,19 @@ class Settings(BaseModel):
     anthropic_capabilities: UpstreamCapabilities = UpstreamCapabilities()
     openai_capabilities: UpstreamCapabilities = UpstreamCapabilities()
     admin_port: int | None = Field(None, ge=0, le=65535)
-    """Port of a separate listener for `/metrics` and `/debug`; none means the main one serves
-    them."""
+    """Port of a separate listener for `/metrics`, `/debug` and `/ui`; none means the main one
+    serves them."""
+    admin_host: str = ""
+    """Address of the admin listener (with `admin_port`); empty means `host`."""
+    admin_token: str = ""
+    """When set, `/metrics`, `/debug` and `/ui` need `Authorization: Bearer <token>` or
+    `?token=<token>`; required when those routes listen on a non-loopback address."""
+    history_sessions: int = Field(512, ge=0)
+    """Recent sessions kept in memory for `/ui/` and `/debug/sessions` (0 = none)."""
+    history_sessions_per_tenant: int = Field(64, ge=1)
+    """At most this many of them per tenant (the least recently seen go first)."""
+    history_requests: int = Field(200, ge=1)
+    """Request rows kept per session (the newest)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Any case (`debug` = `DEBUG`)."""
     log_format: Literal["text", "json"] = "text"
@@ -236,7 +247,7 @@ def load_settings(
             merged[key] = value
             origin[key] = f"--{key.replace('_', '-')}"
     try:
-        return Settings(**merged)
+        settings = Settings(**merged)
     except ValidationError as exc:
         lines = []
         for error in exc.errors():
@@ -252,3 +263,11 @@ def load_settings(
                 message = f'unknown setting; did you mean "{near}"?' if near else "unknown setting"
             lines.append(f"invalid setting {dotted} ({where}): {message}")
         raise SettingsError("\n".join(lines)) from None
+    from proxy.admin import admin_exposure_error
+
+    exposure = admin_exposure_error(settings)
+    if exposure is not None:
+        key = "admin_host" if settings.admin_port is not None and settings.admin_host else "host"
+        where = origin.get(key, f"default {key}")
+        raise SettingsError(f"invalid setting {exposure} (from {where})")
+    return settings

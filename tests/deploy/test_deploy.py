@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.metrics import Metrics
 from proxy.rules import check_rules
+from proxy.settings import SettingsError, load_settings
 from tests.deploy.promql import exposed_names, metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +35,19 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 @needs_promtool
 @pytest.mark.parametrize("config", ["prometheus.yml", "prometheus-kubernetes.yml"])
-def test_promtool_check_config(config: str) -> None:
-    result = _promtool("check", "config", str(PROMETHEUS / config))
+def test_promtool_check_config(config: str, tmp_path: Path) -> None:
+    # The scrape authenticates with the admin token from a file that exists only where
+    # Prometheus runs (a compose or Kubernetes secret): check a copy pointing at a stand-in.
+    loaded = yaml.safe_load((PROMETHEUS / config).read_text())
+    [job] = loaded["scrape_configs"]
+    assert job["authorization"]["type"] == "Bearer"
+    assert job["authorization"]["credentials_file"].startswith("/")
+    token = tmp_path / "admin_token"
+    token.write_text("stand-in\n")
+    job["authorization"]["credentials_file"] = str(token)
+    shutil.copy(PROMETHEUS / "alerts.yml", tmp_path / "alerts.yml")
+    (tmp_path / config).write_text(yaml.safe_dump(loaded))
+    result = _promtool("check", "config", str(tmp_path / config))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 1 rule files found" in result.stdout
 
@@ -84,6 +96,9 @@ def test_compose_runs_two_replicas_redis_prometheus_grafana() -> None:
         # Never the simulator by accident: `auto` would serve canned answers after a DNS blip.
         assert proxy["environment"]["PROMPTCACHE_UPSTREAM"] == "${PROMPTCACHE_UPSTREAM:-real}"
         assert "PROMPTCACHE_SECRET" in proxy["environment"]
+        assert proxy["environment"]["PROMPTCACHE_ADMIN_TOKEN"].startswith("${PROMPTCACHE_ADMIN_TOKEN:?")
+    assert services["prometheus"]["secrets"] == ["promptcache_admin_token"]
+    assert compose["secrets"] == {"promptcache_admin_token": {"environment": "PROMPTCACHE_ADMIN_TOKEN"}}
     for service in services.values():
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
@@ -199,6 +214,12 @@ def test_kubernetes_manifests() -> None:
     assert env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "promptcache", "key": "redis-password"}}
     assert env["PROMPTCACHE_UPSTREAM"] == "real"
     assert env["PROMPTCACHE_SECRET"] == {"secretKeyRef": {"name": "promptcache", "key": "secret"}}
+    assert env["PROMPTCACHE_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "promptcache", "key": "admin-token"}}
+    # These settings start (a non-loopback admin listener needs its token).
+    plain = {k: v for k, v in env.items() if isinstance(v, str)}
+    load_settings(environ={**plain, "PROMPTCACHE_SECRET": "s" * 32, "PROMPTCACHE_ADMIN_TOKEN": "t"})
+    with pytest.raises(SettingsError, match="admin_token: required"):
+        load_settings(environ={**plain, "PROMPTCACHE_SECRET": "s" * 32})
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}

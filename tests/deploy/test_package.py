@@ -156,3 +156,15 @@ def test_a_committed_workload_missing_from_the_install_is_generated_with_the_com
     assert [p.name for p in cache.iterdir()] == ["no-markers.jsonl"]
     assert (cache / "no-markers.jsonl").read_bytes() == (ROOT / "workloads" / "no-markers.jsonl").read_bytes()
     assert orjson.loads(result.stdout)["traces"][0]["requests"] == 12
+
+
+def test_wheel_ships_the_forensic_map_assets(install: Install, tmp_path: Path) -> None:
+    names = zipfile.ZipFile(install.wheel).namelist()
+    assert {"proxy/ui/map.js", "proxy/ui/map.css"} <= set(names)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text('{"model": "claude-sonnet-4-6", "messages": [{"role": "user", "content": "hi"}]}')
+    b.write_text('{"model": "claude-sonnet-4-6", "messages": [{"role": "user", "content": "ho"}]}')
+    out = tmp_path / "map.html"
+    done = install.promptcache("explain", str(a), str(b), "--html", str(out))
+    assert done.returncode == 1, done.stderr
+    assert "window.promptcacheWhatIf" in out.read_text()
