@@ -71,6 +71,10 @@ def test_required_panels_exist() -> None:
     )
     assert "stage_errors" in titles["Fail-open rate"]["targets"][0]["expr"]
     assert {"Store latency p99", "Store error ratio"} <= set(titles)
+    assert "by (team)" in titles["Cost by team (USD per hour)"]["targets"][0]["expr"]
+    agreement = titles["Upstream diagnostics vs promptcache"]["targets"][0]["expr"]
+    assert "promptcache_diagnostics_agreement_total" in agreement
+    assert titles["Upstream in use"]["targets"][0]["expr"] == "promptcache_upstream_info"
 
 
 def test_layout_and_datasource() -> None:
