@@ -123,6 +123,7 @@ class ProviderMetrics:
     replayed_messages: Counter
     breakpoints: dict[str, Counter]
     """By action (`BREAKPOINT_ACTIONS`)."""
+    ttl_downgrades: Counter
     signed: Counter
     """Signed requests (SigV4) forwarded byte-identical and measured only."""
     upstream_moves: Counter
@@ -278,6 +279,14 @@ class Metrics:
             "promptcache_breakpoints_total",
             "cache_control breakpoints per request, by action (proxy.pipeline.breakpoints).",
             ["provider", "action"],
+            registry=r,
+        )
+        self.ttl_downgrades = Counter(
+            "promptcache_ttl_downgrades_total",
+            "Responses that wrote 5-minute cache entries although every marker sent asked for 1h "
+            "(usage cache_creation.ephemeral_5m_input_tokens; a gateway downstream stripped ttl?) "
+            "(proxy.pipeline.observe).",
+            ["provider"],
             registry=r,
         )
         self.signed_requests = Counter(
@@ -475,6 +484,7 @@ class Metrics:
                 body_too_large=self.too_large.labels(provider),
                 replayed_messages=self.replayed_messages.labels(provider),
                 breakpoints={a: self.breakpoints.labels(provider, a) for a in BREAKPOINT_ACTIONS},
+                ttl_downgrades=self.ttl_downgrades.labels(provider),
                 signed=self.signed_requests.labels(provider),
                 upstream_moves=self.upstream_moves.labels(provider),
             )

@@ -1,35 +1,57 @@
-"""TTL from pacing: 5m or 1h cache markers, from the gaps observed between requests. Pure.
+"""Pacing: predict the next gap from the response, and the TTLs that pay for it. Pure.
 
-Inputs are request start times (epoch seconds, oldest first); a provider cache entry lives from
-the start of the request that wrote or last read it (PROVIDERS.md 1.7), so the gaps between
-request starts are exactly what decides hits.
+A provider cache entry lives from the start of the request that wrote or last read it
+(PROVIDERS.md 1.7), so what decides a read is the gap before the request that needs it. That
+gap depends on who acts next, which the previous response says (`Usage.turn`, read by the
+provider adapters): a response that ends the turn (`human`) hands control to a person, whose
+gap is minutes; a tool call (`tool`) comes back in seconds. So pacing keeps two gap
+distributions, human gaps and tool gaps, and how often a response ends the turn.
 
-Rule (`choose_ttl`), per session or per prefix shared by a tenant's sessions:
-1. With no gap observed yet, `5m`.
-2. The expected gap is the median of the last `RECENT_GAPS` gaps. At or below 5 minutes, a 5m
-   entry is read before it expires: `5m`.
-3. Otherwise compare the expected cost, in multiples of the base input price per prefix token,
-   of writing now and of the expected future turns `n`:
-   - `p(T)`: chance that the next gap is at most `T` (a hit with TTL `T`), smoothed:
-     `(gaps <= T + PRIOR) / (len(gaps) + 2 * PRIOR)`;
-   - `n = q / (1 - q)` with `q = p(1h)` (a geometric run of continuations), at most
-     `MAX_EXPECTED_READS`;
-   - `cost(T) = write(T) + n * (p(T) * READ + (1 - p(T)) * write(T))`, with `write(5m) = 1.25`,
-     `write(1h) = 2.0`, `READ = 0.1` (PROVIDERS.md 1.9).
-   `1h` when `cost(1h) < cost(5m)`, else `5m`.
-`plan_ttls` returns the TTL of the tenant-shared prefix and of the session: the shared prefix
-precedes the session's markers, and a 1h entry must not follow a 5m one, so a 1h session lifts
-the shared prefix to 1h. The breakpoint planner gives the session TTL to every marker it plans,
-the client's own included (a 1h session turns a client's 5m tail marker into 1h: the newest
-message is what the next turn, more than 5 minutes away, must read).
+`Pacing` holds them for one session (in its `SessionRecord`) or one tenant (its own store entry,
+`proxy.sessions.TenantPacing`): at most `MAX_GAPS` recent gaps of each kind (seconds) and
+counts of responses and turn-ending responses (both halved when they pass `MAX_RESPONSES`).
+
+Forecast (`forecast(session, tenant)`), with a documented prior for a new tenant:
+- shares of gaps under 5 minutes and between 5 minutes and an hour, over the session's and
+  the tenant's samples of that kind; with no sample of a kind yet, the prior: human gaps
+  lognormal with median 4 minutes and sigma 1.65 (`HUMAN_PRIOR`: 55% under 5 minutes, 40%
+  within the hour, 5% beyond), tool gaps `TOOL_PRIOR` (98% under 5 minutes, 2% within the
+  hour). Observed gaps replace the prior at once: a tenant whose gaps are all 30 s never pays
+  for 1-hour writes because people in general pause longer;
+- `p_end`, the chance that this request's response ends the turn: turn-ending responses over
+  responses (session and tenant), `END_PRIOR` (0.3) before any response was seen;
+- `next_hour` = `p_end * human[5m..1h] + (1 - p_end) * tool[5m..1h]`: the chance that the next
+  request comes after a 5-minute entry expired but while a 1-hour one still lives.
+
+TTL rule (`choose_ttls`), costs per prefix token in multiples of the base input price
+(PROVIDERS.md 1.9 and 9: 5m write 1.25, 1h write 2.0, read 0.1), three markers:
+- the **anchor**, the previous request's last marker (the entry this request reads): while
+  that entry lives (`expired` false) a 1h marker on it costs nothing more than the read, and
+  a read refreshes the entry for the marker's TTL (the simulator's rule, PROVIDERS.md 1.7:
+  "refreshed on read"), so the anchor is `1h` whenever it is alive. After a human pause the
+  next request still reads everything up to it;
+- the **tail** (the newest block) writes the request's new tokens `d` (per prefix token: with
+  a live anchor the new part, else the whole prompt). A 5m tail is lost when the next gap falls
+  in 5m..1h, and the next request writes that part again instead of reading it:
+      cost(5m) = 1.25 d + next_hour * (1.25 - 0.1) d,    cost(1h) = 2.0 d
+  so the tail gets `1h` when `next_hour` > 0.75 / 1.15 = 0.652: people who come back after
+  5-60 minutes most of the time (a tenant paced like that, or its human turns). Otherwise the
+  rolling tool-loop tail stays 5m, and a pause costs only the newest part again. A subagent
+  request (machine-paced: Claude Code's `x-claude-code-agent-id`, `agent=True`) gets a 5m
+  tail, and its gaps are not the parent's;
+- the **shared prefix** (tools and stable system, read by the tenant's other conversations):
+  `1h` when the tail is (a 1h entry must not follow a 5m one), or when its entry is alive now
+  (`shared_live`: sent less than 5 minutes ago) and `next_hour` is above `SHARED_MIN_CHANCE`
+  (a refresh at the read price); else `5m`.
+A client's own TTL is never shortened (`proxy.pipeline.planner.Planner.finish`); every marker
+before a 1h one becomes 1h (1.7).
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 Ttl = Literal["5m", "1h"]
 
@@ -38,65 +60,132 @@ ONE_HOUR: Final = 3600.0
 WRITE_5M: Final = 1.25
 WRITE_1H: Final = 2.0
 READ: Final = 0.1
-PRIOR: Final = 0.5
-RECENT_GAPS: Final = 8
+MAX_GAPS: Final = 32
+"""Recent gaps kept per kind (human, tool) for a session or a tenant."""
+MAX_RESPONSES: Final = 1024
+"""Response counts are halved past this, so the turn-end share follows recent behaviour."""
 MAX_ARRIVALS: Final = 16
-"""Arrival times worth keeping per session or shared prefix (the rest is never read)."""
-MAX_EXPECTED_READS: Final = 20.0
+"""Arrival times worth keeping per session or shared prefix."""
+HUMAN_PRIOR: Final = (0.55, 0.40)
+"""Prior human gaps: shares under 5 minutes and within 5 minutes..1 hour (lognormal, median
+4 minutes, sigma 1.65)."""
+TOOL_PRIOR: Final = (0.98, 0.02)
+"""Prior tool gaps: shares under 5 minutes and within 5 minutes..1 hour."""
+END_PRIOR: Final = 0.3
+"""Prior chance that a response ends the turn."""
+SHARED_MIN_CHANCE: Final = 0.01
+"""`next_hour` above which a live shared prefix is refreshed with a 1h marker."""
+
+HUMAN: Final = "human"
+TOOL: Final = "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """Recent gaps by kind and turn-end counts of one session or tenant (bounded)."""
+
+    human: tuple[float, ...] = ()
+    """Seconds between a turn-ending response's request and the next request, newest last."""
+    tool: tuple[float, ...] = ()
+    """Seconds between a tool-call response's request and the next request, newest last."""
+    ends: int = 0
+    """Responses that ended the turn."""
+    responses: int = 0
+    """Responses whose kind was known."""
+
+    def with_gap(self, kind: str | None, gap: float) -> Pacing:
+        """Add the gap (seconds) that followed a response of `kind` (`human` / `tool`)."""
+        gap = max(0.0, float(gap))
+        if kind == HUMAN:
+            return Pacing((*self.human, gap)[-MAX_GAPS:], self.tool, self.ends, self.responses)
+        if kind == TOOL:
+            return Pacing(self.human, (*self.tool, gap)[-MAX_GAPS:], self.ends, self.responses)
+        return self
+
+    def with_response(self, turn: str | None) -> Pacing:
+        """Count a response (`human` ended the turn, `tool` did not; `None` is not counted)."""
+        if turn not in (HUMAN, TOOL):
+            return self
+        ends, responses = self.ends + (turn == HUMAN), self.responses + 1
+        if responses > MAX_RESPONSES:
+            ends, responses = ends // 2, responses // 2
+        return Pacing(self.human, self.tool, ends, responses)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"h": list(self.human), "t": list(self.tool), "e": self.ends, "n": self.responses}
+
+    @classmethod
+    def from_json(cls, value: Any) -> Pacing:
+        """The inverse of `to_json`; anything unreadable is an empty `Pacing`."""
+        if not isinstance(value, Mapping):
+            return cls()
+        try:
+            human = tuple(float(g) for g in value.get("h", ()))[-MAX_GAPS:]
+            tool = tuple(float(g) for g in value.get("t", ()))[-MAX_GAPS:]
+            ends, responses = int(value.get("e", 0)), int(value.get("n", 0))
+        except (TypeError, ValueError):
+            return cls()
+        if not 0 <= ends <= responses:
+            return cls(human, tool)
+        return cls(human, tool, ends, responses)
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """What the next gap will be, as shares (0..1)."""
+
+    p_end: float
+    """Chance that this request's response ends the turn."""
+    human_soon: float
+    """Human gaps under 5 minutes."""
+    human_hour: float
+    """Human gaps within 5 minutes..1 hour."""
+    tool_soon: float
+    tool_hour: float
+
+    @property
+    def next_hour(self) -> float:
+        """Chance that the next request comes within 5 minutes..1 hour."""
+        return self.p_end * self.human_hour + (1.0 - self.p_end) * self.tool_hour
+
+
+def _shares(samples: Sequence[float], prior: tuple[float, float]) -> tuple[float, float]:
+    if not samples:
+        return prior
+    soon = sum(1 for g in samples if g < FIVE_MINUTES)
+    hour = sum(1 for g in samples if FIVE_MINUTES <= g < ONE_HOUR)
+    return soon / len(samples), hour / len(samples)
+
+
+def forecast(session: Pacing, tenant: Pacing) -> Forecast:
+    """The forecast from a session's and its tenant's pacing (module docstring)."""
+    human_soon, human_hour = _shares((*session.human, *tenant.human), HUMAN_PRIOR)
+    tool_soon, tool_hour = _shares((*session.tool, *tenant.tool), TOOL_PRIOR)
+    responses = session.responses + tenant.responses
+    p_end = (session.ends + tenant.ends) / responses if responses else END_PRIOR
+    return Forecast(p_end, human_soon, human_hour, tool_soon, tool_hour)
 
 
 @dataclass(frozen=True, slots=True)
 class TtlChoice:
-    """A TTL and the numbers behind it (for notes and explanations)."""
+    """The TTLs for one request and the numbers behind them (for notes and explanations)."""
 
-    ttl: Ttl
-    expected_gap: float | None
-    """Median of recent gaps, seconds; `None` before the second request."""
-    expected_reads: float
-    cost_5m: float
-    """Expected cost per prefix token, in multiples of the base input price."""
-    cost_1h: float
+    shared: Ttl
+    anchor: Ttl
+    tail: Ttl
+    next_hour: float
 
 
-def gaps(arrivals: Sequence[float]) -> tuple[float, ...]:
-    """Seconds between consecutive arrivals, the last `RECENT_GAPS` (never negative)."""
-    out = tuple(max(0.0, b - a) for a, b in zip(arrivals, arrivals[1:], strict=False))
-    return out[-RECENT_GAPS:]
+BREAK_EVEN: Final = (WRITE_1H - WRITE_5M) / (WRITE_5M - READ)
+"""`next_hour` above which a 1h tail pays (0.652)."""
 
 
-def hit_probability(observed: Sequence[float], ttl_seconds: float) -> float:
-    """Smoothed chance that the next gap is at most `ttl_seconds`."""
-    hits = sum(1 for g in observed if g <= ttl_seconds)
-    return (hits + PRIOR) / (len(observed) + 2 * PRIOR)
-
-
-def expected_cost(observed: Sequence[float], ttl: Ttl) -> float:
-    """Write now plus the expected future turns (module docstring, rule 3)."""
-    q = hit_probability(observed, ONE_HOUR)
-    n = min(q / (1.0 - q), MAX_EXPECTED_READS)
-    write, seconds = (WRITE_1H, ONE_HOUR) if ttl == "1h" else (WRITE_5M, FIVE_MINUTES)
-    p = hit_probability(observed, seconds)
-    return write + n * (p * READ + (1.0 - p) * write)
-
-
-def choose_ttl(arrivals: Sequence[float]) -> TtlChoice:
-    """The TTL for markers written now, given the arrivals so far (this request included)."""
-    observed = gaps(arrivals)
-    if not observed:
-        return TtlChoice("5m", None, 0.0, WRITE_5M, WRITE_1H)
-    q = hit_probability(observed, ONE_HOUR)
-    reads = min(q / (1.0 - q), MAX_EXPECTED_READS)
-    gap = statistics.median(observed)
-    cost_5m = expected_cost(observed, "5m")
-    cost_1h = expected_cost(observed, "1h")
-    ttl: Ttl = "1h" if gap > FIVE_MINUTES and cost_1h < cost_5m else "5m"
-    return TtlChoice(ttl, gap, reads, cost_5m, cost_1h)
-
-
-def plan_ttls(session_arrivals: Sequence[float], shared_arrivals: Sequence[float]) -> tuple[Ttl, Ttl]:
-    """`(shared prefix TTL, session TTL)`; the shared one is never shorter than the session's."""
-    session = choose_ttl(session_arrivals).ttl
-    shared = choose_ttl(shared_arrivals).ttl
-    if session == "1h":
-        shared = "1h"
-    return shared, session
+def choose_ttls(
+    prediction: Forecast, *, agent: bool = False, expired: bool = False, shared_live: bool = False
+) -> TtlChoice:
+    """`(shared prefix, anchor, tail)` TTLs (module docstring)."""
+    chance = prediction.next_hour
+    tail: Ttl = "1h" if not agent and chance > BREAK_EVEN else "5m"
+    anchor: Ttl = "1h" if not expired or tail == "1h" else "5m"
+    shared: Ttl = "1h" if tail == "1h" or (shared_live and chance > SHARED_MIN_CHANCE) else "5m"
+    return TtlChoice(shared, anchor, tail, chance)

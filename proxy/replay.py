@@ -5,6 +5,7 @@ promptcache, against the upstream simulator.
     promptcache replay suite                      # every workload of the suite
     promptcache replay tool-loop-parallel         # a suite workload by name
     promptcache replay workloads/clients --gap 360  # recorded traces at uniform 6-minute pacing
+    promptcache replay workloads/clients --gap 360 --tenant-history  # ... a tenant seen before
 
 A TRACE is a JSONL file (`proxy/workloads/trace.py`), a directory of them, a workload name of
 the suite (`proxy/workloads/suite.py`; workloads too big to commit are generated into
@@ -58,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="where generated workloads are kept")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(
+        "--tenant-history",
+        action="store_true",
+        help="promptcache's proxy first sees each trace as an earlier conversation of the same tenant",
+    )
+    parser.add_argument(
         "--gap",
         type=float,
         default=None,
@@ -86,10 +92,12 @@ def resolve_traces(items: list[str], cache_dir: Path) -> list[Trace]:
     return traces
 
 
-async def replay(traces: list[Trace], strategies: list[str], upstream: str, quiet: bool) -> Report:
+async def replay(
+    traces: list[Trace], strategies: list[str], upstream: str, quiet: bool, tenant_history: bool = False
+) -> Report:
     from proxy.workloads.runner import Progress, replay_traces
 
-    return await replay_traces(traces, strategies, upstream, Progress(enabled=not quiet))
+    return await replay_traces(traces, strategies, upstream, Progress(enabled=not quiet), tenant_history)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvloop
 
-        report = uvloop.run(replay(traces, strategies, upstream, args.quiet))
+        history = bool(getattr(args, "tenant_history", False))
+        report = uvloop.run(replay(traces, strategies, upstream, args.quiet, history))
     except (OSError, RuntimeError) as exc:
         print(f"promptcache replay: {exc}", file=sys.stderr)
         return 1

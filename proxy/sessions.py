@@ -28,15 +28,19 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import urlsplit
 
+import orjson
 import xxhash
 
-from proxy.pacing import MAX_ARRIVALS
+from proxy.pacing import MAX_ARRIVALS, Pacing
 from proxy.providers.base import JSONObject, ProviderAdapter
 from proxy.settings import Settings
 from proxy.tenant import credential_of, load_secret, tenant_id
+
+if TYPE_CHECKING:
+    from proxy.store import RecordStore
 
 INDEX_TTL: Final = 4200.0
 """Seconds an index entry stays usable (as long as a stored record)."""
@@ -207,6 +211,70 @@ class HeadStats:
         return tuple(times)
 
 
+PACING_KEY: Final = "pacing"
+"""Store key (beside the tenant's session records) of the tenant's pacing. Session ids are
+`x`/`r`/`f` + 32 hex characters, so it never names a session."""
+PACING_TTL: Final = 7 * 24 * 3600.0
+"""Seconds a tenant's pacing outlives its last request."""
+MAX_TENANTS: Final = 4096
+SAVE_EVERY: Final = 16
+"""A tenant's pacing is saved after its first response, after a response that follows a new
+human gap (a few per conversation), and every 16th response otherwise: losing the newest tool
+gaps at a restart costs nothing measurable, a write per request would."""
+
+
+class TenantPacing:
+    """Each tenant's pacing (`proxy.pacing.Pacing`): an LRU of `max_tenants` in memory, loaded
+    from the store on first sight (one read per tenant per process), saved in the background
+    (`SAVE_EVERY`). A store failure costs only the learned pacing (the tenant starts again from
+    the prior)."""
+
+    def __init__(self, max_tenants: int = MAX_TENANTS) -> None:
+        self.max_tenants = max_tenants
+        self._known: OrderedDict[str, Pacing] = OrderedDict()
+        self._unsaved: set[str] = set()
+        """Tenants with a human gap not saved yet."""
+
+    async def get(self, tenant: str, store: RecordStore | None) -> Pacing:
+        known = self._known.get(tenant)
+        if known is not None:
+            self._known.move_to_end(tenant)
+            return known
+        pacing = Pacing()
+        if store is not None:
+            data = await store.load_bytes(tenant, PACING_KEY)
+            if data is not None:
+                try:
+                    pacing = Pacing.from_json(orjson.loads(data))
+                except orjson.JSONDecodeError:
+                    pacing = Pacing()
+            known = self._known.get(tenant)  # another request may have learned meanwhile
+            if known is not None:
+                return known
+        self.put(tenant, pacing)
+        return pacing
+
+    def record_response(self, tenant: str, turn: str, store: RecordStore | None) -> None:
+        """Count a response of `turn` for the tenant; save its pacing in the background after
+        its first response and every `SAVE_EVERY`th."""
+        pacing = self._known.get(tenant, Pacing()).with_response(turn)
+        due = tenant in self._unsaved or pacing.responses % SAVE_EVERY == 1
+        self.put(tenant, pacing, store if due else None)
+
+    def put(self, tenant: str, pacing: Pacing, store: RecordStore | None = None) -> None:
+        """Remember `pacing` (and save it in the background when `store` is given)."""
+        old = self._known.get(tenant)
+        if old is not None and old.human != pacing.human:
+            self._unsaved.add(tenant)
+        self._known[tenant] = pacing
+        self._known.move_to_end(tenant)
+        while len(self._known) > self.max_tenants:
+            self._unsaved.discard(self._known.popitem(last=False)[0])
+        if store is not None:
+            self._unsaved.discard(tenant)
+            store.save_bytes_soon(tenant, PACING_KEY, orjson.dumps(pacing.to_json()), PACING_TTL)
+
+
 def upstream_hosts(settings: Settings) -> dict[str, str]:
     """Provider -> upstream `host[:port]` as configured (the simulator's port is not part of it)."""
     urls = {"anthropic": settings.anthropic_upstream, "openai": settings.openai_upstream}
@@ -224,6 +292,7 @@ class SessionState:
     hosts: dict[str, str]
     index: SessionIndex = field(default_factory=SessionIndex)
     heads: HeadStats = field(default_factory=HeadStats)
+    pacing: TenantPacing = field(default_factory=TenantPacing)
     clock: Callable[[], float] = time.time
     """Epoch seconds for arrivals (pacing); tests share the simulator's manual clock."""
     masker: tuple[Any, Any] | None = None

@@ -36,7 +36,11 @@ Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
   has kept so far, reason `turn`). A client's own markers are never moved for it. As soon
   as a request keeps the previous newest message (the count is back to 0), the last block
   is marked again. Deterministic: the count comes from the session record.
-- TTLs (1.7, 1.9): injected markers take the TTLs of `PlanContext` (pacing, `proxy.pacing`).
+- TTLs (1.7, 1.9): injected markers take the TTLs of `PlanContext` (pacing, `proxy.pacing`):
+  with `PlanContext.pacing` set, `proxy.pacing.choose_ttls` picks them from the forecast and
+  the share of the prompt past the previous request's last marker (the planner's byte
+  estimate; the whole prompt when that entry expired), and every marker up to the shared
+  prefix's takes the shared TTL.
   When the session's TTL is 1h (the next read is expected more than 5 minutes away and the
   reads repay the 2x write), every 5m marker becomes 1h, the client's included, so the tail
   written this turn is still there after the gap; a TTL is never shortened. A 1h marker may
@@ -61,6 +65,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.exchange import Exchange
+from proxy.pacing import Forecast
 from proxy.pipeline.blocks import (
     BlockView,
     Editor,
@@ -99,6 +104,20 @@ def _index(value: Any) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class PacingInput:
+    """What the TTL rule needs besides the prompt (`proxy.pacing`)."""
+
+    forecast: Forecast
+    agent: bool = False
+    """A subagent request (machine-paced): its tail gets 5m."""
+    expired: bool = False
+    """The previous request's tail entry is gone by now (5m, more than 5 minutes ago): this
+    request writes its whole prompt again."""
+    shared_live: bool = False
+    """The shared prefix was sent less than 5 minutes ago (its entry is alive)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PlanContext:
     """What the session knows for planning (`exchange.notes["plan_context"]`)."""
 
@@ -114,6 +133,9 @@ class PlanContext:
     rewritten_from: int | None = None
     """Index (in the message array) of the first earlier message this request rewrote
     (`notes["history_rewritten"]`); `None` when the client kept its history."""
+    pacing: PacingInput | None = None
+    """The session's forecast: when set, the planner chooses `ttl_shared` / `ttl_session` itself
+    (`proxy.pacing.choose_ttls`) from the share of the prompt this request writes."""
 
     @property
     def skips_tail(self) -> bool:

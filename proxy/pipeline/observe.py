@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from proxy.debug import remember_measurement
 from proxy.exchange import Exchange
 from proxy.ledger import attribute_usage
 from proxy.measure import measure
+from proxy.pipeline.breakpoints import Plan
 from proxy.pipeline.session import after_response
+from proxy.providers.base import Usage
 from proxy.services import Services
 
 _log = logging.getLogger("promptcache.observe")
@@ -37,7 +40,21 @@ def record_usage(exchange: Exchange, services: Services) -> None:
     pm.input_tokens["write"].inc(usage.cache_write)
     pm.input_tokens["none"].inc(usage.input_none)
     pm.output_tokens.inc(usage.output)
+    if is_ttl_downgrade(exchange.notes.get("plan"), usage):
+        pm.ttl_downgrades.inc()
     attribute_usage(exchange, services)
+
+
+def is_ttl_downgrade(plan: Any, usage: Usage) -> bool:
+    """True when every marker sent asked for 1h and the usage still reports 5-minute writes
+    (`cache_creation.ephemeral_5m_input_tokens`, PROVIDERS.md 1.7, 9): with only 1h markers every
+    write is a 1h one, so the upstream (or a gateway before it) dropped the `ttl`. A plan with a
+    5m marker is never counted (its writes may rightly be 5m)."""
+    if not isinstance(plan, Plan) or not plan.markers:
+        return False
+    if any(m.ttl != "1h" for m in plan.markers):
+        return False
+    return usage.cache_write_5m > 0
 
 
 def observe(exchange: Exchange, services: Services) -> None:

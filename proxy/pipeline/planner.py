@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 import xxhash
 
+from proxy.pacing import choose_ttls
 from proxy.pipeline.blocks import BlockView, Legality, marker_ttl, stronger
 from proxy.providers.base import JSONObject, MarkerPolicy, ProviderAdapter
 from proxy.settings import UpstreamCapabilities
@@ -91,6 +92,31 @@ class Planner:
         self.legal = Legality(adapter, path, policy, caps, view)
         self.final: dict[int, tuple[Any, str, str]] = {}
         self.moved = self.dropped = 0
+        self.ttl_shared, self.ttl_session = context.ttl_shared, context.ttl_session
+        self.shared_index: int | None = None
+        self.anchor_index: int | None = None
+        """The block ending the shared prefix (its marker, and every one before, take
+        `ttl_shared`)."""
+        self.ttl_anchor: str | None = None
+        """TTL of the marker on the previous request's last marker (`proxy.pacing`), when paced."""
+        if context.pacing is not None:
+            pacing = context.pacing
+            choice = choose_ttls(
+                pacing.forecast, agent=pacing.agent, expired=pacing.expired, shared_live=pacing.shared_live
+            )
+            self.ttl_shared, self.ttl_session, self.ttl_anchor = choice.shared, choice.tail, choice.anchor
+
+    def _anchor(self) -> int | None:
+        """The previous request's last marker position, when this request kept everything up to
+        it (no history rewritten before it) and a marker may go there."""
+        previous = [i for i in self.context.previous_breakpoints if 0 <= i < self.view.size]
+        if not previous or self.context.skips_tail:
+            return None
+        index = max(previous)
+        rewritten = self.context.rewritten_from
+        if rewritten is not None:
+            return None
+        return index if self.legal(index) else None
 
     def put(self, index: int | None, marker: Any, origin: str, reason: str) -> None:
         if index is None:
@@ -131,14 +157,17 @@ class Planner:
         first = "last"
         if ctx.skips_tail:  # the newest message came back rewritten: its write is never read
             last, first = self._turn_boundary(), "turn"
+        shared, session = self.ttl_shared, self.ttl_session
+        self.shared_index = self.legal.at_or_before(stable_end) if stable_end >= 0 else None
         steps: list[tuple[str, str]] = [
-            (first, ctx.ttl_session),
-            ("shared", ctx.ttl_shared),
-            ("bridge", ctx.ttl_session),
-            ("turn", ctx.ttl_session),
-            ("survivor", ctx.ttl_session),
-            ("session", ctx.ttl_session),
-            ("tools", ctx.ttl_shared),
+            (first, session),
+            ("shared", shared),
+            ("anchor", self.ttl_anchor or session),
+            ("bridge", session),
+            ("turn", session),
+            ("survivor", session),
+            ("session", session),
+            ("tools", shared),
         ]
         for reason, ttl in steps:
             if len(self.final) >= self.policy.max_markers:
@@ -147,6 +176,8 @@ class Planner:
                 index = last
             elif reason == "shared":
                 index = self.legal.at_or_before(stable_end) if stable_end >= 0 else None
+            elif reason == "anchor":
+                index = self.anchor_index = self._anchor() if self.ttl_anchor is not None else None
             elif reason == "bridge":
                 index = self._bridge(max(self.final)) if self.final else None
             elif reason == "turn":
@@ -227,12 +258,19 @@ class Planner:
         on every turn after a long gap; a client marker keeps its place and only lives longer
         (its TTL is never shortened)."""
         caps, policy = self.caps, self.policy
-        lift = policy.has_ttl and not caps.strip_ttl and self.context.ttl_session == "1h"
+        lift = policy.has_ttl and not caps.strip_ttl and self.ttl_session == "1h"
+        lift_shared = policy.has_ttl and not caps.strip_ttl and self.ttl_shared == "1h"
+        shared_index = self.shared_index if self.shared_index is not None else -1
+        if policy.has_ttl and not caps.strip_ttl and self.ttl_anchor == "1h":
+            anchor = self._anchor() if self.anchor_index is None else self.anchor_index
+            if anchor is not None:  # the anchor and every marker before it (1.7 order)
+                shared_index, lift_shared = max(shared_index, anchor), True
         out: dict[int, tuple[Any, str, str]] = {}
         scope: Any = None
         for index in sorted(self.final, reverse=True):
             marker, origin, reason = self.final[index]
-            if lift and isinstance(marker, dict) and marker_ttl(marker) != "1h":
+            lifted = lift or (lift_shared and (index <= shared_index or reason in ("shared", "tools")))
+            if lifted and isinstance(marker, dict) and marker_ttl(marker) != "1h":
                 marker = {**marker, "ttl": "1h"}
             if isinstance(marker, dict):
                 if caps.strip_ttl and "ttl" in marker or caps.strip_scope and "scope" in marker:

@@ -53,9 +53,9 @@ from proxy.measure import (
     sent_prompt,
     with_top_marker,
 )
-from proxy.pacing import MAX_ARRIVALS, plan_ttls
+from proxy.pacing import FIVE_MINUTES, MAX_ARRIVALS, ONE_HOUR, Pacing, forecast
 from proxy.pipeline.blocks import marker_ttl
-from proxy.pipeline.breakpoints import PlanContext
+from proxy.pipeline.breakpoints import PacingInput, PlanContext
 from proxy.pipeline.pins import PINS_KEY
 from proxy.pipeline.replay import (
     Masker,
@@ -72,10 +72,13 @@ from proxy.providers.base import Block, JSONObject, Run, ToolShape
 from proxy.rules import RuleSet, volatile_patterns
 from proxy.services import Services
 from proxy.sessions import Inference, SessionState, explicit_id, explicit_session
+from proxy.store import RecordStore
 from proxy.store.record import SessionRecord, Sidecar
 
 _log = logging.getLogger("promptcache.session")
 MAX_PINNED_TOOLS: Final = 512
+AGENT_HEADER: Final = "x-claude-code-agent-id"
+"""Claude Code names a subagent's requests with this header (PROVIDERS.md 9)."""
 
 
 def masker_for(state: SessionState, services: Services) -> Masker:
@@ -141,10 +144,44 @@ class SessionStage:
                 tail_misses = previous.tail_misses + 1
         exchange.notes["tail_misses"] = tail_misses
         exchange.notes["session_pins"] = previous.pins if previous is not None and previous.pins else None
-        shared_ttl, session_ttl = plan_ttls(arrivals, shared_arrivals)
+        pacing = await pacing_input(exchange, state, store, previous, now, shared_arrivals)
         exchange.notes["plan_context"] = make_plan_context(
-            previous, shared_ttl, session_ttl, tail_misses, exchange.notes.get("history_rewritten")
+            previous, "5m", "5m", tail_misses, exchange.notes.get("history_rewritten"), pacing
         )
+
+
+def is_subagent(headers: Mapping[str, str]) -> bool:
+    """A request that names a subagent (machine-paced: PROVIDERS.md 9)."""
+    return any(k.lower() == AGENT_HEADER for k in headers)
+
+
+async def pacing_input(
+    exchange: Exchange,
+    state: SessionState,
+    store: RecordStore | None,
+    previous: SessionRecord | None,
+    now: float,
+    shared_arrivals: Sequence[float],
+) -> PacingInput:
+    """Add the gap since the session's previous request to the session's and the tenant's
+    pacing (by the previous response's kind; a subagent's gaps are not the parent's), keep the
+    session's in `notes["pacing"]` for its record, and forecast the next gap (`proxy.pacing`)."""
+    tenant = exchange.tenant or ""
+    agent = is_subagent(exchange.headers)
+    tenant_pacing = await state.pacing.get(tenant, store)
+    session_pacing = previous.pacing if previous is not None else Pacing()
+    expired = False
+    if previous is not None and previous.arrivals:
+        gap = now - previous.arrivals[-1]
+        tail = previous.ttls[-1] if previous.ttls else "5m"
+        expired = gap >= ONE_HOUR or (gap >= FIVE_MINUTES and tail != "1h")
+        if not agent and previous.turn is not None:
+            session_pacing = session_pacing.with_gap(previous.turn, gap)
+            tenant_pacing = tenant_pacing.with_gap(previous.turn, gap)
+            state.pacing.put(tenant, tenant_pacing)
+    exchange.notes["pacing"] = session_pacing
+    shared_live = len(shared_arrivals) >= 2 and now - shared_arrivals[-2] < FIVE_MINUTES
+    return PacingInput(forecast(session_pacing, tenant_pacing), agent, expired, shared_live)
 
 
 def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> list[Run]:
@@ -176,12 +213,19 @@ def make_plan_context(
     session_ttl: str,
     tail_misses: int = 0,
     rewritten_from: int | None = None,
+    pacing: PacingInput | None = None,
 ) -> PlanContext:
     """What the breakpoints stage needs from the session: the previous request's marker
-    positions (bridge breakpoints), the TTLs pacing chose, the count of consecutive
-    rewritten newest messages (wasted tail writes) and the first rewritten message."""
+    positions (bridge breakpoints), the TTLs (or the forecast the planner chooses them from),
+    the count of consecutive rewritten newest messages (wasted tail writes) and the first
+    rewritten message."""
     return PlanContext(
-        previous.breakpoints if previous is not None else (), shared_ttl, session_ttl, tail_misses, rewritten_from
+        previous.breakpoints if previous is not None else (),
+        shared_ttl,
+        session_ttl,
+        tail_misses,
+        rewritten_from,
+        pacing,
     )
 
 
@@ -337,6 +381,10 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         if kinds[i] in call_kinds and isinstance(values[i], dict)
     ]
     usage = exchange.usage
+    turn = usage.turn if usage is not None else None
+    session_pacing = notes.get("pacing")
+    if not isinstance(session_pacing, Pacing):
+        session_pacing = previous.pacing if previous is not None else Pacing()
     return SessionRecord(
         chain=chain.chain,
         ends=chain.ends,
@@ -351,6 +399,8 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         turns=(previous.turns if previous is not None else 0) + 1,
         head=view.head if view is not None else b"",
         tail_misses=notes.get("tail_misses", 0),
+        pacing=session_pacing.with_response(turn) if not is_subagent(exchange.headers) else session_pacing,
+        turn=turn,
     )
 
 
@@ -376,6 +426,8 @@ def after_response(exchange: Exchange, services: Services) -> None:
         _log.warning("session record not built (%s)", type(exc).__name__)
         return
     store.save_soon(tenant, session, record)
+    if record.turn is not None and not is_subagent(exchange.headers):
+        state.pacing.record_response(tenant, record.turn, store)
     if view is not None:
         state.index.register(tenant, session, view.boundaries)
 

@@ -9,6 +9,8 @@ Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-cachi
   value per field wins, never a sum;
 - `cache_creation_input_tokens` equals `cache_creation.ephemeral_5m_input_tokens +
   ephemeral_1h_input_tokens`; a response without the split counts all creation as 5m;
+- who acts next comes from `stop_reason` (the message, or `message_delta.delta` when streaming):
+  `tool_use` / `pause_turn` hand back to the client at once, the others to a person;
 - the response id is the message's `id` (on `message_start` when streaming) and cache
   diagnostics are the message's `diagnostics` object (cache-diagnostics guide, PROVIDERS.md 1.12).
 """
@@ -24,6 +26,8 @@ import orjson
 from proxy.profiles import DIRECT, Profile
 from proxy.providers import anthropic_request
 from proxy.providers.base import (
+    HUMAN,
+    TOOL,
     Block,
     ErrorKind,
     JSONObject,
@@ -45,6 +49,16 @@ _USAGE_KEYS: Final = (
     "cache_read_input_tokens",
 )
 _SPLIT_KEYS: Final = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+_TURN_BY_STOP: Final = {
+    "end_turn": HUMAN,
+    "max_tokens": HUMAN,
+    "stop_sequence": HUMAN,
+    "refusal": HUMAN,
+    "tool_use": TOOL,
+    "pause_turn": TOOL,
+}
+"""`stop_reason` -> who acts next (`pause_turn`: the client resends at once to continue a
+server-tool loop)."""
 
 #: Top-level request fields that change what the provider caches without being blocks
 #: (PROVIDERS.md 1.8). `model` is reported separately as `model_changed`.
@@ -79,6 +93,13 @@ class AnthropicUsage:
         self._response_id: str | None = None
         self._miss_reason: str | None = None
         self._missed_tokens: int | None = None
+        self._turn: str | None = None
+
+    def _take_stop(self, container: Any) -> None:
+        if isinstance(container, dict):
+            turn = _TURN_BY_STOP.get(container.get("stop_reason"))  # type: ignore[arg-type]
+            if turn is not None:
+                self._turn = turn
 
     def _take(self, usage: Any) -> None:
         if self._fields.update(usage, _USAGE_KEYS):
@@ -110,6 +131,7 @@ class AnthropicUsage:
         if isinstance(body, dict):
             self._take(body.get("usage"))
             self._take_message(body)
+            self._take_stop(body)
 
     def feed_event(self, event: str, data: Any) -> None:
         if not isinstance(data, dict):
@@ -122,6 +144,7 @@ class AnthropicUsage:
                 self._take_message(message)
         elif kind == "message_delta":
             self._take(data.get("usage"))
+            self._take_stop(data.get("delta"))
             if "diagnostics" in data:
                 self._take_diagnostics(data["diagnostics"])
 
@@ -139,6 +162,7 @@ class AnthropicUsage:
             response_id=self._response_id,
             cache_miss_reason=self._miss_reason,
             cache_missed_tokens=self._missed_tokens,
+            turn=self._turn,
         )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Final, Literal, Protocol, overload
 
 import orjson
 
@@ -77,6 +77,11 @@ class Usage:
     object (`diagnostics: null` means no divergence, or diagnostics not requested)."""
     cache_missed_tokens: int | None = None
     """`diagnostics.cache_miss_reason.cache_missed_input_tokens` (tokens), when reported."""
+    turn: str | None = None
+    """Who acts next, from the response: `human` (the turn ended: Anthropic `stop_reason`
+    `end_turn` / `max_tokens` / `stop_sequence` / `refusal`; Chat `finish_reason` `stop` /
+    `length` / `content_filter`; a Responses response without a function call), `tool` (a tool
+    call: the client answers in seconds), `None` when the response did not say."""
     cache_discount: float | None = None
     """OpenRouter's `usage.cache_discount` (USD the cache saved; negative when writes cost more
     than they saved), when reported (PROVIDERS.md 6)."""
@@ -88,6 +93,10 @@ class Usage:
     @property
     def prompt_total(self) -> int:
         return self.input_none + self.cache_read + self.cache_write
+
+
+HUMAN: Final = "human"
+TOOL: Final = "tool"
 
 
 class UsageReader(Protocol):

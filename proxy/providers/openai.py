@@ -10,6 +10,8 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
   `cached_tokens` minus `cache_write_tokens` is the uncached part;
 - streamed Chat usage is one final chunk (only with `stream_options.include_usage`); streamed
   Responses usage is on `response.completed` (also read from `response.incomplete` / `.failed`);
+- who acts next: Chat `finish_reason` (`tool_calls` / `function_call`: a tool call; any other: a
+  person), Responses `output` (a `function_call` / `custom_tool_call` item: a tool call);
 - the response id is `id` (Chat: the body or any chunk; Responses: the body or `response.id` on
   any streamed event);
 - cache diagnostics (GPT-5.6+ Responses, PROVIDERS.md 9,
@@ -36,6 +38,8 @@ import orjson
 from proxy.profiles import DIRECT, Profile
 from proxy.providers import openai_request, openai_tokens
 from proxy.providers.base import (
+    HUMAN,
+    TOOL,
     Block,
     ErrorKind,
     JSONObject,
@@ -53,6 +57,7 @@ from proxy.providers.base import (
 CHAT_PATH: Final = "/v1/chat/completions"
 RESPONSES_PATH: Final = "/v1/responses"
 _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
+_CALL_ITEMS: Final = frozenset({"function_call", "custom_tool_call"})
 
 #: Top-level request fields that change the cached prefix without being messages.
 _VARIANT_KEYS: Final = (
@@ -91,10 +96,26 @@ class OpenAIUsage:
         self._details = LastWins()
         self._seen = False
         self._response_id: str | None = None
+        self._turn: str | None = None
         self._variants = LastWins()
         self._discount: float | None = None
         self._miss_reason: str | None = None
         self._missed_tokens: int | None = None
+
+    def _take_choices(self, container: dict[str, Any]) -> None:
+        """Chat: `finish_reason` of the first choice (`tool_calls` / `function_call` = a tool call)."""
+        choices = container.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            reason = choices[0].get("finish_reason")
+            if isinstance(reason, str):
+                self._turn = TOOL if reason in ("tool_calls", "function_call") else HUMAN
+
+    def _take_output(self, response: dict[str, Any]) -> None:
+        """Responses: a function (or custom tool) call anywhere in `output` = a tool call."""
+        output = response.get("output")
+        if isinstance(output, list):
+            calls = any(isinstance(i, dict) and i.get("type") in _CALL_ITEMS for i in output)
+            self._turn = TOOL if calls else HUMAN
 
     def _take_diagnostics(self, container: dict[str, Any]) -> None:
         """`prompt_cache_diagnostics` of a Responses object: `cache_hit` -> no reason (as
@@ -138,6 +159,10 @@ class OpenAIUsage:
         if isinstance(body, dict):
             self._take(body.get("usage"))
             self._take_id(body)
+            if self._is_chat:
+                self._take_choices(body)
+            else:
+                self._take_output(body)
             if not self._is_chat:
                 self._take_diagnostics(body)
 
@@ -147,12 +172,14 @@ class OpenAIUsage:
         if self._is_chat:
             self._take(data.get("usage"))
             self._take_id(data)
+            self._take_choices(data)
             return
         response = data.get("response")
         if isinstance(response, dict):
             self._take_id(response)
             if data.get("type", event) in ("response.completed", "response.incomplete", "response.failed"):
                 self._take(response.get("usage"))
+                self._take_output(response)
                 self._take_diagnostics(response)
 
     def result(self) -> Usage:
@@ -177,6 +204,7 @@ class OpenAIUsage:
             output=self._fields.get(output_key),
             seen=self._seen,
             response_id=self._response_id,
+            turn=self._turn,
             cache_discount=self._discount,
             cache_miss_reason=self._miss_reason,
             cache_missed_tokens=self._missed_tokens,

@@ -138,6 +138,8 @@ class RecordStore:
         self._pending: dict[tuple[str, str], tuple[SessionRecord, bytes, float]] = {}
         """Newest record per session not yet written: `(record, encoded, ttl)`."""
         self._pending_bytes = 0
+        self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
+        """Newest small value per key not yet written (`save_bytes_soon`)."""
         self._writers = TaskSet(MAX_PENDING_WRITES)
 
     async def load(self, tenant: str, session: str) -> SessionRecord | None:
@@ -147,19 +149,7 @@ class RecordStore:
         pending = self._pending.get((tenant, session))
         if pending is not None:
             return pending[0]
-        started = time.perf_counter()
-        try:
-            if self._is_in_process:
-                data = await self.backend.get(tenant, session)
-            else:
-                async with asyncio.timeout(self.get_timeout):
-                    data = await self.backend.get(tenant, session)
-        except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
-            self._get_errors.inc()
-            _log.warning("session store %s get failed (%s)", self.backend.backend, type(exc).__name__)
-            return None
-        finally:
-            self._get_time.observe(time.perf_counter() - started)
+        data = await self._get(tenant, session)
         if data is None:
             return None
         key = (tenant, session)
@@ -176,6 +166,64 @@ class RecordStore:
         self._remember(key, data, record)
         return record
 
+    async def load_bytes(self, tenant: str, key: str) -> bytes | None:
+        """A small value stored beside the tenant's records (`save_bytes_soon`), or `None`
+        (absent, expired, or the store failed: counted and logged like `load`)."""
+        pending = self._raw_pending.get((tenant, key))
+        if pending is not None:
+            return pending[0]
+        return await self._get(tenant, key)
+
+    async def _get(self, tenant: str, key: str) -> bytes | None:
+        """One timed backend read; a failure is counted, logged and read as `None`."""
+        started = time.perf_counter()
+        try:
+            if self._is_in_process:
+                return await self.backend.get(tenant, key)
+            async with asyncio.timeout(self.get_timeout):
+                return await self.backend.get(tenant, key)
+        except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
+            self._get_errors.inc()
+            _log.warning("session store %s get failed (%s)", self.backend.backend, type(exc).__name__)
+            return None
+        finally:
+            self._get_time.observe(time.perf_counter() - started)
+
+    def save_bytes_soon(self, tenant: str, key: str, data: bytes, ttl: float = RECORD_TTL) -> None:
+        """Write a small value in the background (the newest one wins; one writer per key)."""
+        slot = (tenant, key)
+        is_new = slot not in self._raw_pending
+        self._raw_pending[slot] = (data, ttl)
+        if is_new and self._writers.spawn(self._write_bytes(slot), name="promptcache-store-save") is None:
+            self._raw_pending.pop(slot, None)
+            self._dropped.inc()
+
+    async def _write_bytes(self, slot: tuple[str, str]) -> None:
+        try:
+            while (item := self._raw_pending.get(slot)) is not None:
+                await self._put_bytes(slot, item[0], item[1])
+                if self._raw_pending.get(slot) is item:
+                    break
+        finally:
+            self._raw_pending.pop(slot, None)
+
+    async def _put_bytes(self, slot: tuple[str, str], data: bytes, ttl: float) -> bool:
+        """One timed backend write; a failure is counted, logged and returns `False`."""
+        started = time.perf_counter()
+        try:
+            if self._is_in_process:
+                await self.backend.put(slot[0], slot[1], data, ttl)
+            else:
+                async with asyncio.timeout(self.put_timeout):
+                    await self.backend.put(slot[0], slot[1], data, ttl)
+        except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
+            self._put_errors.inc()
+            _log.warning("session store %s put failed (%s)", self.backend.backend, type(exc).__name__)
+            return False
+        finally:
+            self._put_time.observe(time.perf_counter() - started)
+        return True
+
     async def save(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
         """Write `record` for `ttl` seconds now; `False` when the store failed (counted, logged).
 
@@ -183,20 +231,8 @@ class RecordStore:
         return await self._put((tenant, session), encode_record(record), record, ttl)
 
     async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord, ttl: float) -> bool:
-        tenant, session = key
-        started = time.perf_counter()
-        try:
-            if self._is_in_process:
-                await self.backend.put(tenant, session, data, ttl)
-            else:
-                async with asyncio.timeout(self.put_timeout):
-                    await self.backend.put(tenant, session, data, ttl)
-        except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
-            self._put_errors.inc()
-            _log.warning("session store %s put failed (%s)", self.backend.backend, type(exc).__name__)
+        if not await self._put_bytes(key, data, ttl):
             return False
-        finally:
-            self._put_time.observe(time.perf_counter() - started)
         self._remember(key, data, record)
         return True
 

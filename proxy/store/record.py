@@ -9,6 +9,7 @@ Encoding (`encode_record` / `decode_record`), compact and versioned:
     b"PCR1" | u32 big-endian header length | orjson(header) | blob
 
 The header is a small orjson object (scalars, tuples, pins; a key added later, such as `tm`,
+`pc` or `lt`,
 is optional on reading, so older records of the same version still decode); the blob holds the binary fields
 back to back: `chain`, `params_digest`, then per sidecar its masked digest, exact digest and
 value bytes, with lengths recorded in the header. Sidecar values stay raw bytes: replay
@@ -26,6 +27,8 @@ from typing import Any, Final
 
 import orjson
 import xxhash
+
+from proxy.pacing import HUMAN, TOOL, Pacing
 
 MAGIC: Final = b"PCR1"
 VERSION: Final = 1
@@ -90,6 +93,10 @@ class SessionRecord:
     """Consecutive requests, the last one included, that rewrote the newest message of the
     request before them (`proxy.pipeline.replay.tail_rewritten`): a marker on the newest
     message is never read, so the planner stops writing one (`PlanContext.tail_misses`)."""
+    pacing: Pacing = field(default_factory=Pacing)
+    """The session's gaps by kind and turn-end counts (`proxy.pacing`, bounded)."""
+    turn: str | None = None
+    """Who acts after the last response (`Usage.turn`: `human`, `tool`, `None` unknown)."""
 
 
 def encode_record(record: SessionRecord) -> bytes:
@@ -109,6 +116,8 @@ def encode_record(record: SessionRecord) -> bytes:
         "turns": record.turns,
         "head": record.head.hex(),
         "tm": record.tail_misses,
+        "pc": record.pacing.to_json(),
+        "lt": record.turn,
     }
     head = orjson.dumps(header)
     parts = [_HEAD.pack(MAGIC, len(head)), head, record.chain, record.params_digest]
@@ -165,6 +174,8 @@ def decode_record(data: bytes) -> SessionRecord:
             turns=header["turns"],
             head=bytes.fromhex(header["head"]),
             tail_misses=int(header.get("tm", 0)),
+            pacing=Pacing.from_json(header.get("pc")),
+            turn=header.get("lt") if header.get("lt") in (HUMAN, TOOL) else None,
         )
     except RecordError:
         raise

@@ -13,6 +13,9 @@ Contract (`replay_traces`):
   so pacing-based TTL choices see the gaps the simulator sees.
 - Each request is answered as the recorded model answered it: a tool call where the
   conversation's next request carries one (`replies.py`), else text.
+- `tenant_history` (`--tenant-history`): before the measured `promptcache` run, its proxy sees
+  the trace once as an earlier conversation of the same tenant (`trace.earlier_conversation`),
+  uncounted; a day passes and the simulator's cache is flushed before the measured run.
 - Usage is read from each response (`usage.py`), priced with `proxy.pricing`, and tallied
   (`report.py`); the optimum comes from `oracle.py`, computed before the trace runs.
 - Each 2xx request gets its divergence cause (`divergence.py`): for `promptcache` the cause the
@@ -47,11 +50,12 @@ from proxy.workloads.oracle import optimum
 from proxy.workloads.replies import reply_headers
 from proxy.workloads.report import Report, RequestOutcome, Tally, TraceResult
 from proxy.workloads.strategies import upstream_body
-from proxy.workloads.trace import Trace, TraceRequest
+from proxy.workloads.trace import Trace, TraceRequest, earlier_conversation
 from proxy.workloads.usage import read_usage
 
 ANTHROPIC_VERSION: Final = "2023-06-01"
 TIMEOUT: Final = aiohttp.ClientTimeout(total=600)
+DAY: Final = 86400.0
 MEASURE_WAIT_S: Final = 1.0
 """Longest wait (seconds) for the proxy's measurement of a request after its response."""
 
@@ -220,6 +224,7 @@ async def _run_strategy(
     pricing: PricingTable,
     progress: Progress,
     rules: RuleSet | None,
+    tenant_history: bool = False,
 ) -> tuple[Tally, list[RequestOutcome], int]:
     await _admin(http, "DELETE", f"{sim_url}/_sim/cache")
     stack = contextlib.AsyncExitStack()
@@ -229,6 +234,8 @@ async def _run_strategy(
         if strategy == "promptcache":
             target, registry = await stack.enter_async_context(_proxy(sim_url, clock))
             tracker = None
+            if tenant_history:
+                await _earlier(http, sim_url, target, clock, trace, strategy, totals, pricing)
         counted: Counter[str] = Counter()
         replies = reply_headers(trace)
         tally = Tally()
@@ -261,6 +268,31 @@ async def _run_strategy(
     return tally, outcomes, stage_errors
 
 
+async def _earlier(
+    http: aiohttp.ClientSession,
+    sim_url: str,
+    target: str,
+    clock: TraceClock,
+    trace: Trace,
+    strategy: str,
+    totals: list[int],
+    pricing: PricingTable,
+) -> None:
+    """The trace once more as an earlier conversation of the same tenant (`--tenant-history`),
+    through the same proxy, uncounted; then a day passes and the simulator's cache is flushed,
+    so the measured run gains only what the proxy learned about the tenant."""
+    earlier = earlier_conversation(trace)
+    replies = reply_headers(earlier)
+    for i, request in enumerate(earlier.requests):
+        if request.gap:
+            await _admin(http, "POST", f"{sim_url}/_sim/clock", {"advance": request.gap})
+            clock.advance(request.gap)
+        await _send(http, target, strategy, request, pricing, totals[i], None, replies[i])
+    await _admin(http, "POST", f"{sim_url}/_sim/clock", {"advance": DAY})
+    clock.advance(DAY)
+    await _admin(http, "DELETE", f"{sim_url}/_sim/cache")
+
+
 def _default_rules() -> RuleSet | None:
     """The rules a proxy with default settings loads (volatile patterns, model minimums)."""
     try:
@@ -274,8 +306,11 @@ async def replay_traces(
     strategies: Sequence[str],
     upstream: str = "sim",
     progress: Progress | None = None,
+    tenant_history: bool = False,
 ) -> Report:
-    """Replay every trace under every strategy (module docstring); returns the report."""
+    """Replay every trace under every strategy (module docstring); returns the report.
+    `tenant_history`: promptcache's proxy first sees the trace as an earlier conversation of
+    the same tenant (`_earlier`), as a user with one conversation behind them."""
     progress = progress if progress is not None else Progress(enabled=False)
     config = await asyncio.to_thread(SimConfig.load)
     counter = TokenCounter(await asyncio.to_thread(load_o200k))
@@ -305,7 +340,7 @@ async def replay_traces(
             result.min_cost = best.min_cost
             for strategy in strategies:
                 tally, outcomes, stage_errors = await _run_strategy(
-                    http, sim_url, clock, trace, strategy, totals, pricing, progress, rules
+                    http, sim_url, clock, trace, strategy, totals, pricing, progress, rules, tenant_history
                 )
                 result.tallies[strategy] = tally
                 result.outcomes[strategy] = outcomes

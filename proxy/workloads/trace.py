@@ -78,6 +78,50 @@ def with_gaps(trace: Trace, seconds: float) -> Trace:
     return Trace(f"{trace.name}@{label}s", trace.description, requests)
 
 
+EARLIER: Final = "(an earlier conversation) "
+SESSION_VALUE_HEADERS: Final = ("x-claude-code-session-id", "x-session-id")
+
+
+def _earlier_body(body: dict[str, Any]) -> dict[str, Any]:
+    key = "input" if isinstance(body.get("input"), list) else "messages"
+    items = body.get(key)
+    if not isinstance(items, list):
+        return body
+    out = list(items)
+    for i, item in enumerate(out):
+        if not isinstance(item, dict) or item.get("role") != "user":
+            continue
+        content = item.get("content")
+        if isinstance(content, str):
+            out[i] = {**item, "content": EARLIER + content}
+        elif isinstance(content, list):
+            parts = list(content)
+            for j, part in enumerate(parts):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    parts[j] = {**part, "text": EARLIER + part["text"]}
+                    break
+            out[i] = {**item, "content": parts}
+        break
+    new = {**body, key: out}
+    for field_name in ("prompt_cache_key", "user"):
+        if isinstance(new.get(field_name), str):
+            new[field_name] = new[field_name] + "-earlier"
+    return new
+
+
+def earlier_conversation(trace: Trace) -> Trace:
+    """The same conversation as an earlier one of the same tenant: its first user message starts
+    with `EARLIER` and its session ids (headers, `prompt_cache_key`, `user`) get `-earlier`, so
+    it shares the tools and system prompt but no message and no session with `trace`."""
+    requests = []
+    for r in trace.requests:
+        headers = {
+            k: v + "-earlier" if k.lower() in SESSION_VALUE_HEADERS else v for k, v in r.headers.items()
+        }
+        requests.append(TraceRequest(r.gap, r.path, _earlier_body(r.body), headers))
+    return Trace(f"{trace.name}-earlier", trace.description, tuple(requests))
+
+
 def _check_headers(headers: Mapping[str, Any], where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in headers.items():

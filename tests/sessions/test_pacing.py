@@ -1,63 +1,105 @@
-"""TTL from pacing: exact values of the pure core."""
+"""Pacing: the predictor and the TTL cost rule, exact values of the pure core."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.pacing import choose_ttl, expected_cost, gaps, hit_probability, plan_ttls
-
-T0 = 1_800_000_000.0
-
-
-def every(seconds: float, n: int) -> list[float]:
-    return [T0 + i * seconds for i in range(n)]
-
-
-def test_gaps_are_recent_and_non_negative() -> None:
-    assert gaps([T0, T0 + 3, T0 + 1]) == (3.0, 0.0)
-    assert len(gaps(every(1, 20))) == 8
-
-
-def test_hit_probability_is_smoothed() -> None:
-    assert hit_probability([1200.0], 300.0) == 0.25
-    assert hit_probability([1200.0], 3600.0) == 0.75
+from proxy.pacing import (
+    BREAK_EVEN,
+    END_PRIOR,
+    HUMAN,
+    HUMAN_PRIOR,
+    MAX_GAPS,
+    MAX_RESPONSES,
+    TOOL,
+    TOOL_PRIOR,
+    Forecast,
+    Pacing,
+    choose_ttls,
+    forecast,
+)
 
 
-def test_costs_for_one_twenty_minute_gap() -> None:
-    assert expected_cost([1200.0], "5m") == pytest.approx(1.25 + 3 * (0.25 * 0.1 + 0.75 * 1.25))
-    assert expected_cost([1200.0], "1h") == pytest.approx(2.0 + 3 * (0.75 * 0.1 + 0.25 * 2.0))
+def test_a_new_tenant_starts_from_the_documented_prior() -> None:
+    f = forecast(Pacing(), Pacing())
+    assert (f.p_end, f.human_soon, f.human_hour, f.tool_soon, f.tool_hour) == (
+        END_PRIOR,
+        *HUMAN_PRIOR,
+        *TOOL_PRIOR,
+    )
+    assert f.next_hour == pytest.approx(0.3 * 0.40 + 0.7 * 0.02)
+    # a first request of a new tenant: a 5m tail (the chance 0.134 is under the break-even 0.652)
+    first = choose_ttls(f, expired=True)
+    assert (first.shared, first.anchor, first.tail) == ("5m", "5m", "5m")
 
 
-def test_first_request_is_5m() -> None:
-    choice = choose_ttl([T0])
-    assert (choice.ttl, choice.expected_gap) == ("5m", None)
+def test_gaps_are_split_by_the_kind_of_the_response_before_them() -> None:
+    p = Pacing().with_gap(HUMAN, 600).with_gap(TOOL, 4).with_gap(None, 99).with_gap(HUMAN, 120)
+    assert p.human == (600.0, 120.0) and p.tool == (4.0,)
+    p = p.with_response(HUMAN).with_response(TOOL).with_response(TOOL).with_response(None)
+    assert (p.ends, p.responses) == (1, 3)
+    f = forecast(p, Pacing())
+    assert (f.p_end, f.human_soon, f.human_hour, f.tool_soon, f.tool_hour) == (1 / 3, 0.5, 0.5, 1.0, 0.0)
+    assert f.next_hour == pytest.approx(1 / 6)
 
 
-def test_twenty_minute_gaps_choose_1h() -> None:
-    choice = choose_ttl(every(1200, 2))
-    assert choice.ttl == "1h"
-    assert choice.expected_gap == 1200.0
-    assert choice.expected_reads == pytest.approx(3.0)
-    assert choice.cost_1h == pytest.approx(3.725)
-    assert choice.cost_5m == pytest.approx(4.1375)
-    assert choose_ttl(every(1200, 10)).ttl == "1h"
+def test_session_and_tenant_samples_pool_and_the_prior_goes_once_a_kind_is_seen() -> None:
+    session = Pacing(human=(400.0,), ends=1, responses=1)
+    tenant = Pacing(human=(30.0, 5000.0, 900.0), tool=(3.0,), ends=1, responses=3)
+    f = forecast(session, tenant)
+    assert (f.human_soon, f.human_hour) == (0.25, 0.5)
+    assert (f.tool_soon, f.tool_hour) == (1.0, 0.0)
+    assert f.p_end == 0.5
+    only_human = forecast(Pacing(human=(30.0,)), Pacing())
+    assert (only_human.tool_soon, only_human.tool_hour) == TOOL_PRIOR
 
 
-def test_three_second_gaps_choose_5m() -> None:
-    assert choose_ttl(every(3, 10)).ttl == "5m"
+def test_bounded_and_round_trips() -> None:
+    p = Pacing()
+    for i in range(MAX_GAPS + 5):
+        p = p.with_gap(HUMAN, i)
+    assert len(p.human) == MAX_GAPS and p.human[-1] == MAX_GAPS + 4
+    for _ in range(MAX_RESPONSES):
+        p = p.with_response(HUMAN)
+    p = p.with_response(TOOL)
+    assert (p.ends, p.responses) == (MAX_RESPONSES // 2, (MAX_RESPONSES + 1) // 2)
+    assert Pacing.from_json(p.to_json()) == p
+    assert Pacing.from_json({"h": ["x"]}) == Pacing()
+    assert Pacing.from_json({"e": 5, "n": 2}) == Pacing()
+    assert Pacing.from_json(None) == Pacing()
 
 
-def test_gaps_beyond_an_hour_choose_5m() -> None:
-    choice = choose_ttl(every(4000, 3))
-    assert choice.ttl == "5m" and choice.cost_5m < choice.cost_1h
+def test_break_even_of_a_1h_tail() -> None:
+    # cost(5m) = 1.25 d + p (1.25 - 0.1) d against cost(1h) = 2 d: 1h when p > 0.75 / 1.15
+    assert BREAK_EVEN == pytest.approx(0.75 / 1.15)
+
+    def at(p: float) -> Forecast:
+        return Forecast(p_end=1.0, human_soon=1 - p, human_hour=p, tool_soon=1.0, tool_hour=0.0)
+
+    assert choose_ttls(at(0.65)).tail == "5m"
+    assert choose_ttls(at(0.66)).tail == "1h"
+    assert choose_ttls(at(1.0)) == choose_ttls(at(1.0), shared_live=True)
+    assert (choose_ttls(at(1.0)).shared, choose_ttls(at(1.0)).anchor) == ("1h", "1h")
 
 
-def test_median_gap_at_five_minutes_is_5m() -> None:
-    assert choose_ttl(every(300, 5)).ttl == "5m"
-    assert choose_ttl(every(301, 5)).ttl == "1h"
+def test_six_minute_people_get_1h_thirty_second_people_never_do() -> None:
+    six = Pacing(human=(360.0,) * 3, tool=(360.0,) * 3, ends=3, responses=6)
+    choice = choose_ttls(forecast(six, Pacing()))
+    assert (choice.shared, choice.anchor, choice.tail, choice.next_hour) == ("1h", "1h", "1h", 1.0)
+    fast = Pacing(human=(30.0,) * 3, tool=(30.0,) * 3, ends=3, responses=6)
+    choice = choose_ttls(forecast(fast, Pacing()), expired=True)
+    assert (choice.shared, choice.anchor, choice.tail, choice.next_hour) == ("5m", "5m", "5m", 0.0)
 
 
-def test_shared_prefix_is_never_shorter_than_the_session() -> None:
-    assert plan_ttls(every(1200, 3), every(3, 10)) == ("1h", "1h")
-    assert plan_ttls(every(3, 10), every(1200, 3)) == ("1h", "5m")
-    assert plan_ttls(every(3, 10), every(3, 10)) == ("5m", "5m")
+def test_anchor_is_1h_while_it_lives_the_shared_prefix_when_alive_and_likely_needed() -> None:
+    f = forecast(Pacing(human=(900.0, 60.0)), Pacing())  # next_hour = 0.3 * 0.5 + 0.7 * 0.02 = 0.164
+    choice = choose_ttls(f)
+    assert (choice.shared, choice.anchor, choice.tail) == ("5m", "1h", "5m")
+    assert choose_ttls(f, expired=True).anchor == "5m"
+    assert choose_ttls(f, shared_live=True).shared == "1h"
+
+
+def test_a_subagent_tail_is_5m_whatever_the_pacing() -> None:
+    six = Pacing(human=(360.0,) * 3, tool=(360.0,) * 3, ends=3, responses=6)
+    choice = choose_ttls(forecast(six, Pacing()), agent=True)
+    assert (choice.tail, choice.anchor) == ("5m", "1h")

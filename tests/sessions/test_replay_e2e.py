@@ -145,7 +145,8 @@ async def test_redis_stopped_mid_conversation_fails_no_request(
         assert fake_upstream.received[-1].body == client.sent[-1]  # forwarded as sent, no replay
     await client.settle(proxy)
     assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="get") == 3
-    assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="put") == 3
+    # three session records and the tenant's pacing after its first response (proxy.sessions)
+    assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="put") == 4
     assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="ok") == 4
     assert proxy.sample("promptcache_stage_errors_total", stage="session") == 0
 
@@ -196,7 +197,7 @@ async def test_inferred_session_appends_and_replays(
     assert sent_messages(fake_upstream, 1)[0] == orjson.dumps(FIRST)
     await client.settle(proxy)
     backend = proxy.services.store.backend
-    assert len(backend) == 1  # one session, two turns
+    assert len(backend) == 2  # one session (two turns) and the tenant's pacing
 
 
 async def test_openai_chat_replay_skips_system_messages(

@@ -163,4 +163,4 @@ async def test_4xx_never_updates_state(start_proxy: Any, sim: Sim, client: Clien
     status, _ = await client.messages(proxy, body([first_message("2026-11-29T20:00:00Z")]), headers=SESSION)
     assert status == 200
     await client.settle(proxy)
-    assert len(proxy.services.store.backend) == 1
+    assert len(proxy.services.store.backend) == 2  # the session's record and the tenant's pacing
