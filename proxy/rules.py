@@ -289,7 +289,7 @@ def _rule_files(folder: Path) -> list[Path]:
 def _load(folder: Path) -> tuple[RuleSet | None, list[str]]:
     errors: list[str] = []
     if not folder.is_dir():
-        return None, [f"{folder}: not a folder"]
+        return None, [f"{folder}: {'not a folder' if folder.exists() else 'no such file or folder'}"]
     files = _rule_files(folder)
     if not files:
         errors.append(f"{folder}: no rule files (default.yaml or *.rules.yaml)")
@@ -326,11 +326,45 @@ def check_rules(dir: Path | str | None = None) -> list[str]:
     return _load(Path(dir) if dir is not None else PACKAGED_DIR)[1]
 
 
+def _check_pricing(path: Path) -> None:
+    from proxy.pricing import load_pricing
+
+    load_pricing(path)
+
+
+def _check_profiles(path: Path) -> None:
+    from proxy.profiles import parse_profiles
+
+    parse_profiles(path.read_text(encoding="utf-8"), str(path))
+
+
+def _check_simulator(path: Path) -> None:
+    from proxy.sim.config import SimConfig
+
+    SimConfig.load(path)
+
+
+_OTHER_FILES: Final = {
+    "pricing.yaml": _check_pricing,
+    "profiles.yaml": _check_profiles,
+    "simulator.yaml": _check_simulator,
+}
+"""The other files of a rules folder, by name, each validated by its own loader."""
+
+
 def check_rule_file(path: Path | str) -> tuple[str, list[str]]:
-    """`(summary, problems)` for one file: the model table when it is named `models.yaml`,
-    else a rule file (`default.yaml`, `*.rules.yaml` or any YAML of that schema)."""
+    """`(summary, problems)` for one file: `pricing.yaml`, `profiles.yaml` and `simulator.yaml`
+    by their own loaders, the model table when it is named `models.yaml`, else a rule file
+    (`default.yaml`, `*.rules.yaml` or any YAML of that schema)."""
     path = Path(path)
     errors: list[str] = []
+    other = _OTHER_FILES.get(path.name)
+    if other is not None:
+        try:
+            other(path)
+        except (ValueError, OSError) as exc:  # PricingError, ProfileError, ConfigError name file and key
+            return "", str(exc).splitlines()
+        return f"ok: {path.name} loads", []
     if path.name == MODELS_FILE:
         table, _ = _models_file(path, errors)
         return f"ok: {len(table)} model minimums", errors
