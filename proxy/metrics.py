@@ -439,6 +439,12 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.rules_budget_exceeded = Counter(
+            "promptcache_rules_budget_exceeded_total",
+            "Requests whose text exceeded the rules' scan budget (`classify_budget_chars`); the "
+            "rest was not masked for replay (proxy.pipeline.session).",
+            registry=r,
+        )
         self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
         self.build.info({"version": __version__})
 

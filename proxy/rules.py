@@ -12,7 +12,9 @@ A rules folder (the packaged one is `rules/` at the repository root, next to `pr
 `load_rules(dir)` returns a frozen `RuleSet` or raises `RuleError` listing every problem at once.
 Each problem names the file, the key path and the line (`default.yaml:12: rules[3].tier: ...`).
 Files are parsed with PyYAML's safe loader (node by node, to keep line numbers); unknown keys,
-duplicate keys, bad regular expressions and a missing or unknown `version` are errors. A
+duplicate keys, bad regular expressions, patterns that can backtrack super-linearly
+(`proxy.regexcheck`: nested or adjacent unbounded quantifiers over overlapping classes; the
+message names the rule) and a missing or unknown `version` are errors. A
 `RuleSet` is never edited: a reload builds a new one.
 """
 
@@ -28,6 +30,7 @@ from typing import Any, Final
 import yaml
 
 from proxy.paths import packaged_rules_dir
+from proxy.regexcheck import superlinear_reason
 
 PACKAGED_DIR: Final = packaged_rules_dir()
 TIERS: Final = ("stable", "session", "volatile")
@@ -165,15 +168,21 @@ def _top(doc: _Doc, allowed: frozenset[str]) -> dict[str, Any] | None:
     return doc.value
 
 
-def _regex(doc: _Doc, path: tuple[Any, ...], value: Any) -> re.Pattern[str] | None:
+def _regex(doc: _Doc, path: tuple[Any, ...], value: Any, rule: Any = None) -> re.Pattern[str] | None:
     if not isinstance(value, str) or not value:
         doc.error(path, "must be a non-empty regular expression string")
         return None
     try:
-        return re.compile(value)
+        compiled = re.compile(value)
     except re.error as exc:
         doc.error(path, f"invalid regular expression: {exc}")
         return None
+    reason = superlinear_reason(value)
+    if reason is not None:
+        named = f"rule {rule!r}: " if isinstance(rule, str) else ""
+        doc.error(path, f"{named}pattern can backtrack super-linearly: {reason}")
+        return None
+    return compiled
 
 
 def _rule(doc: _Doc, i: int, raw: Any, names: dict[str, str]) -> Rule | None:
@@ -199,13 +208,13 @@ def _rule(doc: _Doc, i: int, raw: Any, names: dict[str, str]) -> Rule | None:
         doc.error(at + ("kind",), f"must be one of {', '.join(KINDS)} (got {kind!r})")
     if "tier" in raw and tier not in TIERS:
         doc.error(at + ("tier",), f"must be one of {', '.join(TIERS)} (got {tier!r})")
-    pattern = _regex(doc, at + ("pattern",), raw.get("pattern")) if "pattern" in raw else None
+    pattern = _regex(doc, at + ("pattern",), raw.get("pattern"), name) if "pattern" in raw else None
     end = until = None
     for key in ("end", "until"):
         if key in raw:
             if kind != "section":
                 doc.error(at + (key,), "only a `section` rule has an end")
-            compiled = _regex(doc, at + (key,), raw[key])
+            compiled = _regex(doc, at + (key,), raw[key], name)
             end, until = (compiled, until) if key == "end" else (end, compiled)
     if "end" in raw and "until" in raw:
         doc.error(at + ("until",), "give `end` or `until`, not both")
@@ -280,7 +289,7 @@ def _rule_files(folder: Path) -> list[Path]:
 def _load(folder: Path) -> tuple[RuleSet | None, list[str]]:
     errors: list[str] = []
     if not folder.is_dir():
-        return None, [f"{folder}: not a folder"]
+        return None, [f"{folder}: {'not a folder' if folder.exists() else 'no such file or folder'}"]
     files = _rule_files(folder)
     if not files:
         errors.append(f"{folder}: no rule files (default.yaml or *.rules.yaml)")
@@ -317,11 +326,45 @@ def check_rules(dir: Path | str | None = None) -> list[str]:
     return _load(Path(dir) if dir is not None else PACKAGED_DIR)[1]
 
 
+def _check_pricing(path: Path) -> None:
+    from proxy.pricing import load_pricing
+
+    load_pricing(path)
+
+
+def _check_profiles(path: Path) -> None:
+    from proxy.profiles import parse_profiles
+
+    parse_profiles(path.read_text(encoding="utf-8"), str(path))
+
+
+def _check_simulator(path: Path) -> None:
+    from proxy.sim.config import SimConfig
+
+    SimConfig.load(path)
+
+
+_OTHER_FILES: Final = {
+    "pricing.yaml": _check_pricing,
+    "profiles.yaml": _check_profiles,
+    "simulator.yaml": _check_simulator,
+}
+"""The other files of a rules folder, by name, each validated by its own loader."""
+
+
 def check_rule_file(path: Path | str) -> tuple[str, list[str]]:
-    """`(summary, problems)` for one file: the model table when it is named `models.yaml`,
-    else a rule file (`default.yaml`, `*.rules.yaml` or any YAML of that schema)."""
+    """`(summary, problems)` for one file: `pricing.yaml`, `profiles.yaml` and `simulator.yaml`
+    by their own loaders, the model table when it is named `models.yaml`, else a rule file
+    (`default.yaml`, `*.rules.yaml` or any YAML of that schema)."""
     path = Path(path)
     errors: list[str] = []
+    other = _OTHER_FILES.get(path.name)
+    if other is not None:
+        try:
+            other(path)
+        except (ValueError, OSError) as exc:  # PricingError, ProfileError, ConfigError name file and key
+            return "", str(exc).splitlines()
+        return f"ok: {path.name} loads", []
     if path.name == MODELS_FILE:
         table, _ = _models_file(path, errors)
         return f"ok: {len(table)} model minimums", errors

@@ -116,6 +116,10 @@ class Settings(BaseModel):
     tracing: bool = False
     """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
     (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""
+    classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
+    """Characters of client text the rules may scan per request (each pattern run costs the
+    text's length); past it the rest of the request is not masked for replay (counted in
+    `promptcache_rules_budget_exceeded_total`)."""
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod

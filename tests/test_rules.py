@@ -148,6 +148,7 @@ def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert check_rules_command(str(_folder(tmp_path, "version: 1\nrules: 3\n"))) == 1
     assert capsys.readouterr().err == f"{tmp_path / 'default.yaml'}:2: rules: must be a list of rules\n"
     assert check_rules_command(str(tmp_path / "missing")) == 1
+    assert capsys.readouterr().err == f"{tmp_path / 'missing'}: no such file or folder\n"
 
 
 def test_check_rules_accepts_one_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,6 +156,13 @@ def test_check_rules_accepts_one_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert capsys.readouterr().out == f"ok: {len(load_rules(PACKAGED_DIR).rules)} rules\n"
     assert check_rules_command(str(PACKAGED_DIR / "models.yaml")) == 0
     assert capsys.readouterr().out == f"ok: {len(load_rules(PACKAGED_DIR).min_tokens_by_prefix)} model minimums\n"
+    for name in ("pricing.yaml", "profiles.yaml", "simulator.yaml"):
+        assert check_rules_command(str(PACKAGED_DIR / name)) == 0
+        assert capsys.readouterr().out == f"ok: {name} loads\n"
+    broken = tmp_path / "pricing.yaml"
+    broken.write_text("version: 1\n")
+    assert check_rules_command(str(broken)) == 1
+    assert capsys.readouterr().err.startswith(f"{broken}")
     bad = tmp_path / "team.rules.yaml"
     bad.write_text("version: 1\nrules: 3\n")
     assert check_rules_command(str(bad)) == 1

@@ -51,7 +51,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import orjson
@@ -125,28 +125,35 @@ def _strip_part(part: Any) -> Any:
     if not MARKER_KEYS.isdisjoint(part.keys()):
         part = {k: v for k, v in part.items() if k not in MARKER_KEYS}
     nested = part.get("content")
-    if isinstance(nested, list) and any(
-        isinstance(p, dict) and not MARKER_KEYS.isdisjoint(p) for p in nested
-    ):
+    if isinstance(nested, list) and any(isinstance(p, dict) and not MARKER_KEYS.isdisjoint(p) for p in nested):
         part = {
             **part,
             "content": [
-                {k: v for k, v in p.items() if k not in MARKER_KEYS} if isinstance(p, dict) else p
-                for p in nested
+                {k: v for k, v in p.items() if k not in MARKER_KEYS} if isinstance(p, dict) else p for p in nested
             ],
         }
     return part
 
 
 def span_pattern(pattern: re.Pattern[str]) -> re.Pattern[str]:
-    """`pattern` extended to the end of the token it ends in (`(?:pattern)\\S*`), in MULTILINE
-    mode so `^` / `$` anchor at line starts and ends as when the rules match single lines.
+    """`pattern` extended to the end of the token it ends in (`(?:pattern)\\S*`). It is run on
+    one line at a time (`sub_lines`), as the rules match, so `^` / `$` anchor at line starts
+    and ends and no quantifier crosses a newline (time linear in the text for the patterns
+    `proxy.regexcheck` admits).
 
     The extension takes a timestamp's seconds and zone along (`2026-11-29T20:09` + `:13Z`) and
     never reaches past the next whitespace.
     """
     source = _GLOBAL_FLAGS.sub("", pattern.pattern, count=1)
-    return re.compile(rf"(?:{source})\S*", pattern.flags | re.MULTILINE)
+    return re.compile(rf"(?:{source})\S*", pattern.flags & ~re.MULTILINE)
+
+
+def sub_lines(pattern: re.Pattern[str], text: str) -> str:
+    """`text` with each match of `pattern` in each of its `\\n`-separated lines replaced by
+    `MASK` (a match never spans two lines)."""
+    if "\n" not in text:
+        return pattern.sub(MASK, text)
+    return "\n".join([pattern.sub(MASK, line) for line in text.split("\n")])
 
 
 def mask_strings(value: Any, spans: Patterns) -> Any:
@@ -155,24 +162,50 @@ def mask_strings(value: Any, spans: Patterns) -> Any:
     return mask_filtered(value, tuple((pattern, None) for pattern in spans))
 
 
-def mask_filtered(value: Any, filters: Sequence[tuple[re.Pattern[str], Needs | None]]) -> Any:
+class Budget:
+    """Characters the rules may still scan for one request (`Masker.budget`): each pattern run
+    over a text costs its length. Once spent, the rest of the request is not masked (its
+    messages keep their exact digests: replay then needs identical text) and `is_spent` is
+    set, so the caller can count it."""
+
+    __slots__ = ("left", "is_spent")
+
+    def __init__(self, chars: int) -> None:
+        self.left = chars
+        self.is_spent = False
+
+    def take(self, chars: int) -> bool:
+        """Spend `chars`; `False` (and nothing spent) when not enough is left."""
+        if chars > self.left:
+            self.is_spent = True
+            return False
+        self.left -= chars
+        return True
+
+
+def mask_filtered(
+    value: Any, filters: Sequence[tuple[re.Pattern[str], Needs | None]], budget: Budget | None = None
+) -> Any:
     """`mask_strings` with each pattern run only on the strings its `Needs` admits (a string it
     does not admit cannot hold a match: `proxy.pipeline.prefilter`), in pattern order, each on
-    the text the earlier ones left."""
+    the text the earlier ones left, one line at a time (`sub_lines`); with a `budget`, a pattern
+    runs only while the budget covers the text's length."""
     if isinstance(value, str):
         scanned = ScannedText(value) if value.isascii() else None
         for pattern, need in filters:
             if need is not None and scanned is not None and not need.admits_ascii(scanned):
                 continue
-            masked = pattern.sub(MASK, value)
+            if budget is not None and not budget.take(len(value)):
+                return value
+            masked = sub_lines(pattern, value)
             if masked != value:
                 value = masked
                 scanned = ScannedText(value) if value.isascii() else None
         return value
     if isinstance(value, dict):
-        return {k: mask_filtered(v, filters) for k, v in value.items()}
+        return {k: mask_filtered(v, filters, budget) for k, v in value.items()}
     if isinstance(value, list):
-        return [mask_filtered(v, filters) for v in value]
+        return [mask_filtered(v, filters, budget) for v in value]
     return value
 
 
@@ -194,6 +227,8 @@ class Masker:
         self.spans = tuple(span_pattern(p) for p in patterns)
         self.filters = tuple((span, needs(span)) for span in self.spans)
         self.memo_size = memo_size
+        self.budget: Budget | None = None
+        """The current request's scan budget (`begin`); `None`: unlimited."""
         self._memo: OrderedDict[bytes, bytes] = OrderedDict()
         self._exact: OrderedDict[bytes, bytes] = OrderedDict()
 
@@ -208,9 +243,7 @@ class Masker:
         exact, masked, keys = self.examine_all((value,))
         return exact[0], masked[0], keys[0]
 
-    def examine_all(
-        self, values: Sequence[Any]
-    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
+    def examine_all(self, values: Sequence[Any]) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
         """`examine` of each of `values`, as three tuples (exact, masked, key); one loop,
         since a long conversation has hundreds of messages."""
         dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
@@ -242,15 +275,22 @@ class Masker:
             maskeds.append(masked)
         return tuple(exacts), tuple(maskeds), tuple(keys)
 
+    def begin(self, chars: int | None) -> Budget | None:
+        """Start a request: the rules may scan `chars` characters for it (`None`: no limit)."""
+        self.budget = Budget(chars) if chars is not None else None
+        return self.budget
+
     def _masked(self, exact: bytes, stripped: Any) -> bytes:
         masked = self._memo.get(exact)
         if masked is not None:
             self._memo.move_to_end(exact)
             return masked
+        budget = self.budget
         masked = xxhash.xxh3_128_digest(
-            orjson.dumps(mask_filtered(canonical_value(stripped), self.filters), option=orjson.OPT_SORT_KEYS)
+            orjson.dumps(mask_filtered(canonical_value(stripped), self.filters, budget), option=orjson.OPT_SORT_KEYS)
         )
-        self._remember(exact, masked)
+        if budget is None or not budget.is_spent:
+            self._remember(exact, masked)  # a partly masked digest is never remembered
         return masked
 
     def digest(self, value: Any) -> bytes:
@@ -296,6 +336,8 @@ class MessageView:
     keys: tuple[bytes, ...] = ()
     """xxh3-128 of `stripped_bytes` of each element (what its sidecar's `value` is when it is
     sent as is)."""
+    is_budget_spent: bool = False
+    """The rules' scan budget ran out: some text was digested unmasked (`Budget`)."""
 
     def key_of(self, position: int, value: Any) -> bytes | None:
         """The xxh3-128 of `stripped_bytes(value)` when `value` is the element digested at
@@ -306,10 +348,29 @@ class MessageView:
 
 
 def view_messages(
-    adapter: ProviderAdapter, path: str, body: JSONObject, masker: Masker, runs: Sequence[Run] | None = None
+    adapter: ProviderAdapter,
+    path: str,
+    body: JSONObject,
+    masker: Masker,
+    runs: Sequence[Run] | None = None,
+    budget_chars: int | None = None,
 ) -> MessageView:
     """Compute the `MessageView` of `body` (the client's parsed request); `runs` is
-    `adapter.layout(path, body)` when the caller has it."""
+    `adapter.layout(path, body)` when the caller has it. The rules scan at most `budget_chars`
+    characters for it (`Budget`; `MessageView.is_budget_spent` says when that cut masking short)."""
+    budget = masker.begin(budget_chars)
+    try:
+        view = _view_messages(adapter, path, body, masker, runs)
+    finally:
+        masker.budget = None
+    if budget is not None and budget.is_spent:
+        view = replace(view, is_budget_spent=True)
+    return view
+
+
+def _view_messages(
+    adapter: ProviderAdapter, path: str, body: JSONObject, masker: Masker, runs: Sequence[Run] | None
+) -> MessageView:
     head = xxhash.xxh3_128()
     array_key: str | None = None
     system_positions: set[int] = set()

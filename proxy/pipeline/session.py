@@ -113,19 +113,22 @@ class SessionStage:
         explicit = explicit_session(exchange.headers, body, state.header_names, exchange.adapter)
         previous: SessionRecord | None = None
         runs = client_runs(exchange, services, body)
+        budget = services.settings.classify_budget_chars
         if explicit is not None:
             sid = explicit_id(explicit[1])
             inference = Inference(sid, "explicit", sid)
             previous = await store.load(tenant, sid) if store is not None else None
             if previous is not None:
                 masker.seed(previous.sidecars)
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget)
         else:
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget)
             inference = state.index.infer(tenant, view.boundaries)
             source = inference.parent if inference.kind == "fork" else inference.session_id
             if source is not None and store is not None:
                 previous = await store.load(tenant, source)
+        if view.is_budget_spent:
+            services.metrics.rules_budget_exceeded.inc()
         exchange.notes["message_view"] = view
         exchange.notes["session_inference"] = inference
         if inference.session_id is None:

@@ -14,6 +14,7 @@ from proxy.pipeline.replay import (
     span_pattern,
     splice,
     strip_markers,
+    sub_lines,
     view_messages,
 )
 from proxy.providers import ANTHROPIC, OPENAI
@@ -52,11 +53,14 @@ def test_strip_markers_is_copy_on_write() -> None:
 
 def test_span_pattern_masks_the_whole_token_only() -> None:
     pattern = span_pattern(re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}"))
-    assert pattern.sub(MASK, "Now: 2026-11-29T20:09:13Z, fix bug 12\nat 2026-11-30 08:00:01 ok") == (
+    assert sub_lines(pattern, "Now: 2026-11-29T20:09:13Z, fix bug 12\nat 2026-11-30 08:00:01 ok") == (
         f"Now: {MASK} fix bug 12\nat {MASK} ok"
     )
     anchored = span_pattern(re.compile(r"(?i)^current time:"))
-    assert anchored.sub(MASK, "x\nCurrent time: 5") == f"x\n{MASK} 5"
+    assert sub_lines(anchored, "x\nCurrent time: 5") == f"x\n{MASK} 5"
+    # One line at a time: `\s*` never reaches across a newline into the next line.
+    spaced = span_pattern(re.compile(r"^\s*id:"))
+    assert sub_lines(spaced, "\n\n  id: 7\n") == f"\n\n{MASK} 7\n"
 
 
 def test_masked_digest_ignores_timestamps_markers_and_key_order_only() -> None:
