@@ -228,9 +228,10 @@ class AnthropicAdapter:
 
         Sends `diagnostics: {"previous_message_id": <id or null>}` (null opts in on a first turn;
         platform.claude.com/docs/en/build-with-claude/cache-diagnostics, PROVIDERS.md 1.12).
-        `None` (leave the body alone) when the client already sent a `diagnostics` field.
+        `None` (leave the body alone) when the client already sent a `diagnostics` field, or when
+        the profile's platform has no diagnostics (Vertex, Bedrock: `cache_diagnostics: false`).
         """
-        if "diagnostics" in body:
+        if "diagnostics" in body or not self.profile.cache_diagnostics:
             return None
         return {**body, "diagnostics": {"previous_message_id": previous_id}}
 
