@@ -17,7 +17,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from PIL import Image
+from PIL import Image, ImageChops
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -74,6 +74,11 @@ def main() -> int:
             timeout=120,
         )
         image = Image.open(shot).convert("RGB")
+        # Crop the empty page below the content (a margin of 16 px kept).
+        background = Image.new("RGB", image.size, image.getpixel((0, 0)))
+        box = ImageChops.difference(image, background).getbbox()
+        if box is not None:
+            image = image.crop((0, 0, image.width, min(image.height, box[3] + 16)))
         image.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(OUT, optimize=True)
     print(f"{OUT} ({OUT.stat().st_size:,} bytes) from Claude Code session {session}")
     return 0
