@@ -8,8 +8,10 @@ upstream (`auto_decompress=False`, so bodies pass through byte for byte), close 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -20,11 +22,14 @@ from prometheus_client import CollectorRegistry
 
 from proxy.admin import add_admin_routes
 from proxy.affinity import Affinity, base_urls
+from proxy.aio import create_task
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
 from proxy.debug import LastMeasurements
 from proxy.handlers import healthz, not_found, proxy_handler, readyz
+from proxy.keepwarm import KeepWarm, parse_setting
 from proxy.ledger import TenantLedger
 from proxy.metrics import Metrics
+from proxy.pacing import Pacing
 from proxy.profiles import load_profiles
 from proxy.providers import Router
 from proxy.rules import load_rules
@@ -130,6 +135,35 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
         await services.recorder.close()
 
 
+async def _keep_warm_ctx(app: web.Application) -> AsyncIterator[None]:
+    """`keep_warm` on (or a cap): the process's `KeepWarm` and its live loop (`proxy/keepwarm.py`)."""
+    services = app[SERVICES]
+    enabled, cap = parse_setting(services.settings.keep_warm)
+    task = None
+    if enabled:
+        sessions = services.sessions
+
+        def now() -> float:
+            return sessions.clock() if sessions is not None else time.time()
+
+        def pacing(tenant: str) -> Pacing:
+            return sessions.pacing.peek(tenant) if sessions is not None else Pacing()
+
+        services.keep_warm = KeepWarm(
+            True, cap, services.metrics, now, app[CLIENT_SESSIONS], services.store, pacing
+        )
+        task = services.keep_warm.task = create_task(services.keep_warm.run(), name="promptcache-keep-warm")
+    yield
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if services.keep_warm is not None:
+        for window in list(services.keep_warm.windows.values()):
+            services.keep_warm._drop(window)
+        services.keep_warm = None
+
+
 def create_app(
     settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
 ) -> web.Application:
@@ -168,6 +202,7 @@ def create_app(
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(store_ctx)
+    app.cleanup_ctx.append(_keep_warm_ctx)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if settings.admin_port is None:

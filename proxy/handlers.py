@@ -110,6 +110,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             # The last byte is out: from here on nothing awaits, so the client leaving now
             # cannot cancel the measurement or the record save (a background task).
             observe(exchange, services)
+            if services.keep_warm is not None:
+                services.keep_warm.arm(exchange, services, upstream_base)
             return response
         exchange = Exchange(adapter, path, request.query_string, request.headers, b"", started)
         if where.upstream_path != path:

@@ -124,6 +124,10 @@ class ProviderMetrics:
     breakpoints: dict[str, Counter]
     """By action (`BREAKPOINT_ACTIONS`)."""
     ttl_downgrades: Counter
+    keepwarm_pings: dict[str, Counter]
+    """Keep-warm pings by outcome (`ok`, `error`)."""
+    keepwarm_cost: Counter
+    keepwarm_saved: Counter
     signed: Counter
     """Signed requests (SigV4) forwarded byte-identical and measured only."""
     upstream_moves: Counter
@@ -286,6 +290,24 @@ class Metrics:
             "Responses that wrote 5-minute cache entries although every marker sent asked for 1h "
             "(usage cache_creation.ephemeral_5m_input_tokens; a gateway downstream stripped ttl?) "
             "(proxy.pipeline.observe).",
+            ["provider"],
+            registry=r,
+        )
+        self.keepwarm_pings = Counter(
+            "promptcache_keepwarm_pings_total",
+            "Keep-warm pings sent upstream, by outcome (ok, error: the window closed) (proxy.keepwarm).",
+            ["provider", "outcome"],
+            registry=r,
+        )
+        self.keepwarm_cost = Counter(
+            "promptcache_keepwarm_cost_usd_total",
+            "USD the keep-warm pings cost, from their usage at list prices (proxy.keepwarm).",
+            ["provider"],
+            registry=r,
+        )
+        self.keepwarm_saved = Counter(
+            "promptcache_keepwarm_saved_read_tokens_total",
+            "Tokens read by requests whose entry only keep-warm pings kept alive (proxy.keepwarm).",
             ["provider"],
             registry=r,
         )
@@ -491,6 +513,9 @@ class Metrics:
                 replayed_messages=self.replayed_messages.labels(provider),
                 breakpoints={a: self.breakpoints.labels(provider, a) for a in BREAKPOINT_ACTIONS},
                 ttl_downgrades=self.ttl_downgrades.labels(provider),
+                keepwarm_pings={o: self.keepwarm_pings.labels(provider, o) for o in ("ok", "error")},
+                keepwarm_cost=self.keepwarm_cost.labels(provider),
+                keepwarm_saved=self.keepwarm_saved.labels(provider),
                 signed=self.signed_requests.labels(provider),
                 upstream_moves=self.upstream_moves.labels(provider),
             )

@@ -87,6 +87,9 @@ class Profile:
     signed_auth: tuple[str, ...] = ()
     claude_models: tuple[str, ...] = ()
     session_field: str | None = None
+    cache_diagnostics: bool = True
+    """False: the platform rejects Anthropic's `diagnostics` request field (Claude API only,
+    PROVIDERS.md 1.12), so the `cache_diagnostics` setting asks nothing there."""
     error_shape: ErrorShape | None = None
     """`None`: the family's own shape."""
 
@@ -180,6 +183,7 @@ _KEYS: Final = frozenset(
         "signed_auth",
         "claude_models",
         "session_field",
+        "cache_diagnostics",
         "error_shape",
     }
 )
@@ -238,11 +242,12 @@ def _profile(family: str, name: str, raw: Any, errors: _Errors) -> Profile | Non
             kw[key] = _strings(raw[key], (*where, key), errors)
     if "one_hour_models" in raw:
         kw["one_hour_models"] = _strings(raw["one_hour_models"], (*where, "one_hour_models"), errors)
-    if "tool_message_markers" in raw:
-        if not isinstance(raw["tool_message_markers"], bool):
-            errors.add((*where, "tool_message_markers"), "must be true or false")
-        else:
-            kw["tool_message_markers"] = raw["tool_message_markers"]
+    for key in ("tool_message_markers", "cache_diagnostics"):
+        if key in raw:
+            if not isinstance(raw[key], bool):
+                errors.add((*where, key), "must be true or false")
+            else:
+                kw[key] = raw[key]
     for key in ("beta_body_field", "session_field"):
         if key in raw:
             if not isinstance(raw[key], str) or not raw[key]:

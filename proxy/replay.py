@@ -6,6 +6,7 @@ promptcache, against the upstream simulator.
     promptcache replay tool-loop-parallel         # a suite workload by name
     promptcache replay workloads/clients --gap 360  # recorded traces at uniform 6-minute pacing
     promptcache replay workloads/clients --gap 360 --tenant-history  # ... a tenant seen before
+    promptcache replay workloads/clients --gap 360 --keep-warm  # ... pinged before expiry
 
 A TRACE is a JSONL file (`proxy/workloads/trace.py`), a directory of them, a workload name of
 the suite (`proxy/workloads/suite.py`; workloads too big to commit are generated into
@@ -64,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="promptcache's proxy first sees each trace as an earlier conversation of the same tenant",
     )
     parser.add_argument(
+        "--keep-warm",
+        action="store_true",
+        help="promptcache runs with keep_warm on; its pings play on the trace clock",
+    )
+    parser.add_argument(
         "--gap",
         type=float,
         default=None,
@@ -93,11 +99,17 @@ def resolve_traces(items: list[str], cache_dir: Path) -> list[Trace]:
 
 
 async def replay(
-    traces: list[Trace], strategies: list[str], upstream: str, quiet: bool, tenant_history: bool = False
+    traces: list[Trace],
+    strategies: list[str],
+    upstream: str,
+    quiet: bool,
+    tenant_history: bool = False,
+    keep_warm: bool = False,
 ) -> Report:
     from proxy.workloads.runner import Progress, replay_traces
 
-    return await replay_traces(traces, strategies, upstream, Progress(enabled=not quiet), tenant_history)
+    progress = Progress(enabled=not quiet)
+    return await replay_traces(traces, strategies, upstream, progress, tenant_history, keep_warm)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         import uvloop
 
         history = bool(getattr(args, "tenant_history", False))
-        report = uvloop.run(replay(traces, strategies, upstream, args.quiet, history))
+        warm = bool(getattr(args, "keep_warm", False))
+        report = uvloop.run(replay(traces, strategies, upstream, args.quiet, history, warm))
     except (OSError, RuntimeError) as exc:
         print(f"promptcache replay: {exc}", file=sys.stderr)
         return 1

@@ -34,6 +34,8 @@ class Services:
     """`proxy.ledger.TenantLedger`: per-tenant totals for `/debug/tenants`."""
     active_upstreams: Any = None
     """Provider -> `proxy.upstreams.ActiveUpstream` (mode and host in use), set at start."""
+    keep_warm: Any = None
+    """`proxy.keepwarm.KeepWarm` when `keep_warm` is not `off` (set at start)."""
     sessions: Any = None
     """Per-process session state (`proxy.sessions.SessionState`: tenant secret, session
     inference index, pacing statistics); set with `store` by `proxy.store.store_ctx`."""

@@ -254,6 +254,10 @@ class TenantPacing:
         self.put(tenant, pacing)
         return pacing
 
+    def peek(self, tenant: str) -> Pacing:
+        """The tenant's pacing held in memory (an empty one when unknown); no store read."""
+        return self._known.get(tenant, Pacing())
+
     def record_response(self, tenant: str, turn: str, store: RecordStore | None) -> None:
         """Count a response of `turn` for the tenant; save its pacing in the background after
         its first response and every `SAVE_EVERY`th."""

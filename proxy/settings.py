@@ -113,6 +113,10 @@ class Settings(BaseModel):
     """Ask the upstream's cache diagnostics against the session's previous response: Anthropic
     `diagnostics.previous_message_id` on every turn, OpenAI GPT-5.6+ Responses
     `prompt_cache_options.comparison_response_id` from the second turn."""
+    keep_warm: str = "off"
+    """`off`, `on`, or a cap in USD per tenant per hour: after a turn-ending response, ping the
+    upstream shortly before the 5-minute entry expires while the person is likely to come back
+    (`proxy/keepwarm.py`)."""
     tracing: bool = False
     """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
     (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""
@@ -120,6 +124,21 @@ class Settings(BaseModel):
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in
     `promptcache_rules_budget_exceeded_total`)."""
+
+    @field_validator("keep_warm", mode="before")
+    @classmethod
+    def _keep_warm(cls, value: Any) -> Any:
+        """`off`, `on` or a number of USD >= 0 (per tenant per hour)."""
+        text = str(value).strip().lower()
+        if text in ("off", "on", "false", "true"):
+            return {"false": "off", "true": "on"}.get(text, text)
+        try:
+            cap = float(text)
+        except ValueError:
+            raise ValueError("keep_warm must be off, on, or a cap in USD per tenant per hour") from None
+        if not cap >= 0:
+            raise ValueError("keep_warm must be off, on, or a cap in USD per tenant per hour")
+        return text
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod

@@ -42,6 +42,8 @@ def record_usage(exchange: Exchange, services: Services) -> None:
     pm.output_tokens.inc(usage.output)
     if is_ttl_downgrade(exchange.notes.get("plan"), usage):
         pm.ttl_downgrades.inc()
+    if exchange.notes.get("kept_warm"):
+        pm.keepwarm_saved.inc(usage.cache_read)
     attribute_usage(exchange, services)
 
 

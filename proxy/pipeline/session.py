@@ -135,6 +135,9 @@ class SessionStage:
             return
         exchange.session_id = inference.session_id
         exchange.notes["previous"] = previous
+        keep_warm = services.keep_warm
+        if keep_warm is not None and keep_warm.cancel(tenant, inference.session_id, now):
+            exchange.notes["kept_warm"] = True
         arrivals = ((previous.arrivals if previous is not None else ()) + (now,))[-MAX_ARRIVALS:]
         exchange.notes["arrivals"] = arrivals
         shared_arrivals = state.heads.observe(tenant, view.head, now)

@@ -18,7 +18,7 @@ Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-cachi
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -221,6 +221,10 @@ class AnthropicAdapter:
         sid = session_in_user_id(user_id) if isinstance(user_id, str) else None
         return ("metadata", sid) if sid else None
 
+    def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
+        """None: every key of a message is part of it."""
+        return {}
+
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
 
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
@@ -228,9 +232,10 @@ class AnthropicAdapter:
 
         Sends `diagnostics: {"previous_message_id": <id or null>}` (null opts in on a first turn;
         platform.claude.com/docs/en/build-with-claude/cache-diagnostics, PROVIDERS.md 1.12).
-        `None` (leave the body alone) when the client already sent a `diagnostics` field.
+        `None` (leave the body alone) when the client already sent a `diagnostics` field, or when
+        the profile's platform has no diagnostics (Vertex, Bedrock: `cache_diagnostics: false`).
         """
-        if "diagnostics" in body:
+        if "diagnostics" in body or not self.profile.cache_diagnostics:
             return None
         return {**body, "diagnostics": {"previous_message_id": previous_id}}
 

@@ -48,6 +48,8 @@ class Platform:
     """Models (fnmatch) answering 403 to any cache marker."""
     model_in_path: bool = False
     aws_errors: bool = False
+    has_diagnostics: bool = True
+    """False: a `diagnostics` field is refused (cache diagnostics are Claude API only, 1.12)."""
 
 
 PLATFORMS: Final = {
@@ -59,6 +61,7 @@ PLATFORMS: Final = {
         rejected_betas=("prompt-caching-scope-", "extended-cache-ttl-"),
         version_field="anthropic_version",
         model_in_path=True,
+        has_diagnostics=False,
     ),
     "bedrock": Platform(
         "bedrock",
@@ -69,6 +72,7 @@ PLATFORMS: Final = {
         no_cache_models=("claude-3-opus*", "claude-3-sonnet*", "claude-3-haiku*", "claude-v2*", "claude-instant*"),
         model_in_path=True,
         aws_errors=True,
+        has_diagnostics=False,
     ),
     "foundry": Platform("foundry", marker_keys=frozenset({"type", "ttl"}), rejected_betas=("prompt-caching-scope-",)),
 }
@@ -119,6 +123,8 @@ def check_body(platform: Platform, body: Mapping[str, Any]) -> dict[str, Any]:
         out.pop(platform.beta_field, None)
     if platform.model_in_path and "model" in out:
         raise Rejected(400, "model: Extra inputs are not permitted")
+    if not platform.has_diagnostics and "diagnostics" in out:
+        raise Rejected(400, "diagnostics: Extra inputs are not permitted")
     return out
 
 

@@ -16,6 +16,9 @@ Contract (`replay_traces`):
 - `tenant_history` (`--tenant-history`): before the measured `promptcache` run, its proxy sees
   the trace once as an earlier conversation of the same tenant (`trace.earlier_conversation`),
   uncounted; a day passes and the simulator's cache is flushed before the measured run.
+- `keep_warm` (`--keep-warm`): promptcache's proxy runs with `keep_warm: on`; its pings are
+  sent on the trace clock (the clocks move to each ping's due time on the way to the next
+  request), their input cost is added to the strategy's cost and listed per trace.
 - Usage is read from each response (`usage.py`), priced with `proxy.pricing`, and tallied
   (`report.py`); the optimum comes from `oracle.py`, computed before the trace runs.
 - Each 2xx request gets its divergence cause (`divergence.py`): for `promptcache` the cause the
@@ -48,7 +51,7 @@ from proxy.sim.tokens import TokenCounter, load_o200k
 from proxy.workloads.divergence import CauseTracker, cause_counts, new_cause
 from proxy.workloads.oracle import optimum
 from proxy.workloads.replies import reply_headers
-from proxy.workloads.report import Report, RequestOutcome, Tally, TraceResult
+from proxy.workloads.report import KeepWarmTally, Report, RequestOutcome, Tally, TraceResult
 from proxy.workloads.strategies import upstream_body
 from proxy.workloads.trace import Trace, TraceRequest, earlier_conversation
 from proxy.workloads.usage import read_usage
@@ -156,6 +159,7 @@ async def _send(
         cost,
         uncached,
         error,
+        has_usage=usage.seen,
     )
     if causes is not None:
         outcome.cause = causes.cause(request.path, request.headers, body, usage if usage.seen else None)
@@ -190,18 +194,24 @@ async def _measured_cause(registry: CollectorRegistry, before: Counter[str]) -> 
 
 
 @contextlib.asynccontextmanager
-async def _proxy(upstream: str, clock: TraceClock) -> AsyncIterator[tuple[str, CollectorRegistry]]:
+async def _proxy(
+    upstream: str, clock: TraceClock, keep_warm: bool = False
+) -> AsyncIterator[tuple[str, CollectorRegistry, Any]]:
     from proxy.app import start_proxy
     from proxy.appkeys import SERVICES
     from proxy.settings import Settings
 
     registry = CollectorRegistry()
-    runner, url = await start_proxy(Settings(upstream=upstream, store="memory://", port=0), registry)
+    settings = Settings(upstream=upstream, store="memory://", port=0, keep_warm="on" if keep_warm else "off")
+    runner, url = await start_proxy(settings, registry)
     try:
-        sessions = runner.app[SERVICES].sessions
+        services = runner.app[SERVICES]
+        sessions = services.sessions
         if sessions is not None:
             sessions.clock = clock.now
-        yield url, registry
+        if services.keep_warm is not None:
+            services.keep_warm.stop_loop()  # pings play on the trace clock (`_advance`)
+        yield url, registry, services.keep_warm
     finally:
         await runner.cleanup()
 
@@ -225,14 +235,16 @@ async def _run_strategy(
     progress: Progress,
     rules: RuleSet | None,
     tenant_history: bool = False,
-) -> tuple[Tally, list[RequestOutcome], int]:
+    warm: bool = False,
+) -> tuple[Tally, list[RequestOutcome], int, KeepWarmTally | None]:
     await _admin(http, "DELETE", f"{sim_url}/_sim/cache")
+    keep_warm: Any = None
     stack = contextlib.AsyncExitStack()
     async with stack:
         target, registry = sim_url, None
         tracker: CauseTracker | None = CauseTracker(rules, Settings().session_headers)
         if strategy == "promptcache":
-            target, registry = await stack.enter_async_context(_proxy(sim_url, clock))
+            target, registry, keep_warm = await stack.enter_async_context(_proxy(sim_url, clock, warm))
             tracker = None
             if tenant_history:
                 await _earlier(http, sim_url, target, clock, trace, strategy, totals, pricing)
@@ -241,10 +253,12 @@ async def _run_strategy(
         tally = Tally()
         outcomes = []
         progress.start(f"{trace.name} {strategy}", len(trace.requests))
+        pinged = 0
+        if keep_warm is not None:
+            keep_warm.sent.clear()
         for i, request in enumerate(trace.requests):
             if request.gap:
-                await _admin(http, "POST", f"{sim_url}/_sim/clock", {"advance": request.gap})
-                clock.advance(request.gap)
+                await _advance(http, sim_url, clock, request.gap, keep_warm)
             outcome = await _send(http, target, strategy, request, pricing, totals[i], tracker, replies[i])
             if registry is not None and outcome.status < 300:
                 outcome.cause = await _measured_cause(registry, counted)
@@ -260,12 +274,41 @@ async def _run_strategy(
                     outcome.cost,
                     outcome.uncached_cost,
                     {outcome.cause: 1} if outcome.cause is not None else {},
+                    0 if outcome.has_usage else 1,
                 )
             )
             progress.step(i + 1)
         stage_errors = _stage_errors(registry) if registry is not None else 0
+        warm_tally = None
+        if keep_warm is not None:
+            warm_tally = KeepWarmTally()
+            for _, _, usage in keep_warm.sent[pinged:]:
+                cost, uncached = _cost(pricing, trace.requests[0], usage)
+                warm_tally.pings += 1
+                warm_tally.read += usage.cache_read
+                warm_tally.cost += cost
+                tally.cost += cost
+                tally.uncached_cost += uncached
     progress.finish(f"hit {tally.hit_ratio:.1%}" + (f", {tally.errors} errors" if tally.errors else ""))
-    return tally, outcomes, stage_errors
+    return tally, outcomes, stage_errors, warm_tally
+
+
+async def _advance(
+    http: aiohttp.ClientSession, sim_url: str, clock: TraceClock, seconds: float, keep_warm: Any
+) -> None:
+    """Move the simulator's clock and the trace clock on by `seconds`, sending each keep-warm
+    ping (`--keep-warm`) at its due time on the way."""
+    end = clock.now() + seconds
+    while keep_warm is not None and (due := keep_warm.next_due()) is not None and due <= end:
+        step = max(0.0, due - clock.now())
+        if step:
+            await _admin(http, "POST", f"{sim_url}/_sim/clock", {"advance": step})
+            clock.advance(step)
+        await keep_warm.fire_due(clock.now())
+    rest = end - clock.now()
+    if rest > 0:
+        await _admin(http, "POST", f"{sim_url}/_sim/clock", {"advance": rest})
+        clock.advance(rest)
 
 
 async def _earlier(
@@ -307,6 +350,7 @@ async def replay_traces(
     upstream: str = "sim",
     progress: Progress | None = None,
     tenant_history: bool = False,
+    keep_warm: bool = False,
 ) -> Report:
     """Replay every trace under every strategy (module docstring); returns the report.
     `tenant_history`: promptcache's proxy first sees the trace as an earlier conversation of
@@ -339,9 +383,11 @@ async def replay_traces(
             result.causal_read = best.causal_read
             result.min_cost = best.min_cost
             for strategy in strategies:
-                tally, outcomes, stage_errors = await _run_strategy(
-                    http, sim_url, clock, trace, strategy, totals, pricing, progress, rules, tenant_history
+                tally, outcomes, stage_errors, warm = await _run_strategy(
+                    http, sim_url, clock, trace, strategy, totals, pricing, progress, rules, tenant_history, keep_warm
                 )
+                if warm is not None:
+                    result.keep_warm[strategy] = warm
                 result.tallies[strategy] = tally
                 result.outcomes[strategy] = outcomes
                 result.stage_errors += stage_errors

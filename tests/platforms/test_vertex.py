@@ -190,3 +190,19 @@ async def test_foundry_sdk_gets_no_scope_and_no_scope_beta(fake_upstream: FakeUp
     assert received.path == "/v1/messages"
     assert "anthropic-beta" not in received.headers
     assert orjson.loads(received.body)["system"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+
+
+async def test_cache_diagnostics_setting_asks_nothing_of_vertex(make_sim, make_proxy) -> None:
+    sim = await make_sim()
+    proxy = await make_proxy(upstream=sim, cache_diagnostics=True)
+    async with _vertex(proxy.url) as client:
+        usages = await _turns(client, 2, system=SYSTEM)
+    assert usages[1].cache_read_input_tokens == usages[0].cache_creation_input_tokens > 0
+    body = {"anthropic_version": "vertex-2023-10-16", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    body["diagnostics"] = {"previous_message_id": None}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(sim + VERTEX_PATH, json=body, headers={"authorization": "Bearer t"}) as resp:
+            assert (resp.status, (await resp.json())["error"]["message"]) == (
+                400,
+                "diagnostics: Extra inputs are not permitted",
+            )

@@ -1,0 +1,132 @@
+"""Keep-warm end to end on the simulator's manual clock (no sleeps: the test drives
+`KeepWarm.fire_due` on the simulator's time): pauses of 6, 25, 40 and 70 minutes, the cap, the
+window's end, observe mode, and a next request that comes first."""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Any
+
+import pytest
+
+from proxy.keepwarm import MARGIN, ping_pays, return_chance
+from proxy.pacing import FIVE_MINUTES
+from proxy.pricing import default_pricing
+from proxy.providers.base import Usage
+from tests.sessions.conftest import Client, Sim
+from tests.sessions.test_simulator import MODEL, body, first_message, usage
+
+SESSION = {"x-session-id": "warm"}
+
+
+async def warm_proxy(start_proxy: Any, sim: Sim, **settings: Any) -> Any:
+    proxy = await start_proxy(upstream=sim.url, **{"keep_warm": "on", **settings})
+    proxy.services.sessions.clock = sim.clock.now
+    if proxy.services.keep_warm is not None:
+        proxy.services.keep_warm.stop_loop()
+    return proxy
+
+
+async def pause(proxy: Any, sim: Sim, seconds: float) -> list[float]:
+    """Let `seconds` pass on the simulator's clock, sending each ping when it is due; returns
+    the clock seconds at which pings were sent."""
+    kw = proxy.services.keep_warm
+    end = sim.clock.now() + seconds
+    sent = []
+    while kw is not None and (due := kw.next_due()) is not None and due <= end:
+        await sim.advance(max(0.0, due - sim.clock.now()))
+        if await kw.fire_due(sim.clock.now()):
+            sent.append(sim.clock.now())
+    await sim.advance(end - sim.clock.now())
+    return sent
+
+
+async def two_turns(proxy: Any, sim: Sim, client: Client, gap: float) -> tuple[list[dict[str, Any]], list[float], float]:
+    history = [first_message("2026-11-29T20:00:00Z")]
+    start = sim.clock.now()
+    status, response = await client.messages(proxy, body(history), headers=SESSION)
+    assert status == 200, response
+    await client.settle(proxy)
+    pings = await pause(proxy, sim, gap)
+    history = [*history, {"role": "assistant", "content": response["content"]}, {"role": "user", "content": "q"}]
+    status, second = await client.messages(proxy, body(history), headers=SESSION)
+    assert status == 200, second
+    await client.settle(proxy)
+    return [usage(response), usage(second)], pings, start
+
+
+def test_a_ping_pays_while_the_person_is_likely_back_within_five_minutes() -> None:
+    # the prior (lognormal, median 4 minutes): still worth a ping after 50 minutes away
+    survival = lambda t: 1 - NormalDist().cdf(math.log(t / 240.0) / 1.65)  # noqa: E731
+    assert return_chance((), 270.0) == pytest.approx((survival(270) - survival(570)) / survival(270))
+    assert return_chance((), 270.0) == pytest.approx(0.3637, abs=1e-4)
+    assert ping_pays((), 3000.0)
+    # a tenant whose people always come back within 2 minutes: after 4 minutes they are gone
+    quick = (60.0, 90.0, 100.0, 110.0, 120.0)
+    assert return_chance(quick, 240.0) == return_chance((), 240.0)  # too few longer gaps: the prior
+    assert return_chance((300.0, 310.0, 2000.0, 2500.0), 240.0) == 0.5
+    assert not ping_pays((4000.0, 4000.0, 4000.0), 270.0)
+
+
+@pytest.mark.parametrize("minutes", [6, 25, 40])
+async def test_pauses_the_entry_survives(start_proxy: Any, sim: Sim, client: Client, minutes: int) -> None:
+    proxy = await warm_proxy(start_proxy, sim)
+    (first, second), pings, start = await two_turns(proxy, sim, client, minutes * 60)
+    assert first["cache_creation"]["ephemeral_5m_input_tokens"] > 0
+    # one ping MARGIN seconds before every expiry: each lands while the entry still lives
+    expected = [start + k * (FIVE_MINUTES - MARGIN) for k in range(1, 100) if k * (FIVE_MINUTES - MARGIN) < minutes * 60]
+    assert pings == expected
+    lived = [start, *pings]
+    assert all(b - a < FIVE_MINUTES for a, b in zip(lived, lived[1:], strict=False))
+    assert second["cache_read_input_tokens"] == first["cache_creation_input_tokens"]
+    assert proxy.sample("promptcache_keepwarm_pings_total", provider="anthropic", outcome="ok") == len(pings)
+    saved = proxy.sample("promptcache_keepwarm_saved_read_tokens_total", provider="anthropic")
+    assert saved == second["cache_read_input_tokens"]
+    prices = default_pricing().prices("anthropic", MODEL)
+    assert prices is not None
+    one = prices.cost(Usage(cache_read=first["cache_creation_input_tokens"] + first["input_tokens"], output=1))
+    cost = proxy.sample("promptcache_keepwarm_cost_usd_total", provider="anthropic")
+    # each ping reads the whole prompt (and the simulator's short reply is its output)
+    assert one * len(pings) <= cost <= (one + 32 * prices.output / 1e6) * len(pings)
+
+
+async def test_seventy_minutes_pings_stop_at_the_hour_and_the_credential_goes(
+    start_proxy: Any, sim: Sim, client: Client
+) -> None:
+    proxy = await warm_proxy(start_proxy, sim)
+    (first, second), pings, start = await two_turns(proxy, sim, client, 70 * 60)
+    assert pings and all(t < start + 3600 for t in pings) and pings[-1] + FIVE_MINUTES < start + 70 * 60
+    assert proxy.services.keep_warm.windows == {} or all(
+        w.session != "warm" for w in proxy.services.keep_warm.windows.values()
+    )
+    assert second["cache_read_input_tokens"] == 0  # gone by then: written again
+    assert proxy.sample("promptcache_keepwarm_saved_read_tokens_total", provider="anthropic") == 0
+
+
+async def test_no_ping_past_the_cap(start_proxy: Any, sim: Sim, client: Client) -> None:
+    probe = await warm_proxy(start_proxy, sim)
+    (first, _), _, _ = await two_turns(probe, sim, client, 10.0)
+    prices = default_pricing().prices("anthropic", MODEL)
+    assert prices is not None
+    one = prices.cost(Usage(cache_read=first["cache_creation_input_tokens"] + first["input_tokens"], output=1))
+    await probe.stop()
+    await sim.advance(7200)
+    proxy = await warm_proxy(start_proxy, sim, keep_warm=str(2.5 * one), secret="c" * 32)
+    _, pings, _ = await two_turns(proxy, sim, client, 25 * 60)
+    assert len(pings) == 2
+    assert proxy.sample("promptcache_keepwarm_cost_usd_total", provider="anthropic") <= 2.5 * one
+
+
+async def test_no_ping_when_the_next_request_comes_first_nor_in_observe_mode_nor_when_off(
+    start_proxy: Any, sim: Sim, client: Client
+) -> None:
+    proxy = await warm_proxy(start_proxy, sim)
+    (_, second), pings, _ = await two_turns(proxy, sim, client, FIVE_MINUTES - MARGIN - 1)
+    assert pings == [] and second["cache_read_input_tokens"] > 0
+    assert proxy.sample("promptcache_keepwarm_pings_total", provider="anthropic", outcome="ok") == 0
+    observing = await warm_proxy(start_proxy, sim, mode="observe")
+    _, pings, _ = await two_turns(observing, sim, client, 25 * 60)
+    assert pings == [] and observing.services.keep_warm.windows == {}
+    off = await warm_proxy(start_proxy, sim, keep_warm="off")
+    assert off.services.keep_warm is None
