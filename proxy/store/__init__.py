@@ -316,6 +316,12 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
             Path(settings.state_dir) / "secret",
         )
     store = RecordStore(backend, services.metrics)
+    opener = getattr(backend, "open", None)
+    if opener is not None:  # the file is created now, not on the first request's bounded read
+        try:
+            await opener()
+        except Exception as exc:  # noqa: BLE001 - a broken store costs replay, never the start
+            _log.warning("session store %s could not be opened (%s)", backend.backend, type(exc).__name__)
     services.store = store
     services.sessions = await SessionState.start(settings, is_persistent=backend.backend != "memory")
     try:

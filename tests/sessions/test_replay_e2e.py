@@ -166,7 +166,8 @@ async def test_locked_sqlite_fails_no_request(
     )
     assert status == 200
     await client.settle(proxy)
-    assert proxy.sample("promptcache_session_store_errors_total", backend="sqlite", operation="put") == 1
+    # Both writes of the turn fail (the session record and the tenant's pacing entry).
+    assert proxy.sample("promptcache_session_store_errors_total", backend="sqlite", operation="put") == 2
     assert proxy.sample("promptcache_session_store_errors_total", backend="sqlite", operation="get") == 0
     assert sent_messages(fake_upstream, 1)[0] == orjson.dumps(FIRST)  # WAL: reads go on
     holder.execute("ROLLBACK")
