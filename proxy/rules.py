@@ -73,7 +73,7 @@ class Rule:
     source: str = ""
     """`file:line` where the rule is written."""
     pin: bool = False
-    """`session` only: the segment is sent with its first-seen bytes while its fields are
+    """`stable` or `session` only: the segment is sent with its first-seen bytes while its fields are
     unchanged, whitespace and formatting aside (`proxy.pipeline.pins`, rules/README.md)."""
     pin_changes_to_user: bool = False
     """With `pin`: when the fields do change, the first-seen bytes stay in the system prompt and
@@ -226,8 +226,8 @@ def _rule(doc: _Doc, i: int, raw: Any, names: dict[str, str]) -> Rule | None:
     pin = raw.get("pin", False)
     if not isinstance(pin, bool):
         doc.error(at + ("pin",), "must be true or false")
-    elif pin and tier != "session":
-        doc.error(at + ("pin",), "only a `session` segment can be pinned")
+    elif pin and tier not in ("stable", "session"):
+        doc.error(at + ("pin",), "only a `stable` or `session` segment can be pinned")
     to_user = raw.get("pin_changes_to_user", False)
     if not isinstance(to_user, bool):
         doc.error(at + ("pin_changes_to_user",), "must be true or false")
@@ -399,5 +399,9 @@ def pinned_rules(ruleset: RuleSet) -> dict[str, Rule]:
 
 
 def volatile_patterns(ruleset: RuleSet) -> tuple[re.Pattern[str], ...]:
-    """Patterns of the `volatile` rules, in rule order (read-only; replay masks with them)."""
-    return tuple(rule.pattern for rule in ruleset.rules if rule.tier == "volatile")
+    """Patterns of the `volatile` rules and of the pinned rules whose changes move to the user
+    message (their value may change within a session), in rule order (read-only; replay and
+    session inference mask with them)."""
+    return tuple(
+        rule.pattern for rule in ruleset.rules if rule.tier == "volatile" or rule.pin_changes_to_user
+    )
