@@ -52,9 +52,12 @@ HOP_BY_HOP: Final = frozenset(
         "upgrade",
     }
 )
-_DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length", "content-encoding"}
+_DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length", "content-encoding", "expect"}
 """`Content-Encoding` goes too: aiohttp's server inflates a gzip/deflate request body before we
-read it, so the bytes forwarded are identity-encoded."""
+read it, so the bytes forwarded are identity-encoded. `Expect` is hop-by-hop here: aiohttp's
+server answers `100 Continue` itself, so forwarding `Expect: 100-continue` would make the
+upstream request wait for a second 100 that an upstream may never send (RFC 9110 10.1.1: a
+proxy that answered 100 does not forward the expectation)."""
 _DROP_RESPONSE: Final = HOP_BY_HOP
 _MAX_TEE_JSON_BYTES: Final = 64 * 1024 * 1024
 EVENTSTREAM_TYPE: Final = "application/vnd.amazon.eventstream"
