@@ -129,7 +129,9 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
     if services.settings.record is not None:
         from proxy.record import TraceRecorder
 
-        services.recorder = TraceRecorder(services.settings.record, services.settings.session_headers)
+        services.recorder = TraceRecorder(
+            services.settings.record, services.settings.session_headers, services.metrics.record_errors
+        )
     yield
     if services.recorder is not None:
         await services.recorder.close()

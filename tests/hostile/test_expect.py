@@ -75,9 +75,7 @@ async def test_expect_100_continue_is_never_forwarded(make_proxy: Any) -> None:
         headers = {"x-api-key": "key-e", "anthropic-version": "2023-06-01"}
         async with aiohttp.ClientSession() as http:
             for path in ("/v1/messages", "/v1/messages/count_tokens"):  # pipeline and pass-through
-                async with http.post(
-                    proxy.url + path, data=orjson.dumps(BODY), headers=headers, expect100=True
-                ) as r:
+                async with http.post(proxy.url + path, data=orjson.dumps(BODY), headers=headers, expect100=True) as r:
                     assert r.status == 200
                     assert orjson.loads(await r.read())["id"] == "msg_1"
         assert len(upstream.headers) == 2
