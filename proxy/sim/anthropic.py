@@ -204,6 +204,7 @@ def _iter_blocks(body: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, 
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise bad(f"tools.{i}: Input should be a valid dictionary")
+        _check_tool(tool, i)
         yield "tools", f"tools.{i}", tool, None
     system = body.get("system")
     if isinstance(system, str):
@@ -274,6 +275,22 @@ def _marker_ttl(
     return validate_cache_control(cc, f"{path}.cache_control", settings, marker_keys)
 
 
+def _check_tool(tool: Mapping[str, Any], i: int) -> None:
+    """A tool's `name` is a string; a custom tool (no `type`, or `custom`) has one and an object
+    `input_schema` (the API's validation wording)."""
+    kind = tool.get("type")
+    label = "custom" if kind in (None, "custom") else str(kind)
+    if "name" in tool and not isinstance(tool["name"], str):
+        raise bad(f"tools.{i}.{label}.name: Input should be a valid string")
+    if label == "custom":
+        if "name" not in tool:
+            raise bad(f"tools.{i}.custom.name: Field required")
+        if "input_schema" not in tool:
+            raise bad(f"tools.{i}.custom.input_schema: Field required")
+        if not isinstance(tool["input_schema"], dict):
+            raise bad(f"tools.{i}.custom.input_schema: Input should be a valid dictionary")
+
+
 def validate_cache_control(
     cc: Any, path: str, settings: AnthropicModel, marker_keys: frozenset[str] = DIRECT_MARKER_KEYS
 ) -> str:
@@ -291,8 +308,10 @@ def validate_cache_control(
             raise bad(f"`cache_control.ttl: {cc['ttl']}` is not supported")
         if key not in marker_keys:
             raise bad(f"{path}.ephemeral.{key}: Extra inputs are not permitted")
+    if "scope" in cc and not isinstance(cc["scope"], str):
+        raise bad(f"{path}.ephemeral.scope: Input should be a valid string")
     ttl = cc.get("ttl", "5m")
-    if ttl not in TTL_SECONDS:
+    if not isinstance(ttl, str) or ttl not in TTL_SECONDS:
         raise bad(f"{path}.ephemeral.ttl: Input should be '5m' or '1h'")
     if ttl not in settings.ttls:
         raise bad(f"`cache_control.ttl: {ttl}` is not supported")

@@ -97,6 +97,32 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> Reje
     return Rejected(400, message, param=param, code=code)
 
 
+_JSON_TYPES: Final = {str: "a string", int: "an integer", float: "a decimal", bool: "a boolean", list: "an array"}
+
+
+def _invalid_type(param: str, expected: str, value: Any) -> Rejected:
+    got = "null" if value is None else _JSON_TYPES.get(type(value), "an object")
+    return bad(f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type")
+
+
+def _check_tool(tool: Any, param: str, is_chat: bool) -> None:
+    """A function tool's `name` is a string and its `parameters` an object (the API's wording);
+    Chat nests them under `function`."""
+    if not isinstance(tool, dict):
+        raise _invalid_type(param, "an object", tool)
+    if tool.get("type", "function") != "function":
+        return
+    holder, prefix = (tool.get("function"), f"{param}.function") if is_chat else (tool, param)
+    if not isinstance(holder, dict):
+        raise _invalid_type(prefix, "an object", holder)
+    if "name" not in holder:
+        raise bad(f"Missing required parameter: '{prefix}.name'.", f"{prefix}.name", "missing_required_parameter")
+    if not isinstance(holder["name"], str):
+        raise _invalid_type(f"{prefix}.name", "a string", holder["name"])
+    if "parameters" in holder and not isinstance(holder["parameters"], dict):
+        raise _invalid_type(f"{prefix}.parameters", "an object", holder["parameters"])
+
+
 # --- rendering --------------------------------------------------------------------------
 
 
@@ -111,7 +137,10 @@ class _Renderer:
     def json(self, value: Any) -> None:
         self.text(orjson.dumps(value).decode())
 
-    def tools(self, tools: Any) -> None:
+    def tools(self, tools: Any, *, is_chat: bool = False) -> None:
+        if isinstance(tools, list):
+            for i, tool in enumerate(tools):
+                _check_tool(tool, f"tools[{i}]", is_chat)
         if isinstance(tools, list) and tools:
             self.out.tokens.append(TOOLS)
             for tool in tools:
@@ -191,7 +220,7 @@ def render_chat(body: Mapping[str, Any], counter: TokenCounter) -> Rendered:
             "empty_array",
         )
     r = _Renderer(counter)
-    r.tools(body.get("tools"))
+    r.tools(body.get("tools"), is_chat=True)
     r.schema(body.get("response_format"))
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
