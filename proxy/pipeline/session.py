@@ -74,6 +74,7 @@ from proxy.services import Services
 from proxy.sessions import Inference, SessionState, explicit_id, explicit_session
 from proxy.store import RecordStore
 from proxy.store.record import SessionRecord, Sidecar
+from proxy.tenant import credential_of
 
 _log = logging.getLogger("promptcache.session")
 MAX_PINNED_TOOLS: Final = 512
@@ -103,8 +104,8 @@ class SessionStage:
     async def run(self, exchange: Exchange, services: Services) -> None:
         state: SessionState | None = services.sessions
         body = exchange.body
-        if state is None or body is None:
-            return
+        if state is None or body is None or not credential_of(exchange.headers):
+            return  # no credential, no state: nothing read, nothing stored
         tenant = state.tenant_of(exchange.provider, exchange.headers)
         exchange.tenant = tenant
         now = state.clock()

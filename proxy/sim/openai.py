@@ -214,8 +214,7 @@ def render_chat(body: Mapping[str, Any], counter: TokenCounter) -> Rendered:
         raise bad("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
     if not isinstance(messages, list) or not messages:
         raise bad(
-            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
-            "but got an empty array instead.",
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
             "messages",
             "empty_array",
         )
@@ -391,9 +390,7 @@ def plan_cache(
     ttl = settings.extended_retention_seconds if extended else settings.retention_seconds
     label = "24h" if extended else "in_memory"
     writes = [
-        Entry(tenant, ns, d, o, ttl, now + ttl, label)
-        for o, d in zip(offsets, digests, strict=True)
-        if o > cached
+        Entry(tenant, ns, d, o, ttl, now + ttl, label) for o, d in zip(offsets, digests, strict=True) if o > cached
     ]
     return OpenAIPlan(n, cached, 0, writes)
 
@@ -431,14 +428,10 @@ def _plan_breakpoints(
     every = sorted(set(explicit) | (set(rendered.turn_ends) if mode == "implicit" else set()))
     readable = [o for o in every[-settings.breakpoint_read_window :] if o >= settings.min_cache_tokens]
     if mode == "implicit":
-        chosen = (
-            explicit[-(settings.max_breakpoint_writes - 1) :] if settings.max_breakpoint_writes > 1 else []
-        )
+        chosen = explicit[-(settings.max_breakpoint_writes - 1) :] if settings.max_breakpoint_writes > 1 else []
         to_write = set(chosen) | ({implicit} if implicit is not None else set())
     else:
-        to_write = (
-            set(explicit[-settings.max_breakpoint_writes :]) if settings.max_breakpoint_writes else set()
-        )
+        to_write = set(explicit[-settings.max_breakpoint_writes :]) if settings.max_breakpoint_writes else set()
     candidates = sorted(set(readable) | {o for o in to_write if o >= settings.min_cache_tokens})
     digests = dict(zip(candidates, _prefix_digests(rendered.tokens, candidates), strict=True))
     cached = 0
