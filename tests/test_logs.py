@@ -100,3 +100,65 @@ def test_configure_logging_any_case_and_json() -> None:
         root.setLevel(saved[0])
         for handler in saved[1]:
             root.addHandler(handler)
+
+
+async def test_serve_lowercase_level_json_lines_and_banner(tmp_path) -> None:
+    """`promptcache serve` with `log_level: debug` (lower case) and `log_format: json`: the banner
+    names the simulator, every stderr line is JSON, and the access line carries the fields."""
+    import asyncio
+    import os
+    import sys
+
+    env = {
+        **os.environ,
+        "PROMPTCACHE_LOG_LEVEL": "debug",
+        "PROMPTCACHE_LOG_FORMAT": "json",
+        "XDG_STATE_HOME": str(tmp_path),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--port",
+        "0",
+        "--upstream",
+        "sim",
+        "--store",
+        "memory://",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        banner = []
+        while not banner or not banner[-1].startswith("  state dir:"):
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            assert line, "serve exited before its banner"
+            banner.append(line.rstrip("\n"))
+        url = banner[0].split(" listening on ")[1].split(" ")[0]
+        assert banner[2].startswith("  upstream anthropic: sim http://127.0.0.1:")
+        assert banner[-2] == "  store: memory://"
+        headers = {**HEADERS, "x-session-id": "serve-json"}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/v1/messages", json=BODY, headers=headers) as r:
+                assert r.status == 200
+                await r.read()
+        while True:
+            raw = await asyncio.wait_for(proc.stderr.readline(), 60)
+            assert raw, "serve exited before logging the request"
+            data = orjson.loads(raw)  # every line is one JSON object
+            assert KEY.encode() not in raw and SECRET_TEXT.encode() not in raw
+            if data["logger"] == ACCESS_LOGGER:
+                break
+        assert (data["status"], data["path"], data["cause"], data["level"]) == (
+            200,
+            "/v1/messages",
+            "first_request",
+            "INFO",
+        )
+        assert data["uncached"] + data["written"] + data["read"] > 0 and data["cost_usd"] > 0
+    finally:
+        proc.terminate()
+        await proc.wait()

@@ -88,13 +88,14 @@ def _join_lines(pieces: Sequence[str]) -> str | None:
     When the only piece without a final newline is not last (the text's unterminated last line
     moved up), that newline moves with the order: every piece loses one final `\n` and the
     pieces are joined with `\n`, so the same lines and the same characters come out, the last
-    line still unterminated. `None` when more than one piece is unterminated.
+    line still unterminated. `None` when more than one piece is unterminated, or when the last
+    piece ends in a blank line (losing one `\n` would leave it terminated: a line lost).
     """
     open_ended = [i for i, p in enumerate(pieces) if not p.endswith("\n")]
     if not open_ended or open_ended == [len(pieces) - 1]:
         return "".join(pieces)
-    if len(open_ended) > 1:
-        return None
+    if len(open_ended) > 1 or pieces[-1].endswith("\n\n"):
+        return None  # two open ends, or a last piece ending in a blank line (it would end terminated)
     return "\n".join(p[:-1] if p.endswith("\n") else p for p in pieces)
 
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -243,9 +243,13 @@ class Masker:
         exact, masked, keys = self.examine_all((value,))
         return exact[0], masked[0], keys[0]
 
-    def examine_all(self, values: Sequence[Any]) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
+    def examine_all(
+        self, values: Sequence[Any], optional: Mapping[str, frozenset[str]] | None = None
+    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
         """`examine` of each of `values`, as three tuples (exact, masked, key); one loop,
-        since a long conversation has hundreds of messages."""
+        since a long conversation has hundreds of messages. `optional` (role -> keys:
+        `ProviderAdapter.identity_optional`) leaves those keys of a message of that role out
+        of its masked digest only: a message re-sent without them is "the same" message."""
         dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
         exact_memo, masked_memo, size, spans = self._exact, self._memo, self.memo_size, self.spans
         exacts: list[bytes] = []
@@ -264,6 +268,11 @@ class Masker:
                 exact_memo.move_to_end(key)
             exacts.append(exact)
             keys.append(key)
+            if optional and type(stripped) is dict:
+                dropped = optional.get(stripped.get("role"))  # type: ignore[arg-type]
+                if dropped and not dropped.isdisjoint(stripped):
+                    maskeds.append(self._projected(exact, {k: v for k, v in stripped.items() if k not in dropped}))
+                    continue
             if not spans:
                 maskeds.append(exact)
                 continue
@@ -274,6 +283,13 @@ class Masker:
                 masked_memo.move_to_end(exact)
             maskeds.append(masked)
         return tuple(exacts), tuple(maskeds), tuple(keys)
+
+    def _projected(self, exact: bytes, projection: JSONObject) -> bytes:
+        """The masked digest of `projection` (a message without its optional keys): what the
+        message without them digests to, memoised under a key derived from `exact`."""
+        if self.spans:
+            return self._masked(xxhash.xxh3_128_digest(exact + b"\x00projected"), projection)
+        return xxhash.xxh3_128_digest(orjson.dumps(canonical_value(projection), option=orjson.OPT_SORT_KEYS))
 
     def begin(self, chars: int | None) -> Budget | None:
         """Start a request: the rules may scan `chars` characters for it (`None`: no limit)."""
@@ -392,7 +408,7 @@ def _view_messages(
     items = body.get(array_key) if array_key is not None else None
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
-    exact, digests, keys = masker.examine_all(elements)
+    exact, digests, keys = masker.examine_all(elements, adapter.identity_optional(path))
     for position in sorted(system_positions):
         head.update(b"system-message\x00" + digests[position])
     for digest in sorted(tools):  # the tool set, not its order: a client that shuffles its tools

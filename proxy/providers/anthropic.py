@@ -18,7 +18,7 @@ Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-cachi
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -220,6 +220,10 @@ class AnthropicAdapter:
         user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
         sid = session_in_user_id(user_id) if isinstance(user_id, str) else None
         return ("metadata", sid) if sid else None
+
+    def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
+        """None: every key of a message is part of it."""
+        return {}
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
 

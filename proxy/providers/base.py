@@ -19,7 +19,7 @@ Invariant: adapters are stateless and pure; the same input gives the same output
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, overload
 
@@ -293,6 +293,11 @@ class ProviderAdapter(Protocol):
 
     def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
         """`(source, raw session id)` from provider-defined body fields, else `None`."""
+        ...
+
+    def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
+        """Per message role, keys a client may drop when it re-sends a message without making
+        it another message (session identity and replay ignore them; replay sends them back)."""
         ...
 
     # Request side, used by the pipeline stages (canonicalise, reorder, breakpoints). Every

@@ -14,7 +14,7 @@ Provider rules (AWS Bedrock prompt-caching and Converse API docs; PROVIDERS.md 4
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -113,6 +113,10 @@ class ConverseAdapter:
 
     def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
         return None
+
+    def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
+        """None: every key of a message is part of it."""
+        return {}
 
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         return None

@@ -30,7 +30,7 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -55,6 +55,8 @@ from proxy.providers.base import (
 )
 
 CHAT_PATH: Final = "/v1/chat/completions"
+CHAT_OPTIONAL: Final[Mapping[str, frozenset[str]]] = {"tool": frozenset({"name"})}
+"""Keys a Chat client may drop on re-sending a message (`OpenAIAdapter.identity_optional`)."""
 RESPONSES_PATH: Final = "/v1/responses"
 _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 _CALL_ITEMS: Final = frozenset({"function_call", "custom_tool_call"})
@@ -247,6 +249,12 @@ class OpenAIAdapter:
             if isinstance(value, str) and value:
                 return key, value
         return None
+
+    def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
+        """Chat tool messages: `name` (the function's name, optional in
+        `ChatCompletionToolMessageParam`; Hermes Agent drops it when it resumes a session, so the
+        message is still the tool output it was: replay sends it with its `name` again)."""
+        return CHAT_OPTIONAL if path == CHAT_PATH else {}
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
 

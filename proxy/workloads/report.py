@@ -11,6 +11,10 @@ clairvoyant read bound (`oracle.py`); `cost/min` = a strategy's cost / the oracl
 minimum cost. The causal bound (`oracle.py`) is printed beside the optimum, never used for
 attainment.
 
+A trace with a 2xx response that carried no usage (aider on Chat Completions streams without
+`stream_options.include_usage`) has unknown reads: it is named (`without usage`), its rows say
+so, and it is left out of totals, the optimum and attainment instead of counting as 0 reads.
+
 An errored request (non-2xx) is counted in `errors` and charged as uncached input of the
 client's prompt (the oracle's token count): the client would have to send it again without
 whatever broke it.
@@ -45,9 +49,12 @@ class Tally:
     uncached_cost: float = 0.0
     causes: dict[str, int] = field(default_factory=dict)
     """Requests per divergence cause (`proxy.metrics.CAUSES`)."""
+    no_usage: int = 0
+    """2xx responses that carried no usage (a Chat stream without `stream_options.include_usage`):
+    their tokens are unknown, so they count as none of read / written / neither."""
 
     def add(self, other: Tally) -> None:
-        for name in ("requests", "errors", "read", "write_5m", "write_1h", "none"):
+        for name in ("requests", "errors", "read", "write_5m", "write_1h", "none", "no_usage"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.cost += other.cost
         self.uncached_cost += other.uncached_cost
@@ -102,6 +109,8 @@ class RequestOutcome:
     cause: str | None = None
     """Divergence cause of the request (`None` for a failed request, or when the proxy measured
     none for it)."""
+    has_usage: bool = True
+    """False for a 2xx response without usage (`Tally.no_usage`)."""
 
 
 @dataclass(slots=True)
@@ -157,6 +166,12 @@ class TraceResult:
         read = self.tallies[strategy].read
         return read / self.optimum_read if self.optimum_read else 1.0
 
+    @property
+    def has_usage(self) -> bool:
+        """False when some 2xx response of the trace carried no usage, under any strategy: its
+        reads are unknown, so the trace is named and left out of totals and attainment."""
+        return not any(t.no_usage for t in self.tallies.values())
+
 
 @dataclass(slots=True)
 class Report:
@@ -167,31 +182,41 @@ class Report:
         seen = {s for t in self.traces for s in t.tallies}
         return [s for s in STRATEGIES if s in seen]
 
+    @property
+    def counted(self) -> list[TraceResult]:
+        """The traces in totals and attainment: those whose responses all carried usage."""
+        return [t for t in self.traces if t.has_usage]
+
+    @property
+    def without_usage(self) -> list[str]:
+        """Names of the traces left out of totals (`TraceResult.has_usage`)."""
+        return [t.name for t in self.traces if not t.has_usage]
+
     def total(self, strategy: str) -> Tally:
         out = Tally()
-        for trace in self.traces:
+        for trace in self.counted:
             if strategy in trace.tallies:
                 out.add(trace.tallies[strategy])
         return out
 
     @property
     def optimum_read(self) -> int:
-        return sum(t.optimum_read for t in self.traces)
+        return sum(t.optimum_read for t in self.counted)
 
     @property
     def optimum_total(self) -> int:
-        return sum(t.optimum_total for t in self.traces)
+        return sum(t.optimum_total for t in self.counted)
 
     def attainment(self, strategy: str) -> float:
         return self.total(strategy).read / self.optimum_read if self.optimum_read else 1.0
 
     @property
     def causal_read(self) -> int:
-        return sum(t.causal_read for t in self.traces)
+        return sum(t.causal_read for t in self.counted)
 
     @property
     def min_cost(self) -> float:
-        return sum(t.min_cost for t in self.traces)
+        return sum(t.min_cost for t in self.counted)
 
     def cost_ratio(self, strategy: str) -> float:
         return self.total(strategy).cost / self.min_cost if self.min_cost else 0.0
@@ -199,7 +224,7 @@ class Report:
     def share_after_first(self, strategy: str) -> float:
         """Read share over requests 2..N of every trace."""
         read = total = 0
-        for trace in self.traces:
+        for trace in self.counted:
             for o in trace.outcomes.get(strategy, [])[1:]:
                 read += o.read
                 total += o.read + o.write_5m + o.write_1h + o.none
@@ -207,8 +232,8 @@ class Report:
 
     @property
     def optimum_share_after_first(self) -> float:
-        read = sum(sum(t.optimum_reads[1:]) for t in self.traces)
-        total = sum(sum(t.client_totals[1:]) for t in self.traces)
+        read = sum(sum(t.optimum_reads[1:]) for t in self.counted)
+        total = sum(sum(t.client_totals[1:]) for t in self.counted)
         return read / total if total else 0.0
 
 
@@ -281,6 +306,15 @@ def format_text(report: Report, per_request: bool = False) -> str:
     for trace in report.traces:
         if per_request:
             lines.extend(format_requests(trace))
+        if not trace.has_usage:
+            for strategy in report.strategies:
+                if strategy in trace.tallies:
+                    tally = trace.tallies[strategy]
+                    lines.append(
+                        f"{trace.name:<26} {strategy:<11} {tally.requests:>4} {tally.errors:>3} "
+                        f"no usage in {tally.no_usage} responses: left out of the totals"
+                    )
+            continue
         for strategy in report.strategies:
             if strategy in trace.tallies:
                 lines.append(
@@ -336,6 +370,8 @@ def format_text(report: Report, per_request: bool = False) -> str:
     lines.append(f"{'TOTAL':<26} {'causal':<11} {'':>4} {'':>3} {report.causal_read:>9} {'':>9} {'':>9} {causal:>6.1%}")
     for strategy in report.strategies:
         lines.append(_causes_row("TOTAL", strategy, report.total(strategy)))
+    if report.without_usage:
+        lines.append(f"left out of the totals (responses without usage): {', '.join(report.without_usage)}")
     return "\n".join(lines)
 
 
@@ -368,6 +404,7 @@ def to_json(report: Report, per_request: bool = False) -> dict[str, Any]:
             },
             "causal": {"read": trace.causal_read, "share": trace.causal_share},
             "stage_errors": trace.stage_errors,
+            "has_usage": trace.has_usage,
             "strategies": {
                 s: {
                     **tally(t),
@@ -402,4 +439,5 @@ def to_json(report: Report, per_request: bool = False) -> dict[str, Any]:
             "min_cost": report.min_cost,
         },
         "causal": {"read": report.causal_read},
+        "without_usage": report.without_usage,
     }

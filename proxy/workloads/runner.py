@@ -159,6 +159,7 @@ async def _send(
         cost,
         uncached,
         error,
+        has_usage=usage.seen,
     )
     if causes is not None:
         outcome.cause = causes.cause(request.path, request.headers, body, usage if usage.seen else None)
@@ -273,6 +274,7 @@ async def _run_strategy(
                     outcome.cost,
                     outcome.uncached_cost,
                     {outcome.cause: 1} if outcome.cause is not None else {},
+                    0 if outcome.has_usage else 1,
                 )
             )
             progress.step(i + 1)

@@ -330,3 +330,12 @@ def test_a_head_item_without_content_is_kept_in_place_when_the_head_is_rebuilt()
     out, plan = reorder_body(OPENAI, "/v1/responses", body, STAYING_RULES)
     assert out["input"] == [tools, body["input"][2], body["input"][1], body["input"][3]]
     assert plan.tiers == ("stable", "volatile")
+
+
+def test_unsplittable_text_whose_last_piece_ends_in_a_blank_line_keeps_its_lines() -> None:
+    """Found by the content-preserving property: a session line followed by a blank line, then an
+    unterminated stable line, in Responses `instructions` (not splittable)."""
+    text = "Working directory: /home/alice/project\n\nYou are a careful coding agent."
+    body = {"model": "gpt-4o", "instructions": text, "input": [{"role": "user", "content": "hi"}]}
+    out, _ = reorder_body(OPENAI, "/v1/responses", body, RULES)
+    assert sorted(out["instructions"].split("\n")) == sorted(text.split("\n"))

@@ -128,7 +128,16 @@ def ref_view(adapter: Any, path: str, body: dict[str, Any], patterns: Any) -> tu
             system.add(block.message_index)
     items = body.get(array_key) if array_key is not None else None
     elements = items if isinstance(items, list) else ([] if items is None else [items])
-    pairs = [ref_digests(item, patterns) for item in elements]
+    optional = {"tool": {"name"}} if path == "/v1/chat/completions" else {}
+    pairs = [
+        (
+            ref_digests(item, patterns)[0],
+            ref_digests({k: v for k, v in item.items() if k not in optional[item["role"]]}, patterns)[1],
+        )
+        if isinstance(item, dict) and item.get("role") in optional
+        else ref_digests(item, patterns)
+        for item in elements
+    ]
     digests = tuple(p[1] for p in pairs)
     for position in sorted(system):
         head.update(b"system-message\x00" + digests[position])

@@ -11,11 +11,11 @@ import pytest
 
 from proxy import replay
 from proxy.workloads.oracle import optimum
-from proxy.workloads.report import ordered_causes
+from proxy.workloads.report import format_text, ordered_causes, to_json
 from proxy.workloads.runner import Progress, replay_traces
 from proxy.workloads.strategies import STRATEGIES, naive_body
 from proxy.workloads.suite import COMMITTED_DIR, SUITE
-from proxy.workloads.trace import Trace, dumps_trace, load_trace
+from proxy.workloads.trace import Trace, TraceRequest, dumps_trace, load_trace
 from tests.workloads.test_oracle import COUNTER, SYSTEM, message_tokens, request, turns
 
 OPUS_INPUT, OPUS_WRITE_5M, OPUS_READ = 5.00, 6.25, 0.50  # USD per million tokens, rules/pricing.yaml
@@ -219,3 +219,37 @@ async def test_progress_lines_when_not_a_terminal():
     stream = io.StringIO()
     await replay_traces([small_trace()], ["none"], progress=Progress(stream))
     assert stream.getvalue() == "small none                               3 requests hit 0.0%\n"
+
+
+def _chat_stream_trace() -> Trace:
+    """aider on Chat Completions: streamed, without `stream_options.include_usage`, so no
+    response carries usage."""
+    messages = [{"role": "system", "content": SYSTEM * 3}, {"role": "user", "content": "u1"}]
+    body = {"model": "gpt-4o", "stream": True, "messages": messages}
+    return Trace(
+        "chat-no-usage",
+        "streamed Chat without include_usage",
+        (
+            TraceRequest(0, "/v1/chat/completions", body),
+            TraceRequest(10, "/v1/chat/completions", body),
+        ),
+    )
+
+
+async def test_a_trace_without_usage_is_named_and_left_out_of_the_totals(capsys):
+    small, bare = small_trace(), _chat_stream_trace()
+    alone = await replay_traces([small], list(STRATEGIES))
+    report = await replay_traces([small, bare], list(STRATEGIES))
+    counted, missing = report.traces
+    assert not missing.has_usage and counted.has_usage
+    assert [missing.tallies[s].no_usage for s in STRATEGIES] == [2, 2, 2]
+    assert report.without_usage == ["chat-no-usage"]
+    for strategy in STRATEGIES:
+        assert report.total(strategy) == alone.total(strategy)
+        assert report.attainment(strategy) == alone.attainment(strategy)
+    assert (report.optimum_read, report.optimum_total) == (alone.optimum_read, alone.optimum_total)
+    text = format_text(report).splitlines()
+    assert "chat-no-usage              none           2   0 no usage in 2 responses: left out of the totals" in text
+    assert text[-1] == "left out of the totals (responses without usage): chat-no-usage"
+    out = to_json(report)
+    assert out["without_usage"] == ["chat-no-usage"] and out["traces"][1]["has_usage"] is False
