@@ -208,7 +208,8 @@ async def main() -> None:
         while time.monotonic() < deadline:
             await asyncio.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
             print(
-                f"{time.monotonic() - started:7.0f} {stats.requests:9d} {stats.errors:7d} {rss_kb(proc.pid) / 1024:8.1f}"
+                f"{time.monotonic() - started:7.0f} {stats.requests:9d} {stats.errors:7d} "
+                f"{rss_kb(proc.pid) / 1024:8.1f}"
             )
         await asyncio.gather(*workers)
         first = [d for t, d in stats.samples if t - started <= 30]
@@ -226,7 +227,8 @@ async def main() -> None:
         )
         print(f"latency last 30 s:  p50 {pct(last, 0.5):.1f} ms, p99 {pct(last, 0.99):.1f} ms ({len(last)} requests)")
         print(
-            f"sessions.db {db.stat().st_size / 1e6:.1f} MB, WAL {wal.stat().st_size / 1e6 if wal.exists() else 0:.1f} MB, "
+            f"sessions.db {db.stat().st_size / 1e6:.1f} MB, "
+            f"WAL {wal.stat().st_size / 1e6 if wal.exists() else 0:.1f} MB, "
             f"RSS at end {rss_kb(proc.pid) / 1024:.1f} MB"
         )
     finally:

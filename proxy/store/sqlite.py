@@ -4,7 +4,8 @@
   aiosqlite was no faster); the event loop only awaits futures.
 - New files get `page_size=65536` (NOTES.md: 600 KB write/read 2.8/1.6 ms -> 0.9/0.4 ms), WAL,
   `synchronous=NORMAL`, mode 0600 (the WAL and SHM files inherit it); the WAL is checkpointed
-  and truncated at a quarter of the data size (4-64 MiB, `_size_wal`, re-sized at each purge). Schema version in `PRAGMA user_version` (`SCHEMA_VERSION`).
+  and truncated at a quarter of the data size (4-64 MiB, `_size_wal`, re-sized at each purge).
+  Schema version in `PRAGMA user_version` (`SCHEMA_VERSION`).
 - Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
   invisible to `get` and purged at most once a minute during `put`.
 - A locked file fails fast (`busy_timeout` 20 ms) with `sqlite3.OperationalError`; the caller
