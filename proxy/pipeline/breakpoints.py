@@ -50,7 +50,9 @@ Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
   with a `scope` take the same scope (1.2: `global` only after global blocks).
 - Providers without markers (`max_markers` 0: OpenAI before GPT-5.6) keep their markers as
   sent. When the policy names a `cache_key_field` (`prompt_cache_key`) the client did not set,
-  it is set to a digest of tools + stable system (sessions sharing that prefix share a key;
+  it is set to a digest of the first ~1,024 tokens of tools + stable system
+  (`planner.prefix_cache_key`: conversations sharing that much prefix share a key, so the key
+  never routes apart requests that could share a cache entry; a client's own key is kept;
   never derived from a credential).
 - Pure and idempotent: planning its own output changes nothing; `body` is never mutated.
 

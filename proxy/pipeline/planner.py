@@ -64,16 +64,33 @@ def system_ends(view: BlockView, tiers: Sequence[str] | None) -> tuple[int, int]
     return first + stable - 1, first + session - 1
 
 
+KEY_PREFIX_BYTES: Final = 1024 * BYTES_PER_TOKEN
+"""Bytes of the prefix a derived `prompt_cache_key` digests: about 1,024 tokens (the planner's
+estimate), OpenAI's minimum cacheable prefix (PROVIDERS.md 2.1)."""
+
+
 def prefix_cache_key(view: BlockView, key: str, end: int) -> str | None:
-    """`pc-` + xxh3-128 of blocks 0..`end` (markers removed); `None` for an empty prefix."""
+    """`pc-` + xxh3-128 (35 characters; the API allows 64, PROVIDERS.md 9) of the first
+    `KEY_PREFIX_BYTES` of blocks 0..`end` (markers removed, each block's orjson bytes in prefix
+    order); `None` for an empty prefix.
+
+    Requests sharing their first ~1,024 tokens of tools + stable system share the key, so two
+    conversations that could share a cache entry are never routed apart by it (the routing
+    hash also covers the first ~256 tokens, 2.1), and a session's key does not move while that
+    head is unchanged. A shorter prefix is digested whole (nothing shorter is cached anyway)."""
     if end < 0:
         return None
     digest = xxhash.xxh3_128()
+    left = KEY_PREFIX_BYTES
     for i in range(end + 1):
         value = view.value(i)
         if isinstance(value, dict) and key in value:
             value = {k: v for k, v in value.items() if k != key}
-        digest.update(orjson.dumps(value))
+        data = orjson.dumps(value)
+        digest.update(data[:left])
+        left -= len(data)
+        if left <= 0:
+            break
     return "pc-" + digest.hexdigest()
 
 

@@ -97,6 +97,8 @@ def test_compose_runs_two_replicas_redis_prometheus_grafana() -> None:
         assert proxy["environment"]["PROMPTCACHE_UPSTREAM"] == "${PROMPTCACHE_UPSTREAM:-real}"
         assert "PROMPTCACHE_SECRET" in proxy["environment"]
         assert proxy["environment"]["PROMPTCACHE_ADMIN_TOKEN"].startswith("${PROMPTCACHE_ADMIN_TOKEN:?")
+        # The image keeps the admin listener on the container's loopback; Prometheus needs it outside.
+        assert proxy["environment"]["PROMPTCACHE_ADMIN_HOST"] == "0.0.0.0"
     assert services["prometheus"]["secrets"] == ["promptcache_admin_token"]
     assert compose["secrets"] == {"promptcache_admin_token": {"environment": "PROMPTCACHE_ADMIN_TOKEN"}}
     for service in services.values():
@@ -215,6 +217,7 @@ def test_kubernetes_manifests() -> None:
     assert env["PROMPTCACHE_UPSTREAM"] == "real"
     assert env["PROMPTCACHE_SECRET"] == {"secretKeyRef": {"name": "promptcache", "key": "secret"}}
     assert env["PROMPTCACHE_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "promptcache", "key": "admin-token"}}
+    assert env["PROMPTCACHE_ADMIN_HOST"] == "0.0.0.0"
     # These settings start (a non-loopback admin listener needs its token).
     plain = {k: v for k, v in env.items() if isinstance(v, str)}
     load_settings(environ={**plain, "PROMPTCACHE_SECRET": "s" * 32, "PROMPTCACHE_ADMIN_TOKEN": "t"})

@@ -192,6 +192,7 @@ def test_proxy_deployment_probes_secret_and_real_upstream() -> None:
         "PROMPTCACHE_HOST": "0.0.0.0",
         "PROMPTCACHE_PORT": "8080",
         "PROMPTCACHE_ADMIN_PORT": "9464",
+        "PROMPTCACHE_ADMIN_HOST": "0.0.0.0",
         "PROMPTCACHE_UPSTREAM": "real",
         "PROMPTCACHE_MODE": "optimise",
         "PROMPTCACHE_LOG_LEVEL": "INFO",

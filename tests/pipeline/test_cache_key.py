@@ -1,0 +1,58 @@
+"""The `prompt_cache_key` promptcache sets for OpenAI (issue 12, finding 5): stable per session,
+shared by conversations that share at least ~1,024 tokens of prefix, at most 64 characters, the
+client's own key kept, and never splitting conversations that share a prefix without the proxy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.pipeline.breakpoints import place_breakpoints
+from proxy.providers import OPENAI
+from tests.pipeline.test_simulator import GUIDE
+from tests.pipeline.test_simulator_turns import _both
+
+CHAT = "/v1/chat/completions"
+HEADERS = {"authorization": "Bearer sk-sim-test", "content-type": "application/json"}
+SHARED = "\n".join([GUIDE] * 6)  # about 12k tokens shared by both conversations
+
+
+def _chat(tail: str, question: str, history: int = 0) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": f"{SHARED}\n{tail}"}]
+    for k in range(history):
+        messages += [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": f"a{k}"}]
+    messages.append({"role": "user", "content": question})
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def _key(body: dict[str, Any]) -> str | None:
+    return place_breakpoints(OPENAI, CHAT, body)[1].cache_key
+
+
+def test_key_is_shared_by_a_long_common_prefix_and_stable_per_session() -> None:
+    first = _key(_chat("You review Python.", "hi"))
+    assert first is not None and len(first) <= 64
+    assert _key(_chat("You review Rust, and only Rust.", "hello")) == first  # differs after 12k tokens
+    assert _key(_chat("You review Python.", "later", history=3)) == first  # the same session later
+    assert (
+        _key(
+            {"model": "gpt-4o", "messages": [{"role": "system", "content": "short"}, {"role": "user", "content": "x"}]}
+        )
+        != first
+    )
+    own = {**_chat("You review Python.", "hi"), "prompt_cache_key": "client-key"}
+    out, plan = place_breakpoints(OPENAI, CHAT, own)
+    assert plan.cache_key is None and out["prompt_cache_key"] == "client-key"
+
+
+async def test_conversations_sharing_a_prefix_are_not_routed_apart(make_proxy: Any) -> None:
+    bodies = [
+        (CHAT, _chat("You review Python.", "first?")),
+        (CHAT, _chat("You review Rust, and only Rust.", "second?")),
+    ]
+    async with _both(make_proxy, bodies, HEADERS) as runs:
+        direct = [u["prompt_tokens_details"]["cached_tokens"] for u in runs.direct]
+        through = [u["prompt_tokens_details"]["cached_tokens"] for u in runs.usages]
+        assert direct[1] > 10_000  # without the proxy the second reads the shared prefix
+        assert through == direct
+        assert runs.sent[0]["prompt_cache_key"] == runs.sent[1]["prompt_cache_key"]
