@@ -234,7 +234,9 @@ async def start_proxy(
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
     app = create_app(settings, registry, tracer_provider)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.client_idle_timeout
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()

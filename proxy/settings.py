@@ -120,6 +120,9 @@ class Settings(BaseModel):
     tracing: bool = False
     """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
     (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""
+    client_idle_timeout: float = Field(75.0, gt=0)
+    """Seconds a client connection may stay open without a complete request: idle keep-alive
+    connections, and connections that never finish sending their headers, are then closed."""
     classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in
