@@ -15,11 +15,12 @@ Contract:
   pings in the current clock hour), no newer request of the session was recorded in the store
   (another replica served it: only the replica that served the last request pings), and it
   pays: the chance that the person comes back within the next 5 minutes, given they have not
-  yet (human gaps of the session and tenant, the prior of `proxy.pacing` below
-  `MIN_SAMPLES`), times the re-write it saves (1.25 - 0.1 per prompt token) exceeds the ping's
-  read (0.1 per token). A ping that fails (any error or non-2xx) drops the window and opens
-  the tenant's breaker for `BREAKER_SECONDS`. Each ping reschedules itself `TTL - MARGIN`
-  later (a read refreshes the entry).
+  yet (the tenant's human gaps, the prior of `proxy.pacing` below `MIN_SAMPLES`), times the
+  re-write it saves (1.25 - 0.1 per token of the part no 1h anchor keeps: all of it without
+  one, else what the request did not read) exceeds the ping's read (0.1 per prompt token). A
+  window that would not pay its first ping is not opened. A ping that fails (any error or
+  non-2xx) drops the window and opens the tenant's breaker for `BREAKER_SECONDS`. Each ping
+  reschedules itself `TTL - MARGIN` later (a read refreshes the entry).
 - `cancel(tenant, session, now)` when the session's next real request starts: the window goes
   (with its credential); `True` when a ping kept the entry alive past its first expiry, so the
   request's read is one the pings saved (`promptcache_keepwarm_saved_read_tokens_total`).
@@ -87,9 +88,10 @@ def return_chance(gaps: tuple[float, ...], waited: float, horizon: float = FIVE_
     return (alive - _lognormal_survival(waited + horizon)) / alive if alive > 0 else 0.0
 
 
-def ping_pays(gaps: tuple[float, ...], waited: float) -> bool:
-    """The saving (a re-write avoided, 1.25 - 0.1 per token) times the chance beats the read."""
-    return return_chance(gaps, waited) * (WRITE_5M - READ) > READ
+def ping_pays(gaps: tuple[float, ...], waited: float, share: float = 1.0) -> bool:
+    """The saving (a re-write avoided, 1.25 - 0.1 per token, on the `share` of the prompt no
+    1h entry keeps) times the chance beats the read of the whole prompt (0.1 per token)."""
+    return return_chance(gaps, waited) * (WRITE_5M - READ) * share > READ
 
 
 @dataclass(slots=True)
@@ -109,6 +111,8 @@ class Window:
     prompt_tokens: int
     adapter: Any
     path: str
+    share: float = 1.0
+    """Part of the prompt only the 5m entry holds (the rest is under a 1h anchor that lives on)."""
     pings: int = 0
     warm_until: float = 0.0
 
@@ -159,6 +163,12 @@ class KeepWarm:
         markers = getattr(plan, "markers", ())
         if not markers or markers[-1].ttl != "5m":
             return False
+        total = usage.prompt_total
+        share = 1.0
+        if any(m.ttl == "1h" for m in markers) and total:
+            share = max(0.0, total - usage.cache_read) / total  # a 1h entry keeps what was read
+        if not ping_pays(self.pacing(exchange.tenant).human if self.pacing else (), FIVE_MINUTES - MARGIN, share):
+            return False
         arrivals = exchange.notes.get("arrivals") or ()
         if not arrivals:
             return False
@@ -193,6 +203,7 @@ class KeepWarm:
             usage.prompt_total,
             exchange.adapter,
             exchange.path,
+            share,
         )
         if self._wake is not None:
             self._wake.set()
@@ -240,7 +251,7 @@ class KeepWarm:
             now >= window.arrival + ONE_HOUR
             or self.breaker.get(tenant, 0.0) > now
             or (self.cap is not None and spent + cost > self.cap)
-            or not ping_pays(gaps, now - window.arrival)
+            or not ping_pays(gaps, now - window.arrival, window.share)
             or await self._served_elsewhere(window)
         ):
             self._drop(window)

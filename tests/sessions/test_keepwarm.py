@@ -42,7 +42,9 @@ async def pause(proxy: Any, sim: Sim, seconds: float) -> list[float]:
     return sent
 
 
-async def two_turns(proxy: Any, sim: Sim, client: Client, gap: float) -> tuple[list[dict[str, Any]], list[float], float]:
+async def two_turns(
+    proxy: Any, sim: Sim, client: Client, gap: float
+) -> tuple[list[dict[str, Any]], list[float], float]:
     history = [first_message("2026-11-29T20:00:00Z")]
     start = sim.clock.now()
     status, response = await client.messages(proxy, body(history), headers=SESSION)
@@ -75,7 +77,8 @@ async def test_pauses_the_entry_survives(start_proxy: Any, sim: Sim, client: Cli
     (first, second), pings, start = await two_turns(proxy, sim, client, minutes * 60)
     assert first["cache_creation"]["ephemeral_5m_input_tokens"] > 0
     # one ping MARGIN seconds before every expiry: each lands while the entry still lives
-    expected = [start + k * (FIVE_MINUTES - MARGIN) for k in range(1, 100) if k * (FIVE_MINUTES - MARGIN) < minutes * 60]
+    step = FIVE_MINUTES - MARGIN
+    expected = [start + k * step for k in range(1, 100) if k * step < minutes * 60]
     assert pings == expected
     lived = [start, *pings]
     assert all(b - a < FIVE_MINUTES for a, b in zip(lived, lived[1:], strict=False))

@@ -80,7 +80,8 @@ async def conversation(
         )
         assert status == 200, response
         usages.append(usage(response))
-        history = [*history, {"role": "assistant", "content": response["content"]}, {"role": "user", "content": f"q{n}"}]
+        answer = {"role": "assistant", "content": response["content"]}
+        history = [*history, answer, {"role": "user", "content": f"q{n}"}]
         await client.settle(proxy)
         await sim.advance(gap)
     return usages

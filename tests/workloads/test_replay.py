@@ -221,6 +221,21 @@ async def test_progress_lines_when_not_a_terminal():
     assert stream.getvalue() == "small none                               3 requests hit 0.0%\n"
 
 
+async def test_keep_warm_pings_play_on_the_trace_clock():
+    t1 = COUNTER.count(SYSTEM) + message_tokens("u1")
+    trace = Trace("warm", "", (request(0, turns("u1")), request(400, turns("u1", "a1", "u2"))))
+    report = await replay_traces([trace], ["promptcache"], keep_warm=True)
+    (result,) = report.traces
+    warm = result.keep_warm["promptcache"]
+    # a new tenant writes 5m; one ping at 270 s reads and refreshes it, so request 2 (400 s) reads
+    assert (warm.pings, warm.read) == (1, t1)
+    assert warm.cost == pytest.approx(t1 * OPUS_READ / 1e6)
+    assert [o.read for o in result.outcomes["promptcache"]] == [0, t1]
+    cold = (await replay_traces([trace], ["promptcache"])).traces[0]
+    assert [o.read for o in cold.outcomes["promptcache"]] == [0, 0] and cold.keep_warm == {}
+    assert result.tallies["promptcache"].cost < cold.tallies["promptcache"].cost
+
+
 def _chat_stream_trace() -> Trace:
     """aider on Chat Completions: streamed, without `stream_options.include_usage`, so no
     response carries usage."""
