@@ -44,7 +44,6 @@ from proxy.pipeline import (
 )
 from proxy.providers.base import JSONObject
 from proxy.services import Services
-from proxy.tenant import credential_of
 from proxy.tracing import CURRENT as CURRENT_TRACE
 
 _log = logging.getLogger("promptcache.pipeline")
@@ -92,9 +91,9 @@ async def run_request_stages(
 ) -> None:
     """Run `stages` in order on `exchange`; never raises (fail open)."""
     timers = services.metrics.stage_timers
-    # No credential, no state: such a request is forwarded as sent (the upstream answers 401
-    # as it would) and the session stage neither reads nor writes the store for it.
-    is_observe = services.settings.mode == "observe" or exchange.is_signed or not credential_of(exchange.headers)
+    # No credential, no state (`Exchange.is_anonymous`): forwarded as sent, the upstream
+    # answers 401 as it would, and the session stage neither reads nor writes the store.
+    is_observe = services.settings.mode == "observe" or exchange.is_signed or exchange.is_anonymous
     trace = CURRENT_TRACE.get()
     for stage in stages:
         if is_observe and stage.rewrites:

@@ -74,7 +74,6 @@ from proxy.services import Services
 from proxy.sessions import Inference, SessionState, explicit_id, explicit_session
 from proxy.store import RecordStore
 from proxy.store.record import SessionRecord, Sidecar
-from proxy.tenant import credential_of
 
 _log = logging.getLogger("promptcache.session")
 MAX_PINNED_TOOLS: Final = 512
@@ -104,7 +103,7 @@ class SessionStage:
     async def run(self, exchange: Exchange, services: Services) -> None:
         state: SessionState | None = services.sessions
         body = exchange.body
-        if state is None or body is None or not credential_of(exchange.headers):
+        if state is None or body is None or exchange.is_anonymous:
             return  # no credential, no state: nothing read, nothing stored
         tenant = state.tenant_of(exchange.provider, exchange.headers)
         exchange.tenant = tenant
