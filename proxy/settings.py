@@ -201,7 +201,7 @@ class Settings(BaseModel):
     @field_validator("tracing")
     @classmethod
     def _tracing(cls, value: bool) -> bool:
-        if value and importlib.util.find_spec("opentelemetry.sdk") is None:
+        if value and not _has_module("opentelemetry.sdk"):
             raise ValueError("needs the otel extra: pip install 'promptcache[otel]'")
         return value
 
@@ -211,6 +211,14 @@ class Settings(BaseModel):
         if value and not value.startswith(("memory://", "sqlite://", "redis://", "rediss://")):
             raise ValueError("must start with memory://, sqlite:// or redis://")
         return value
+
+
+def _has_module(name: str) -> bool:
+    """True when `name` imports; `find_spec` of a submodule raises when its parent is missing."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 class SettingsError(ValueError):

@@ -8,8 +8,9 @@ Pure core:
   as the prefix chain's block bytes, so inference, replay and divergence agree: a client that
   re-sends a message as a string after a one-block list, or back, sends "the same" message),
   and replacing by `MASK` the text the rules' volatile patterns match inside string values,
-  each match extended to the end of its token (`span_pattern`). Only that span is masked, never
-  the rest of its line: an edit next to a timestamp is still an edit. Sorted keys make a client
+  each match extended to the end of its token (`span_pattern`). Only the values inside that
+  span (words holding a digit, hex words) are masked, never its words nor the rest of its line: an
+  edit next to a timestamp, or of a word a pattern spans, is still an edit. Sorted keys make a client
   that reorders JSON keys (Go/Swift maps) send "the same" message; masking makes a client
   that re-renders a timestamp send "the same" message.
 - `view_messages(...)`: per request, the masked digest of each element of the message array
@@ -148,12 +149,34 @@ def span_pattern(pattern: re.Pattern[str]) -> re.Pattern[str]:
     return re.compile(rf"(?:{source})\S*", pattern.flags & ~re.MULTILINE)
 
 
+_WORD: Final = re.compile(r"\w+")
+
+
+_HEX: Final = frozenset("0123456789abcdefABCDEF")
+
+
+def _mask_word(word: re.Match[str]) -> str:
+    """`MASK` for a value: a word holding a digit, or a hex word of 4+ (a UUID group `beef`)."""
+    text = word.group()
+    if any(c.isdigit() for c in text) or (len(text) >= 4 and _HEX.issuperset(text)):
+        return MASK
+    return text
+
+
+def _mask_values(match: re.Match[str]) -> str:
+    """The match with only its values replaced by `MASK` (`_mask_word`: `2026`, `30T09`, `a1b`,
+    a UUID's groups). Other words stay, so a rule whose pattern also
+    spans a few words (`Budget remaining\\D{0,20}\\d+`) can never hide an edit of those words
+    (`marketing` -> `engineering` is a rewrite). Linear in the match."""
+    return _WORD.sub(_mask_word, match.group())
+
+
 def sub_lines(pattern: re.Pattern[str], text: str) -> str:
-    """`text` with each match of `pattern` in each of its `\\n`-separated lines replaced by
-    `MASK` (a match never spans two lines)."""
+    """`text` with the values (`_mask_values`) of each match of `pattern` in each of its
+    `\\n`-separated lines replaced by `MASK` (a match never spans two lines)."""
     if "\n" not in text:
-        return pattern.sub(MASK, text)
-    return "\n".join([pattern.sub(MASK, line) for line in text.split("\n")])
+        return pattern.sub(_mask_values, text)
+    return "\n".join([pattern.sub(_mask_values, line) for line in text.split("\n")])
 
 
 def mask_strings(value: Any, spans: Patterns) -> Any:
