@@ -61,6 +61,7 @@ import xxhash
 from proxy.exchange import Exchange
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
+from proxy.rules import MAX_RULE_LINE_CHARS
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
 from proxy.services import Services
 from proxy.store.record import Sidecar
@@ -173,10 +174,13 @@ def _mask_values(match: re.Match[str]) -> str:
 
 def sub_lines(pattern: re.Pattern[str], text: str) -> str:
     """`text` with the values (`_mask_values`) of each match of `pattern` in each of its
-    `\\n`-separated lines replaced by `MASK` (a match never spans two lines)."""
+    `\\n`-separated lines replaced by `MASK` (a match never spans two lines); a line longer than
+    `MAX_RULE_LINE_CHARS` is kept as it is."""
     if "\n" not in text:
-        return pattern.sub(_mask_values, text)
-    return "\n".join([pattern.sub(_mask_values, line) for line in text.split("\n")])
+        return text if len(text) > MAX_RULE_LINE_CHARS else pattern.sub(_mask_values, text)
+    return "\n".join(
+        [line if len(line) > MAX_RULE_LINE_CHARS else pattern.sub(_mask_values, line) for line in text.split("\n")]
+    )
 
 
 def mask_strings(value: Any, spans: Patterns) -> Any:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Final, TypeVar, cast
 
-from proxy.rules import Rule, RuleSet
+from proxy.rules import MAX_RULE_LINE_CHARS, Rule, RuleSet
 
 TIER_RANK: Final = {"stable": 0, "session": 1, "volatile": 2}
 _LINE_CACHE_LIMIT: Final = 16384
@@ -206,6 +206,8 @@ class Classifier:
         """Line with its digits made `0` -> mask of the digit-blind tests."""
 
     def _mask(self, line: str) -> int:
+        if len(line) > MAX_RULE_LINE_CHARS:
+            return 0  # content, not a rule's line: bounded time (`MAX_RULE_LINE_CHARS`)
         mask = 0
         for bit, pattern in self._sighted:
             if pattern.search(line) is not None:

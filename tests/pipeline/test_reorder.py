@@ -351,3 +351,15 @@ def test_a_wrapper_split_across_groups_keeps_its_blank_lines_once() -> None:
         {"type": "text", "text": "<context>\nCurrent time: 2026-11-29T20:09:13Z\n</context>"},
         {"type": "text", "text": "hi"},
     ]
+
+
+def test_a_line_longer_than_the_rule_limit_is_content_and_never_scanned() -> None:
+    from proxy.rules import MAX_RULE_LINE_CHARS
+
+    long_line = "Current time: 2026-11-29T20:09:13Z " + "1%" * MAX_RULE_LINE_CHARS
+    short = "Current time: 2026-11-29T20:09:13Z"
+    segments = classifier_for(RULES).segments(f"You are helpful.\n{long_line}\n{short}\n")
+    assert [(s.text, s.tier) for s in segments] == [
+        (f"You are helpful.\n{long_line}\n", "stable"),
+        (short + "\n", "volatile"),
+    ]
