@@ -65,7 +65,8 @@ def test_serve_exits_2_on_invalid_setting() -> None:
 
 
 def test_serve_exits_2_on_an_unknown_profile(tmp_path: Path) -> None:
-    env = {**os.environ, "PROMPTCACHE_ANTHROPIC_PROFILE": "vertexx", "PROMPTCACHE_STATE_DIR": str(tmp_path)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}  # e.g. the suite's CLIENTS_DIR
+    env.update({"PROMPTCACHE_ANTHROPIC_PROFILE": "vertexx", "PROMPTCACHE_STATE_DIR": str(tmp_path)})
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", "http://127.0.0.1:9"],
         capture_output=True, text=True, timeout=60, env=env,

@@ -61,8 +61,8 @@ import xxhash
 from proxy.exchange import Exchange
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
-from proxy.rules import MAX_RULE_LINE_CHARS
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
+from proxy.rules import MAX_RULE_LINE_CHARS
 from proxy.services import Services
 from proxy.store.record import Sidecar
 
