@@ -9,7 +9,7 @@ Pure core:
   re-sends a message as a string after a one-block list, or back, sends "the same" message),
   and replacing by `MASK` the text the rules' volatile patterns match inside string values,
   each match extended to the end of its token (`span_pattern`). Only the values inside that
-  span (words holding a digit, hex words) are masked, never its words nor the rest of its line: an
+  span (tokens holding a digit, hex tokens) are masked, never its words nor the rest of its line: an
   edit next to a timestamp, or of a word a pattern spans, is still an edit. Sorted keys make a client
   that reorders JSON keys (Go/Swift maps) send "the same" message; masking makes a client
   that re-renders a timestamp send "the same" message.
@@ -150,26 +150,26 @@ def span_pattern(pattern: re.Pattern[str]) -> re.Pattern[str]:
     return re.compile(rf"(?:{source})\S*", pattern.flags & ~re.MULTILINE)
 
 
-_WORD: Final = re.compile(r"\w+")
-
-
+_TOKEN: Final = re.compile(r"\S+")
 _HEX: Final = frozenset("0123456789abcdefABCDEF")
 
 
-def _mask_word(word: re.Match[str]) -> str:
-    """`MASK` for a value: a word holding a digit, or a hex word of 4+ (a UUID group `beef`)."""
-    text = word.group()
+def _mask_token(token: re.Match[str]) -> str:
+    """`MASK` for a value: a whitespace-delimited token holding a digit (`2026-11-29T20:09:13Z`,
+    `1,046`, `(0.5%)`, `$1.25`), or a hex token of 4+ (an id without a digit)."""
+    text = token.group()
     if any(c.isdigit() for c in text) or (len(text) >= 4 and _HEX.issuperset(text)):
         return MASK
     return text
 
 
 def _mask_values(match: re.Match[str]) -> str:
-    """The match with only its values replaced by `MASK` (`_mask_word`: `2026`, `30T09`, `a1b`,
-    a UUID's groups). Other words stay, so a rule whose pattern also
-    spans a few words (`Budget remaining\\D{0,20}\\d+`) can never hide an edit of those words
-    (`marketing` -> `engineering` is a rewrite). Linear in the match."""
-    return _WORD.sub(_mask_word, match.group())
+    """The match with only its values replaced by `MASK` (`_mask_token`), one mask per token,
+    so a value that grows a digit group (`546` -> `1,046`) still masks the same. Tokens without
+    a digit stay, so a rule whose pattern also spans a few words (`Budget remaining\\D{0,20}\\d+`)
+    can never hide an edit of those words (`marketing` -> `engineering` is a rewrite). Linear
+    in the match."""
+    return _TOKEN.sub(_mask_token, match.group())
 
 
 def sub_lines(pattern: re.Pattern[str], text: str) -> str:
