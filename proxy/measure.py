@@ -50,7 +50,7 @@ from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
 from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
-from proxy.rules import MAX_RULE_LINE_CHARS
+from proxy.rules import MAX_RULE_LINE_CHARS, volatile_patterns
 from proxy.services import Services
 
 _log = logging.getLogger("promptcache.measure")
@@ -371,8 +371,10 @@ def block_text(block: Block) -> str:
 def volatile_checker(rules: Any) -> Callable[[Block], bool] | None:
     """`block -> it holds a line a volatile rule matches` for a loaded `RuleSet` (rules are
     matched line by line, on lines up to `MAX_RULE_LINE_CHARS`, proxy.rules); `None` without
-    rules or volatile rules."""
-    patterns = tuple(rule.pattern for rule in getattr(rules, "rules", ()) if getattr(rule, "tier", None) == "volatile")
+    rules or volatile rules. Volatile as replay masks it (`proxy.rules.volatile_patterns`): the
+    `volatile` rules and the pinned ones whose changes move to the user message (Claude Code's
+    billing header)."""
+    patterns = volatile_patterns(rules) if hasattr(rules, "rules") else ()
     if not patterns:
         return None
 

@@ -47,7 +47,6 @@ def test_packaged_rules_load_and_pass_check() -> None:
 def test_packaged_volatile_rules_move_to_the_user_message_and_cover_their_values() -> None:
     rules = load_rules()
     assert [(r.name, r.move_to_user) for r in rules.rules if r.tier == "volatile"] == [
-        ("billing-header", True),
         ("timestamp", True),
         ("time-of-day", True),
         ("epoch-timestamp", True),
@@ -55,6 +54,10 @@ def test_packaged_volatile_rules_move_to_the_user_message_and_cover_their_values
         ("request-id", True),
     ]
     assert not any(r.move_to_user for r in rules.rules if r.tier != "volatile")
+    # the billing header stays put (pinned, API-significant) but its value may change in a
+    # session: replay and inference mask it like a volatile line
+    assert [r.name for r in rules.rules if r.pin_changes_to_user] == ["billing-header"]
+    assert len(volatile_patterns(rules)) == 6
     spans = [span_pattern(p) for p in volatile_patterns(rules)]
     # the values (tokens holding a digit) are masked, one mask each; the words around them never are
     lines = {
@@ -209,14 +212,17 @@ rules:
         "20 rules[2].pin_changes_to_user",
         "25 rules[3].pin_changes_to_user",
     ]
-    assert errors[0].endswith("only a `session` segment can be pinned")
+    assert errors[0].endswith("only a `stable` or `session` segment can be pinned")
     assert errors[1].endswith("must be true or false") and errors[2].endswith("needs `pin: true`")
     good = text.split("  - name: stamp")[0]
     (rule,) = load_rules(_folder(tmp_path, good)).rules
     assert (rule.pin, rule.pin_changes_to_user) == (True, True)
 
 
-def test_packaged_pins_are_session_context_rules() -> None:
+def test_packaged_pins_are_session_context_rules_and_the_billing_header() -> None:
     rules = load_rules()
-    assert [r.name for r in rules.rules if r.pin] == ["env-block", "date", "cwd-host-home"]
-    assert all(r.tier == "session" and not r.pin_changes_to_user for r in rules.rules if r.pin)
+    assert [r.name for r in rules.rules if r.pin] == ["billing-header", "env-block", "date", "cwd-host-home"]
+    header, *context = [r for r in rules.rules if r.pin]
+    # API-significant: not reordered (stable), first-seen bytes while unchanged, a change on the user message
+    assert (header.tier, header.pin_changes_to_user, header.move_to_user) == ("stable", True, False)
+    assert all(r.tier == "session" and not r.pin_changes_to_user for r in context)

@@ -1,7 +1,8 @@
 """pins: session-context segments sent with their first-seen bytes (rules with `pin: true`).
 
 A system-prompt segment that a rule marks `pin` (a session-context block: `<env>`, a date or a
-cwd line) is sent with the bytes it had when the session first sent it, for as long as its
+cwd line; or an API-significant line kept in place, Claude Code's billing header, a pinned
+`stable` rule) is sent with the bytes it had when the session first sent it, for as long as its
 fields are unchanged; a client that re-renders it with other whitespace or formatting (an
 indent, a bullet, a blank line, fields in another order) then keeps the system prompt byte for
 byte what the provider cached (PROVIDERS.md 1.5: a read needs identical content up to the

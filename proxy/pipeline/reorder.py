@@ -26,6 +26,10 @@ Contract:
   and carry its tags, which also stay around what remains, so no tag pair is ever left
   wrapping nothing: Codex's `<environment_context>` keeps its `<cwd>` in the system prompt and
   its `<current_time>` arrives on the user message inside `<environment_context>` tags too.
+- A whole unit of a pinned `stable` rule (an API-significant line: Claude Code's billing
+  header) keeps its place like any stable text, but its tier is reported as `session`: its
+  value differs between conversations, so the prefix sessions share (the planner's "stable
+  system" end) ends before it, at the end of the tools when it comes first.
 - Input: a canonical body (canonicalise ran before), so `tiers` line up with the output.
 - Text is never edited: every line is kept and only moved, exactly once, except a wrapper's
   tag lines, written once per place its content went. Same input, same output; reordering its
@@ -105,6 +109,7 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
     moved: list[str] = []
     changed = emptied = False
     markers_moved = markers_dropped = 0
+    in_place = classifier.pinned_in_place
     for source, unit in enumerate(units):
         if unit.text is None:
             ranked.append((0, "stable", SystemPart(source, "", unit.marker, whole=True)))
@@ -116,7 +121,10 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         kinds = {g for g, s in zip(groups, segments, strict=True) if not s.wrap}
         if len(kinds) == 1 and _MOVED not in kinds:
             tier = kinds.pop()
-            ranked.append((TIER_RANK[tier], tier, SystemPart(source, unit.text, unit.marker, whole=True)))
+            rank = TIER_RANK[tier]
+            if tier == "stable" and in_place and any(s.rule in in_place for s in segments):
+                tier = "session"  # keeps its place (rank), but the sessions' shared prefix ends before it
+            ranked.append((rank, tier, SystemPart(source, unit.text, unit.marker, whole=True)))
             continue
         texts = render(segments, groups)
         away = texts.pop(_MOVED, "")

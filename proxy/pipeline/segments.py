@@ -173,6 +173,8 @@ class Classifier:
 
     def __init__(self, rules: RuleSet) -> None:
         self.rules = rules
+        self.pinned_in_place: Final = frozenset(r.name for r in rules.rules if r.pin and r.tier == "stable")
+        """Names of the pinned `stable` rules (API-significant lines kept in place: reorder)."""
         self._tests: list[re.Pattern[str]] = []
         self._start: list[tuple[int, Rule]] = []
         self._stop: dict[str, int] = {}

@@ -612,6 +612,21 @@ def dropped_content(straight: Replay, through: Replay) -> list[str]:
     return out
 
 
+PER_TURN_CLIENTS: Final = frozenset({"claude-code"})
+"""Clients checked turn by turn (`costlier_turns`): promptcache must never read less nor write
+more on any request than the client gets on its own (issue 12: Claude Code's billing header
+stays where the client put it)."""
+
+
+def costlier_turns(straight: Replay, through: Replay) -> list[str]:
+    """Requests that read fewer tokens or write more through promptcache than straight."""
+    out = []
+    for index, (a, b) in enumerate(zip(straight.usages, through.usages, strict=True)):
+        if b.read < a.read or b.write > a.write:
+            out.append(f"request {index}: read/write {a.read}/{a.write} straight, {b.read}/{b.write} through")
+    return out
+
+
 TARGET: Final = 0.987
 """Share of input tokens after the first request to read from cache, where the optimum allows it."""
 

@@ -18,12 +18,14 @@ import pytest
 from tests.clients.harness import (
     DUMMY_KEY,
     KNOWN_REGRESSIONS,
+    PER_TURN_CLIENTS,
     RESULTS,
     TARGET,
     TRACES_DIR,
     InstallError,
     Replay,
     conversation_text,
+    costlier_turns,
     dropped_content,
     ensure_installed,
     fmt_ratio,
@@ -179,6 +181,14 @@ def test_hit_ratio_not_lower_through_promptcache(
         [(u.read, u.total) for u in straight.usages],
         [(u.read, u.total) for u in through.usages],
     )
+
+
+def test_no_request_reads_less_or_writes_more_through_promptcache(client_run: ClientRun) -> None:
+    if client_run.name not in PER_TURN_CLIENTS:
+        pytest.skip(f"{client_run.name}: compared over the whole session only (PER_TURN_CLIENTS)")
+    straight, through = _replays(client_run)
+    assert len(straight.usages) >= 4
+    assert not costlier_turns(straight, through)
 
 
 def test_reads_target_where_the_optimum_allows(client_run: ClientRun) -> None:

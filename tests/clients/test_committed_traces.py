@@ -14,9 +14,11 @@ import pytest
 from tests.clients.harness import (
     DUMMY_KEY,
     KNOWN_REGRESSIONS,
+    PER_TURN_CLIENTS,
     RESULTS,
     TARGET,
     TRACES_DIR,
+    costlier_turns,
     dropped_content,
     fmt_ratio,
     load_records,
@@ -48,6 +50,8 @@ def test_committed_trace(path: Path, request: pytest.FixtureRequest) -> None:
     if path.stem in KNOWN_REGRESSIONS:
         request.applymarker(pytest.mark.xfail(reason=KNOWN_REGRESSIONS[path.stem], strict=False))
     assert not dropped_content(straight, through)
+    if path.stem in PER_TURN_CLIENTS:
+        assert not costlier_turns(straight, through)
     assert through.hit_ratio_after_first() >= straight.hit_ratio_after_first() - 1e-9
     if optimum is not None and optimum >= TARGET:
         assert through.hit_ratio_after_first() >= TARGET, fmt_ratio(through.hit_ratio_after_first())

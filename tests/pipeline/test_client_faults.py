@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.pipeline.breakpoints import PlannedMarker
+from proxy.pipeline.breakpoints import PlannedMarker, place_breakpoints
 from proxy.pipeline.canonicalise import SessionPins
+from proxy.pipeline.pins import pin_body
+from proxy.pipeline.reorder import reorder_body
 from proxy.providers import ANTHROPIC
-from tests.pipeline.helpers import STAYING_RULES, optimise
+from tests.pipeline.helpers import RULES, STAYING_RULES, optimise
 
 MESSAGES = "/v1/messages"
 NO_NEW = 10**9
@@ -147,13 +149,27 @@ def _turn(billing: str, user: str) -> dict:
     }
 
 
-def test_first_system_block_that_changes_every_request_moves_onto_the_user_message() -> None:
+def test_first_system_block_that_changes_every_request_stays_first_and_its_new_value_moves() -> None:
+    """Claude Code's billing header is API-significant: it keeps its place, first-seen bytes
+    while unchanged (pin); a changed value goes onto the newest user message, so the system
+    prompt stays byte-stable without moving the header out of it."""
     first, _ = optimise(ANTHROPIC, MESSAGES, _turn("a1b2c", "hi"))
-    second, plan = optimise(ANTHROPIC, MESSAGES, _turn("d3e4f", "hello"))
+    assert first["system"] == [
+        _text("x-anthropic-billing-header: cc_version=2.1.3; cch=a1b2c;"),
+        _text(LONG, EPH),
+    ]
+    assert first["messages"] == [{"role": "user", "content": [_text("hi", EPH)]}]
+    pinned = pin_body(ANTHROPIC, MESSAGES, _turn("a1b2c", "hi"), RULES)[1].pinned
+    reordered, system = reorder_body(ANTHROPIC, MESSAGES, _turn("d3e4f", "hello"), RULES)
+    pinned_body, report = pin_body(ANTHROPIC, MESSAGES, reordered, RULES, pinned)
+    second, plan = place_breakpoints(
+        ANTHROPIC, MESSAGES, pinned_body, min_tokens=RULES.min_tokens(MODEL), system_tiers=system.tiers
+    )
+    assert report.moved == 1
     assert second == {
         "model": MODEL,
         "max_tokens": 100,
-        "system": [_text(LONG, EPH)],
+        "system": [_text("x-anthropic-billing-header: cc_version=2.1.3; cch=a1b2c;"), _text(LONG, EPH)],
         "messages": [
             {
                 "role": "user",
@@ -165,14 +181,15 @@ def test_first_system_block_that_changes_every_request_moves_onto_the_user_messa
         ],
     }
     assert first["system"] == second["system"]
+    # no tools, and the header (session-specific) first: no prefix is shared across sessions
     assert plan.markers == (
-        PlannedMarker(0, "5m", "injected", "shared"),
-        PlannedMarker(2, "5m", "injected", "last"),
+        PlannedMarker(1, "5m", "injected", "session"),
+        PlannedMarker(3, "5m", "injected", "last"),
     )
     staying, _ = optimise(ANTHROPIC, MESSAGES, _turn("d3e4f", "hello"), STAYING_RULES)
     assert staying["system"] == [
-        _text(LONG, EPH),
         _text("x-anthropic-billing-header: cc_version=2.1.3; cch=d3e4f;"),
+        _text(LONG, EPH),
     ]
     assert staying["messages"] == [{"role": "user", "content": [_text("hello", EPH)]}]
 

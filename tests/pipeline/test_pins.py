@@ -255,8 +255,8 @@ async def test_date_change_moves_onto_the_user_message_and_every_turn_reads(make
 
 def test_rules_fixture_is_the_packaged_set() -> None:
     assert isinstance(RULES, RuleSet) and PINS_KEY == "pinned_segments"
-    assert {r.name for r in RULES.rules if r.pin} == {"env-block", "date", "cwd-host-home"}
-    assert not any(r.pin_changes_to_user for r in RULES.rules)
+    assert {r.name for r in RULES.rules if r.pin} == {"billing-header", "env-block", "date", "cwd-host-home"}
+    assert [r.name for r in RULES.rules if r.pin_changes_to_user] == ["billing-header"]
 
 
 # --- properties ----------------------------------------------------------------------------------

@@ -46,7 +46,9 @@ def test_one_marked_block_with_env_and_time_splits_and_the_marker_goes_to_its_st
         "messages": [{"role": "user", "content": "hi"}],
     }
     out, plan = reorder_body(ANTHROPIC, MESSAGES, body, STAYING_RULES)
+    # the billing header is API-significant: a stable (pinned) block, it keeps its place
     assert out["system"] == [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=1;"},
         {
             "type": "text",
             "text": "You are Claude Code.\n\nKeep answers short.\n\nUse the tools.",
@@ -56,15 +58,14 @@ def test_one_marked_block_with_env_and_time_splits_and_the_marker_goes_to_its_st
             "type": "text",
             "text": "<env>\nWorking directory: /home/alice/app\nToday's date: 2026-11-29\n</env>\n",
         },
-        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=1;"},
         {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n\n"},
     ]
-    assert plan.tiers == ("stable", "session", "volatile", "volatile")
+    assert plan.tiers == ("session", "stable", "session", "volatile")  # the header ends the shared prefix
     assert out["messages"] is body["messages"]
     assert reorder_body(ANTHROPIC, MESSAGES, out, STAYING_RULES)[0] is out
 
 
-def test_packaged_rules_move_the_billing_header_and_the_time_onto_the_user_message() -> None:
+def test_packaged_rules_keep_the_billing_header_first_and_move_the_time_onto_the_user_message() -> None:
     body = {
         "model": "claude-sonnet-4-6",
         "system": [
@@ -75,6 +76,7 @@ def test_packaged_rules_move_the_billing_header_and_the_time_onto_the_user_messa
     }
     out, plan = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
     assert out["system"] == [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=1;"},
         {
             "type": "text",
             "text": "You are Claude Code.\n\nKeep answers short.\n\nUse the tools.",
@@ -89,17 +91,13 @@ def test_packaged_rules_move_the_billing_header_and_the_time_onto_the_user_messa
         {
             "role": "user",
             "content": [
-                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=1;"},
                 {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n\n"},
                 {"type": "text", "text": "hi"},
             ],
         }
     ]
-    assert plan.tiers == ("stable", "session")
-    assert plan.moved == (
-        "x-anthropic-billing-header: cc_version=2.1.3; cch=1;",
-        "Current time: 2026-11-29T20:09:13Z\n\n",
-    )
+    assert plan.tiers == ("session", "stable", "session")
+    assert plan.moved == ("Current time: 2026-11-29T20:09:13Z\n\n",)
     assert reorder_body(ANTHROPIC, MESSAGES, out, RULES)[0] is out
 
 

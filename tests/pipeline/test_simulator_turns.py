@@ -133,9 +133,12 @@ def _claude_code_body(turn: int) -> dict[str, Any]:
     }
 
 
-async def test_billing_header_moves_onto_the_newest_user_message_and_every_turn_reads_the_last(
+async def test_changed_billing_header_stays_first_as_first_seen_and_its_value_rides_the_newest_message(
     make_proxy,
 ) -> None:
+    """A billing header whose `cch` changes every turn: the first system block stays the
+    first-seen header (API-significant, pinned), each new value goes onto the newest user
+    message once, and every turn reads all of the previous turn."""
     bodies = [("/v1/messages", _claude_code_body(turn)) for turn in range(6)]
     headers = {**HEADERS, "anthropic-beta": BETAS, "x-claude-code-session-id": SESSION}
     async with _both(make_proxy, bodies, headers) as runs:
@@ -143,21 +146,52 @@ async def test_billing_header_moves_onto_the_newest_user_message_and_every_turn_
         assert [u["cache_read_input_tokens"] for u in direct] == [0] * 6
         system = _unmarked({"content": sent[0]["system"]})  # marker TTLs follow pacing (proxy.pacing)
         assert all(_unmarked({"content": b["system"]}) == system for b in sent), "system prompt must be byte-stable"
-        assert not any("billing" in block["text"] for block in sent[0]["system"])
+        assert system["content"][0] == {"type": "text", "text": _billing(0)}
         previous_total = 0
         for turn, (usage, body) in enumerate(zip(usages, sent, strict=True)):
             newest = _unmarked(body["messages"][-1])["content"]
             head = [b for b in newest if b["type"] == "tool_result"]
-            assert newest[len(head)] == {"type": "text", "text": _billing(turn)}, f"turn {turn + 1}"
             if turn:
+                assert newest[len(head)] == {"type": "text", "text": _billing(turn)}, f"turn {turn + 1}"
                 before = sent[turn - 1]["messages"]
                 now = body["messages"][: len(before)]
                 assert [_unmarked(m) for m in now] == [_unmarked(m) for m in before], f"turn {turn + 1}"
+            else:  # the first request is the first-seen header: nothing moves
+                assert newest == _unmarked(_claude_code_body(0)["messages"][-1])["content"]
             total = await _tokens(sim, body, len(body["messages"]))
             assert usage["cache_read_input_tokens"] == previous_total, f"turn {turn + 1}"
             assert usage["cache_creation_input_tokens"] == total - previous_total, f"turn {turn + 1}"
             assert usage["input_tokens"] == 0, f"turn {turn + 1}"
             previous_total = total
+
+
+async def test_unchanged_billing_header_is_sent_as_the_client_sent_it_and_no_turn_costs_more(
+    make_proxy,
+) -> None:
+    """Claude Code's own case: the header is the same on every request of a session. It stays
+    the first system block, nothing lands on the user messages, and no turn reads less or writes
+    more than straight to the simulator."""
+    bodies = []
+    for turn in range(6):
+        body = _claude_code_body(turn)
+        body["system"][0] = {"type": "text", "text": _billing(0)}
+        bodies.append(("/v1/messages", body))
+    headers = {**HEADERS, "anthropic-beta": BETAS, "x-claude-code-session-id": SESSION}
+    async with _both(make_proxy, bodies, headers) as runs:
+        for turn, (body, (_, client)) in enumerate(zip(runs.sent, bodies, strict=True)):
+            assert _unmarked({"content": body["system"]}) == _unmarked({"content": client["system"]})
+            assert [_unmarked(m) for m in body["messages"]] == [_unmarked(m) for m in client["messages"]], turn
+        reads = [
+            (u["cache_read_input_tokens"], d["cache_read_input_tokens"])
+            for u, d in zip(runs.usages, runs.direct, strict=True)
+        ]
+        writes = [
+            (u["cache_creation_input_tokens"], d["cache_creation_input_tokens"])
+            for u, d in zip(runs.usages, runs.direct, strict=True)
+        ]
+        assert all(through >= straight for through, straight in reads), reads
+        assert all(through <= straight for through, straight in writes), writes
+        assert [u["input_tokens"] for u in runs.usages] == [0] * 6
 
 
 # --- Codex-style Responses: <environment_context> with the current time -------------------
