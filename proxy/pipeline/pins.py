@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from proxy.exchange import Exchange
+from proxy.pipeline import delivered as delivered_notes
 from proxy.pipeline.segments import classifier_for
 from proxy.pipeline.support import rules_for
 from proxy.providers.base import JSONObject, ProviderAdapter, SystemPart
@@ -100,6 +101,10 @@ class PinReport:
     """Changed segments whose new value went onto the newest user message."""
     changed: int = 0
     """Changed segments sent with their new bytes."""
+    delivered: list[tuple[str, str]] = field(default_factory=list)
+    """`(slot, value)` of the moved values (`proxy.pipeline.delivered`)."""
+    repeated: int = 0
+    """Changed segments whose value the session last delivered and still holds: not moved again."""
 
 
 _PINNED: dict[int, tuple[RuleSet, dict[str, Rule]]] = {}
@@ -120,8 +125,13 @@ def pin_body(
     body: JSONObject,
     rules: RuleSet,
     pinned: Mapping[str, str] | None = None,
+    delivered: Mapping[str, str] | None = None,
 ) -> tuple[JSONObject, PinReport]:
-    """`body` with its pinned segments as first seen (module docstring), and the report (pure)."""
+    """`body` with its pinned segments as first seen (module docstring), and the report (pure).
+
+    `delivered` (slot -> value, the session's moved notes still in its history:
+    `proxy.pipeline.delivered`; a pin's slot is `pin` + its key) keeps a changed value of a
+    `pin_changes_to_user` rule off the user message while it equals the one delivered."""
     by_name = _pinned_rules(rules)
     report = PinReport(dict(pinned or {}))
     if not by_name:
@@ -162,7 +172,10 @@ def pin_body(
                 report.kept += 1
             elif rule.pin_changes_to_user:
                 texts.append(lead + first + trail)
-                moving.append((key, content))
+                if delivered and delivered.get(f"pin\x1f{key}") == content:
+                    report.repeated += 1
+                else:
+                    moving.append((key, content))
             else:
                 report.pinned[key] = content
                 report.changed += 1
@@ -177,9 +190,10 @@ def pin_body(
     if moving:
         with_text = adapter.with_user_text(path, new_body, [content for _, content in moving])
         if with_text is None:  # nothing can take it: send the new bytes after all
-            return _without_moves(adapter, path, body, rules, pinned, moving)
+            return _without_moves(adapter, path, body, rules, pinned, moving, delivered)
         new_body = with_text
         report.moved = len(moving)
+        report.delivered = [(f"pin\x1f{key}", content) for key, content in moving]
     return new_body, report
 
 
@@ -190,11 +204,12 @@ def _without_moves(
     rules: RuleSet,
     pinned: Mapping[str, str] | None,
     moving: list[tuple[str, str]],
+    delivered: Mapping[str, str] | None = None,
 ) -> tuple[JSONObject, PinReport]:
     """`pin_body` where the changed segments that could not move count as changed: their new
     content becomes the pinned one, so they are sent as the client sent them."""
     updated = {**(pinned or {}), **dict(moving)}
-    new_body, report = pin_body(adapter, path, body, rules, updated)
+    new_body, report = pin_body(adapter, path, body, rules, updated, delivered)
     report.changed += len(moving)
     return new_body, report
 
@@ -210,7 +225,10 @@ class PinStage:
         pins = exchange.notes.get("session_pins")
         stored = pins.get(PINS_KEY) if isinstance(pins, Mapping) else None
         pinned: Any = stored if isinstance(stored, Mapping) else None
-        new_body, report = pin_body(exchange.adapter, exchange.path, body, rules_for(services), pinned)
+        carried = delivered_notes.texts_of(delivered_notes.carried_notes(exchange))
+        new_body, report = pin_body(exchange.adapter, exchange.path, body, rules_for(services), pinned, carried)
+        if report.delivered:
+            delivered_notes.record_delivery(exchange, report.delivered, delivered_notes.last_position(exchange))
         exchange.notes[PINS_KEY] = report.pinned
         exchange.notes["pins_kept"] = report.kept
         exchange.notes["pins_moved"] = report.moved

@@ -41,11 +41,12 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Final
 
 from proxy.exchange import Exchange
+from proxy.pipeline import delivered
 from proxy.pipeline.canonicalise import canonicalise_body
 from proxy.pipeline.layout import LayoutCache
 from proxy.pipeline.segments import TIER_RANK, Classifier, classifier_for, render, section_tiers
@@ -80,6 +81,11 @@ class SystemPlan:
     markers_dropped: int = 0
     emptied: bool = False
     """True when some unit left the system prompt entirely."""
+    slots: tuple[str, ...] = ()
+    """The slot of each `moved` text (`proxy.pipeline.delivered`): `move`, the names of the
+    rules of its segments, and its ordinal among texts of those rules."""
+    repeated: int = 0
+    """Moved texts left out: equal to what the session last delivered (`delivered` argument)."""
 
 
 def _worst(tiers: Sequence[str]) -> str:
@@ -107,6 +113,8 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
     """Split, classify and stable-sort `units` (pure)."""
     ranked: list[tuple[int, str, SystemPart]] = []
     moved: list[str] = []
+    slots: list[str] = []
+    seen: dict[str, int] = {}
     changed = emptied = False
     markers_moved = markers_dropped = 0
     in_place = classifier.pinned_in_place
@@ -130,6 +138,9 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         away = texts.pop(_MOVED, "")
         if away:
             moved.append(away)
+            names = "+".join(dict.fromkeys(s.rule or "" for s, out in zip(segments, leaving, strict=True) if out))
+            ordinal = seen[names] = seen.get(names, -1) + 1
+            slots.append(f"move\x1f{names}\x1f{ordinal}")
             changed = True
         if not texts:
             markers_dropped += unit.marker is not None
@@ -159,6 +170,7 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         parts=tuple(part for _, _, part in ordered),
         tiers=tuple(tier for _, tier, _ in ordered),
         moved=tuple(moved),
+        slots=tuple(slots),
         changed=changed,
         markers_moved=markers_moved,
         markers_dropped=markers_dropped,
@@ -175,8 +187,14 @@ def reorder_body(
     rules: RuleSet,
     caps: UpstreamCapabilities = NO_CAPABILITY_LIMITS,
     cache: LayoutCache | None = None,
+    delivered: Mapping[str, str] | None = None,
 ) -> tuple[JSONObject, SystemPlan]:
     """`body` with its system prompt in durable-first order (pure; `body` is not mutated).
+
+    `delivered` (slot -> text: the session's notes still in its history,
+    `proxy.pipeline.delivered`) leaves out a moved text equal to the one of its slot: it leaves
+    the system prompt as always but is not put on the user message again (`plan.moved` holds
+    what was put there, `plan.repeated` counts what was left out).
 
     Text moved onto the user message can make an empty text block there removable, so the
     result is canonicalised again (`caps` as for canonicalise) to stay idempotent. When no
@@ -192,6 +210,14 @@ def reorder_body(
     if not plan.moved:
         return new_body, plan
     with_text = adapter.with_user_text(path, new_body, plan.moved)
+    if with_text is not None and delivered:
+        pairs = zip(plan.slots, plan.moved, strict=True)
+        fresh = [(slot, text) for slot, text in pairs if delivered.get(slot) != text]
+        if len(fresh) < len(plan.moved):
+            texts = tuple(text for _, text in fresh)
+            slots = tuple(slot for slot, _ in fresh)
+            plan = replace(plan, moved=texts, slots=slots, repeated=len(plan.moved) - len(fresh))
+            with_text = adapter.with_user_text(path, new_body, texts) if texts else new_body
     cache = cache if cache is not None else LayoutCache()
     # a system prompt outside the message array cannot take a message with it: no shift to check
     if with_text is None or (plan.emptied and cache.system_messages(adapter, path, body)):
@@ -218,9 +244,15 @@ class ReorderStage:
             return
         caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
-        new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache)
+        carried = delivered.texts_of(delivered.carried_notes(exchange)) if exchange.session_id else None
+        new_body, plan = reorder_body(
+            exchange.adapter, exchange.path, body, rules_for(services), caps, cache, carried
+        )
         exchange.notes["system_tiers"] = plan.tiers
         exchange.notes["system_moved_to_user"] = len(plan.moved)
+        if exchange.session_id is not None:
+            fresh = list(zip(plan.slots, plan.moved, strict=True))
+            delivered.record_delivery(exchange, fresh, delivered.last_position(exchange))
         count_markers(exchange, services, moved=plan.markers_moved, dropped=plan.markers_dropped)
         if new_body is not body:
             exchange.body = new_body

@@ -54,6 +54,7 @@ from proxy.measure import (
     with_top_marker,
 )
 from proxy.pacing import FIVE_MINUTES, MAX_ARRIVALS, ONE_HOUR, Pacing, forecast
+from proxy.pipeline import delivered
 from proxy.pipeline.blocks import marker_ttl
 from proxy.pipeline.breakpoints import PacingInput, PlanContext
 from proxy.pipeline.pins import PINS_KEY
@@ -407,7 +408,18 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         tail_misses=notes.get("tail_misses", 0),
         pacing=session_pacing.with_response(turn) if not is_subagent(exchange.headers) else session_pacing,
         turn=turn,
+        delivered=record_delivered(exchange),
     )
+
+
+def record_delivered(exchange: Exchange) -> tuple[tuple[str, str, int], ...]:
+    """The moved notes the session's history holds after this request: the reorder and pin
+    stages' entries, else (they did not run) the previous record's still carried
+    (`proxy.pipeline.delivered`)."""
+    entries = exchange.notes.get(delivered.NOTES_KEY)
+    if isinstance(entries, tuple):
+        return entries
+    return tuple(sorted(delivered.carried_notes(exchange).values()))
 
 
 def after_response(exchange: Exchange, services: Services) -> None:

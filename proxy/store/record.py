@@ -9,8 +9,8 @@ Encoding (`encode_record` / `decode_record`), compact and versioned:
     b"PCR1" | u32 big-endian header length | orjson(header) | blob
 
 The header is a small orjson object (scalars, tuples, pins; a key added later, such as `tm`,
-`pc` or `lt`,
-is optional on reading, so older records of the same version still decode); the blob holds the binary fields
+`pc` or `lt`, is optional on reading, so older records of the same version still decode;
+version 2 added `dl`, and version 1 records still decode); the blob holds the binary fields
 back to back: `chain`, `params_digest`, then per sidecar its masked digest, exact digest and
 value bytes, with lengths recorded in the header. Sidecar values stay raw bytes: replay
 compares them with the current message without parsing, and parses only what it splices.
@@ -31,7 +31,9 @@ import xxhash
 from proxy.pacing import HUMAN, TOOL, Pacing
 
 MAGIC: Final = b"PCR1"
-VERSION: Final = 1
+VERSION: Final = 2
+"""2 added `delivered` (`dl`); version 1 records still decode (without it)."""
+READABLE_VERSIONS: Final = frozenset({1, VERSION})
 _HEAD: Final = struct.Struct(">4sI")
 
 
@@ -97,6 +99,10 @@ class SessionRecord:
     """The session's gaps by kind and turn-end counts (`proxy.pacing`, bounded)."""
     turn: str | None = None
     """Who acts after the last response (`Usage.turn`: `human`, `tool`, `None` unknown)."""
+    delivered: tuple[tuple[str, str, int], ...] = ()
+    """Notes moved onto a user message and still in the history: `(slot, text, position)`, the
+    position being the last message of the request that delivered it
+    (`proxy.pipeline.delivered`: a note is not delivered again while its value is the same)."""
 
 
 def encode_record(record: SessionRecord) -> bytes:
@@ -118,6 +124,7 @@ def encode_record(record: SessionRecord) -> bytes:
         "tm": record.tail_misses,
         "pc": record.pacing.to_json(),
         "lt": record.turn,
+        "dl": [list(entry) for entry in record.delivered],
     }
     head = orjson.dumps(header)
     parts = [_HEAD.pack(MAGIC, len(head)), head, record.chain, record.params_digest]
@@ -141,8 +148,8 @@ def decode_record(data: bytes) -> SessionRecord:
     start = _HEAD.size
     try:
         header = orjson.loads(data[start : start + head_len])
-        if header["v"] != VERSION:
-            raise RecordError(f"record version {header['v']} is not {VERSION}")
+        if header["v"] not in READABLE_VERSIONS:
+            raise RecordError(f"record version {header['v']} is not one of {sorted(READABLE_VERSIONS)}")
         view = memoryview(data)
         at = start + head_len
         chain = bytes(view[at : at + header["n_chain"]])
@@ -176,8 +183,21 @@ def decode_record(data: bytes) -> SessionRecord:
             tail_misses=int(header.get("tm", 0)),
             pacing=Pacing.from_json(header.get("pc")),
             turn=header.get("lt") if header.get("lt") in (HUMAN, TOOL) else None,
+            delivered=_delivered(header.get("dl")),
         )
     except RecordError:
         raise
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"unreadable record header ({type(exc).__name__})") from exc
+
+
+def _delivered(value: Any) -> tuple[tuple[str, str, int], ...]:
+    """The `dl` header entries that are well formed (`(str, str, int)`); none when absent."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        (e[0], e[1], e[2])
+        for e in value
+        if isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], str)
+        and isinstance(e[2], int) and not isinstance(e[2], bool)
+    )

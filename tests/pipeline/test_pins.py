@@ -227,8 +227,8 @@ async def test_date_change_is_one_system_change_without_the_move(make_proxy: Any
 async def test_date_change_moves_onto_the_user_message_and_every_turn_reads(make_proxy: Any, tmp_path: Path) -> None:
     run = await _converse(make_proxy, _rules_dir(tmp_path, move=True), 4)
     usages, totals, causes = run.usages, run.totals, run.causes
-    # the system prompt is the first-seen one every turn; the new date rides on turn 3's and
-    # turn 4's newest question (turn 3's replayed as sent on turn 4)
+    # the system prompt is the first-seen one every turn; the new date rides on turn 3's newest
+    # question only (replayed as sent on turn 4, so turn 4 does not repeat it: delivered once)
     def unmarked(system: Any) -> Any:  # marker TTLs follow pacing (proxy.pacing), the text must not move
         if not isinstance(system, list):
             return system
@@ -236,7 +236,8 @@ async def test_date_change_moves_onto_the_user_message_and_every_turn_reads(make
 
     assert all(unmarked(b["system"]) == unmarked(run.sent[0]["system"]) for b in run.sent)
     moved = {"type": "text", "text": "Today's date: 2026-11-30"}
-    assert [m["content"][0] for m in run.sent[3]["messages"][4::2]] == [moved, moved]
+    assert run.sent[3]["messages"][4]["content"][0] == moved
+    assert [c["text"] for c in run.sent[3]["messages"][6]["content"]] == ["Question 3?"]
     def bare(messages: list[Any]) -> list[Any]:  # markers move with each turn (the anchor: proxy.pacing)
         return [
             {**m, "content": [{k: v for k, v in c.items() if k != "cache_control"} for c in m["content"]]}

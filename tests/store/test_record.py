@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.store.record import RecordError, SessionRecord, Sidecar, decode_record, encode_record
+from proxy.store.record import VERSION, RecordError, SessionRecord, Sidecar, decode_record, encode_record
 
 FULL = SessionRecord(
     chain=bytes(range(48)),
@@ -29,6 +32,34 @@ FULL = SessionRecord(
 
 def test_round_trip_is_exact() -> None:
     assert decode_record(encode_record(FULL)) == FULL
+
+
+def test_delivered_notes_round_trip_in_version_2() -> None:
+    record = replace(FULL, delivered=(("move\x1fusage-counters\x1f0", "Context used: 546 tokens", 4),))
+    data = encode_record(record)
+    assert orjson.loads(data[8 : 8 + int.from_bytes(data[4:8], "big")])["v"] == VERSION == 2
+    assert decode_record(data) == record
+
+
+def test_version_1_records_still_decode_without_delivered_notes() -> None:
+    data = encode_record(FULL)
+    size = int.from_bytes(data[4:8], "big")
+    header = orjson.loads(data[8 : 8 + size])
+    header["v"] = 1
+    del header["dl"]
+    old = orjson.dumps(header)
+    v1 = data[:4] + len(old).to_bytes(4, "big") + old + data[8 + size :]
+    assert decode_record(v1) == FULL and decode_record(v1).delivered == ()
+
+
+def test_malformed_delivered_entries_are_left_out() -> None:
+    data = encode_record(replace(FULL, delivered=(("a", "x", 1),)))
+    size = int.from_bytes(data[4:8], "big")
+    header = orjson.loads(data[8 : 8 + size])
+    header["dl"] = [["a", "x", 1], ["b", 2, 3], ["c", "y", True], "d", ["e", "z"]]
+    bad = orjson.dumps(header)
+    record = decode_record(data[:4] + len(bad).to_bytes(4, "big") + bad + data[8 + size :])
+    assert record.delivered == (("a", "x", 1),)
 
 
 def test_minimal_record_round_trips() -> None:
@@ -68,7 +99,7 @@ def test_round_trip_property(values: list[bytes], chain: bytes, arrivals: list[f
         encode_record(FULL) + b"x",
         encode_record(FULL)[:12],
         b"PCR1\x00\x00\x00\x02{}",
-        b'PCR1\x00\x00\x00\x08{"v": 2}',
+        b'PCR1\x00\x00\x00\x08{"v": 3}',
     ],
 )
 def test_malformed_records_raise_record_error(data: bytes) -> None:
