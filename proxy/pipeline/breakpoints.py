@@ -138,6 +138,8 @@ class PlanContext:
     pacing: PacingInput | None = None
     """The session's forecast: when set, the planner chooses `ttl_shared` / `ttl_session` itself
     (`proxy.pacing.choose_ttls`) from the share of the prompt this request writes."""
+    first: bool = False
+    """The session's first request (no record of an earlier one): see `skips_tail`."""
 
     @property
     def skips_tail(self) -> bool:

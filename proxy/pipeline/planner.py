@@ -172,7 +172,7 @@ class Planner:
         injected = 0
         last = self.legal.at_or_before(self.view.size - 1)
         first = "last"
-        if ctx.skips_tail:  # the newest message came back rewritten: its write is never read
+        if ctx.skips_tail or self._client_leaves_tail(last):
             last, first = self._turn_boundary(), "turn"
         shared, session = self.ttl_shared, self.ttl_session
         self.shared_index = self.legal.at_or_before(stable_end) if stable_end >= 0 else None
@@ -210,6 +210,17 @@ class Planner:
             self.final[index] = (self._new_marker(ttl), "injected", reason)
             injected += 1
         return injected
+
+    def _client_leaves_tail(self, last: int | None) -> bool:
+        """On a session's first request, whether the client marked messages itself and left its
+        newest message unmarked: it has said where its reusable prefix ends (aider marks its
+        few-shot examples and files and rebuilds what follows every turn), and with no turn
+        seen yet nothing says a write on the newest message will be read. From the second
+        request on the session's own evidence decides (`PlanContext.skips_tail`)."""
+        if not self.context.first or last is None or last in self.final:
+            return False
+        first_message = self.view.span("messages")[0]
+        return any(i >= first_message and origin == "client" for i, (_, origin, _) in self.final.items())
 
     def _new_marker(self, ttl: str) -> JSONObject:
         marker = dict(self.policy.template)

@@ -16,7 +16,9 @@ Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also
 4. `notes["history_rewritten"]` = the first earlier message whose real content changed
    (absent when none); `notes["arrivals"]` (epoch seconds, this request included);
    `notes["tail_misses"]`: the previous record's count plus one when this request rewrote the
-   previous request's newest message first (`proxy.pipeline.replay.tail_rewritten`), else 0;
+   previous request's newest message first (`proxy.pipeline.replay.tail_rewritten`), or rewrote
+   an earlier message (aider rebuilds everything after its few-shot examples: the previous
+   tail was not read either), else 0;
 5. `notes["session_pins"]` (the previous record's pins: the mapping form of
    `proxy.pipeline.canonicalise.SessionPins`, `None` without one) and `notes["plan_context"]`
    (`proxy.pipeline.breakpoints.PlanContext`: previous marker positions, TTLs from pacing,
@@ -146,7 +148,9 @@ class SessionStage:
             rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions)
             if rewritten is not None:
                 exchange.notes["history_rewritten"] = rewritten
-            if tail_rewritten(view.digests, previous.sidecars, view.system_positions):
+            if tail_rewritten(view.digests, previous.sidecars, view.system_positions) or (
+                rewritten is not None and rewritten <= newest_position(previous)
+            ):
                 tail_misses = previous.tail_misses + 1
         exchange.notes["tail_misses"] = tail_misses
         exchange.notes["session_pins"] = previous.pins if previous is not None and previous.pins else None
@@ -154,6 +158,11 @@ class SessionStage:
         exchange.notes["plan_context"] = make_plan_context(
             previous, "5m", "5m", tail_misses, exchange.notes.get("history_rewritten"), pacing
         )
+
+
+def newest_position(record: SessionRecord) -> int:
+    """Message-array position of the newest message the record's request sent (-1 without one)."""
+    return max((s.position for s in record.sidecars), default=-1)
 
 
 def is_subagent(headers: Mapping[str, str]) -> bool:
@@ -232,6 +241,7 @@ def make_plan_context(
         tail_misses,
         rewritten_from,
         pacing,
+        first=previous is None,
     )
 
 
