@@ -63,6 +63,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--quick", action="store_true", help="fewer requests, for a smoke run")
+    parser.add_argument("--store", default=None,
+                        help="session store URL (default: SQLite in a temp dir, as users run it)")
     args = parser.parse_args()
     n_small = 150 if args.quick else args.requests
     tmp = Path(tempfile.mkdtemp(prefix="pc-bench-"))
@@ -78,7 +80,7 @@ async def main() -> None:
     for mode in ("observe", "optimise"):
         procs[mode] = subprocess.Popen(
             [sys.executable, "-m", "proxy", "serve", "--port", str(ports[mode]), "--upstream", up_url,
-             "--store", "memory://", "--mode", mode],
+             "--store", args.store or f"sqlite://{tmp}/{mode}.db", "--mode", mode],
             env=env, stdout=subprocess.DEVNULL,
         )
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)

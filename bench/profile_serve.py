@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,13 +65,16 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--spy", type=Path, help="record the server with py-spy into this file")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--store", default=None,
+                        help="session store URL (default: SQLite in a temp dir, as users run it)")
     args = parser.parse_args()
+    store = args.store or f"sqlite://{tempfile.mkdtemp(prefix='pc-profile-')}/sessions.db"
     up, port = free_port(), free_port()
     env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "WARNING"}
     procs = [subprocess.Popen([sys.executable, str(ROOT / "bench/fake_upstream.py"), str(up)])]
     server = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", f"http://127.0.0.1:{up}",
-         "--store", "memory://", "--mode", args.mode],
+         "--store", store, "--mode", args.mode],
         env=env, stdout=subprocess.DEVNULL, cwd=ROOT,
     )
     procs.append(server)

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,14 +86,17 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--mode", default="optimise")
+    parser.add_argument("--store", default=None,
+                        help="session store URL (default: SQLite in a temp dir, as users run it)")
     args = parser.parse_args()
+    store = args.store or f"sqlite://{tempfile.mkdtemp(prefix='pc-bench-')}/sessions.db"
     up_port, px_port = free_port(), free_port()
     env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "WARNING"}
     procs = [
         subprocess.Popen([sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(up_port)]),
         subprocess.Popen(
             [sys.executable, "-m", "proxy", "serve", "--port", str(px_port), "--upstream",
-             f"http://127.0.0.1:{up_port}", "--store", "memory://", "--mode", args.mode],
+             f"http://127.0.0.1:{up_port}", "--store", store, "--mode", args.mode],
             env=env, stdout=subprocess.DEVNULL,
         ),
     ]

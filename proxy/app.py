@@ -129,7 +129,9 @@ async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
     if services.settings.record is not None:
         from proxy.record import TraceRecorder
 
-        services.recorder = TraceRecorder(services.settings.record, services.settings.session_headers)
+        services.recorder = TraceRecorder(
+            services.settings.record, services.settings.session_headers, services.metrics.record_errors
+        )
     yield
     if services.recorder is not None:
         await services.recorder.close()
@@ -232,7 +234,9 @@ async def start_proxy(
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
     app = create_app(settings, registry, tracer_provider)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.client_idle_timeout
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()

@@ -76,6 +76,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         return 2
     except ProfileError as exc:
         print(f"promptcache: invalid upstream profile:\n{exc}", file=sys.stderr)
+        return 2
     except TeamFileError as exc:
         print(f"promptcache: invalid teams_file: {exc}", file=sys.stderr)
         return 2

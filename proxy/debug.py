@@ -73,7 +73,12 @@ def record_summary(record: Any) -> dict[str, Any]:
 
 
 def caller_tenants(state: Any, headers: Mapping[str, str], provider: str | None = None) -> list[tuple[str, str]]:
-    """`(provider, tenant)` of the caller for each provider (or only `provider`)."""
+    """`(provider, tenant)` of the caller for each provider (or only `provider`); none for a
+    caller without a credential (no credential, no state: such requests are never stored)."""
+    from proxy.tenant import credential_of
+
+    if not credential_of(headers):
+        return []
     return [(p, state.tenant_of(p, headers)) for p in PROVIDERS if provider in (None, p)]
 
 

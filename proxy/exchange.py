@@ -50,6 +50,9 @@ class Exchange:
     `anthropic-beta` values a platform rejects dropped."""
     status: int = 0
     usage: Usage | None = None
+    is_anonymous: bool = False
+    """The request carries no credential header (set by the handler): observe only, nothing
+    read from or written to the session store (no credential, no state)."""
     is_usage_counted: bool = False
     """`usage` was added to the token counters (`proxy.pipeline.observe.record_usage`: once)."""
     sent_at: float | None = None

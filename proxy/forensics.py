@@ -103,12 +103,14 @@ def first_difference(a: Any, b: Any, path: str) -> tuple[str, int | None, Any, A
                 return f"{path}.{ka}", None, ka, kb
             if va != vb:
                 return first_difference(va, vb, f"{path}.{ka}")
+        if len(a) == len(b):
+            return path, None, a, b  # equal but for markers below: nothing to point at
         longer = a if len(a) > len(b) else b
         extra = list(longer)[min(len(a), len(b))]
         return f"{path}.{extra}", None, a.get(extra), b.get(extra)
     if isinstance(a, list) and isinstance(b, list):
         for i, (va, vb) in enumerate(zip(a, b, strict=False)):
-            if va != vb:
+            if _strip(va) != _strip(vb):
                 return first_difference(va, vb, f"{path}[{i}]")
         i = min(len(a), len(b))
         return f"{path}[{i}]", None, a[i] if i < len(a) else None, b[i] if i < len(b) else None

@@ -5,7 +5,9 @@
 - The response's status, headers and body bytes reach the client unchanged and as they arrive:
   no decompression (the upstream `ClientSession` has `auto_decompress=False`), no buffering of
   SSE. Each chunk is written first and then teed to a usage reader (gzip/deflate bodies are
-  inflated on the side for the tee only).
+  inflated on the side for the tee only). A JSON body over `WHOLE_JSON_BYTES` is not held whole:
+  its usage is read from its head and tail (`top_level_fields`), so memory per in-flight
+  response stays O(chunk).
 - Local errors, in the provider's error shape: connect failure -> 502, no response within
   `read_timeout` -> 504. A failure after the headers went out ends the stream (the status can
   no longer change).
@@ -20,7 +22,7 @@ import logging
 import time
 import zlib
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
 import orjson
@@ -52,11 +54,82 @@ HOP_BY_HOP: Final = frozenset(
         "upgrade",
     }
 )
-_DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length", "content-encoding"}
+_DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length", "content-encoding", "expect"}
 """`Content-Encoding` goes too: aiohttp's server inflates a gzip/deflate request body before we
-read it, so the bytes forwarded are identity-encoded."""
+read it, so the bytes forwarded are identity-encoded. `Expect` is hop-by-hop here: aiohttp's
+server answers `100 Continue` itself, so forwarding `Expect: 100-continue` would make the
+upstream request wait for a second 100 that an upstream may never send (RFC 9110 10.1.1: a
+proxy that answered 100 does not forward the expectation)."""
 _DROP_RESPONSE: Final = HOP_BY_HOP
-_MAX_TEE_JSON_BYTES: Final = 64 * 1024 * 1024
+WHOLE_JSON_BYTES: Final = 1024 * 1024
+"""A JSON response up to this size is parsed whole for its usage; a larger one is read from its
+first `JSON_HEAD_BYTES` and last `JSON_TAIL_BYTES` only (memory per response bounded)."""
+JSON_HEAD_BYTES: Final = 64 * 1024
+JSON_TAIL_BYTES: Final = 256 * 1024
+_HEAD_KEYS: Final = ("id", "type", "object", "model", "role")
+_TAIL_KEYS: Final = ("usage", "stop_reason", "status")
+
+
+def _value_end(text: bytes, start: int) -> int:
+    """End of the JSON value starting at `text[start]` (an object, array, string or scalar),
+    or -1 when it does not end inside `text`."""
+    opener = text[start : start + 1]
+    if opener == b'"':
+        i = start + 1
+        while i < len(text):
+            if text[i : i + 1] == b"\\":
+                i += 2
+                continue
+            if text[i : i + 1] == b'"':
+                return i + 1
+            i += 1
+        return -1
+    if opener in (b"{", b"["):
+        depth, i, in_string = 0, start, False
+        while i < len(text):
+            ch = text[i : i + 1]
+            if in_string:
+                if ch == b"\\":
+                    i += 1
+                elif ch == b'"':
+                    in_string = False
+            elif ch == b'"':
+                in_string = True
+            elif ch in (b"{", b"["):
+                depth += 1
+            elif ch in (b"}", b"]"):
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return -1
+    i = start
+    while i < len(text) and text[i : i + 1] not in (b",", b"}", b"]"):
+        i += 1
+    return i if i < len(text) else -1
+
+
+def top_level_fields(head: bytes, tail: bytes) -> dict[str, Any]:
+    """The response fields usage readers need, from the head and tail of a JSON body too large
+    to parse whole: the first `"key":` of `_HEAD_KEYS` in `head`, the last of `_TAIL_KEYS` in
+    `tail` (top-level keys in the providers' own field order); what cannot be read is left out."""
+    out: dict[str, Any] = {}
+    for text, keys, find in ((head, _HEAD_KEYS, bytes.find), (tail, _TAIL_KEYS, bytes.rfind)):
+        for key in keys:
+            at = find(text, b'"' + key.encode() + b'":')
+            if at < 0:
+                continue
+            start = at + len(key) + 3
+            while start < len(text) and text[start : start + 1] in b" \t\r\n":
+                start += 1
+            end = _value_end(text, start)
+            if end < 0:
+                continue
+            try:
+                out[key] = orjson.loads(text[start:end])
+            except orjson.JSONDecodeError:
+                continue
+    return out
 EVENTSTREAM_TYPE: Final = "application/vnd.amazon.eventstream"
 
 
@@ -95,6 +168,8 @@ class UsageTee:
         self._disabled = encoding not in ("", "identity", "gzip", "deflate", "x-gzip")
         self._sse = SSEDecoder()
         self._json = bytearray()
+        self._head = b""
+        self._is_large = False
 
     def feed(self, chunk: bytes) -> None:
         if self._disabled or not (self._is_sse or self._is_json or self._frames):
@@ -108,8 +183,8 @@ class UsageTee:
             elif self._is_sse:
                 for event in self._sse.decode(chunk):
                     self._event(event.event, event.data)
-            elif len(self._json) + len(chunk) <= _MAX_TEE_JSON_BYTES:
-                self._json += chunk
+            else:
+                self._keep_json(chunk)
         except (zlib.error, ValueError):
             self._disabled = True
 
@@ -126,6 +201,20 @@ class UsageTee:
                 self.reader.feed_event(str(message.headers.get(":event-type", "")), orjson.loads(message.payload))
             except orjson.JSONDecodeError:
                 pass
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of a JSON body held for the usage reader (at most `WHOLE_JSON_BYTES`, then
+        `JSON_HEAD_BYTES + JSON_TAIL_BYTES` plus one chunk)."""
+        return len(self._head) + len(self._json)
+
+    def _keep_json(self, chunk: bytes) -> None:
+        self._json += chunk
+        if not self._is_large and len(self._json) > WHOLE_JSON_BYTES:
+            self._is_large = True
+            self._head = bytes(self._json[:JSON_HEAD_BYTES])
+        if self._is_large and len(self._json) > JSON_TAIL_BYTES:
+            del self._json[: len(self._json) - JSON_TAIL_BYTES]
 
     def _event(self, name: str, data: str) -> None:
         if not data or data == "[DONE]":
@@ -145,10 +234,12 @@ class UsageTee:
                     for event in self._sse.decode(tail):
                         self._event(event.event, event.data)
                 else:
-                    self._json += tail
+                    self._keep_json(tail)
             if self._is_sse:
                 for event in self._sse.flush():
                     self._event(event.event, event.data)
+            elif self._is_json and self._is_large:
+                self.reader.feed_json(top_level_fields(self._head, bytes(self._json)))
             elif self._is_json and self._json:
                 self.reader.feed_json(orjson.loads(bytes(self._json)))
         except (zlib.error, ValueError):

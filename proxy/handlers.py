@@ -33,6 +33,7 @@ from proxy.profiles import Profile, load_profiles
 from proxy.providers import Route, Router, route
 from proxy.providers.base import BAD_REQUEST, NOT_FOUND, TOO_LARGE
 from proxy.services import Services
+from proxy.tenant import credential_of
 from proxy.upstreams import host_of
 
 _log = logging.getLogger(ACCESS_LOGGER)
@@ -90,6 +91,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             if services.recorder is not None:
                 services.recorder.record(path, request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
+            exchange.is_anonymous = not credential_of(request.headers)
             exchange.notes["is_pipeline"] = True
             _platform_route(exchange, where, pm)
             await run_request_stages(exchange, services)

@@ -50,6 +50,7 @@ from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
 from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
+from proxy.rules import MAX_RULE_LINE_CHARS
 from proxy.services import Services
 
 _log = logging.getLogger("promptcache.measure")
@@ -369,13 +370,19 @@ def block_text(block: Block) -> str:
 
 def volatile_checker(rules: Any) -> Callable[[Block], bool] | None:
     """`block -> it holds a line a volatile rule matches` for a loaded `RuleSet` (rules are
-    matched line by line, proxy.rules); `None` without rules or volatile rules."""
+    matched line by line, on lines up to `MAX_RULE_LINE_CHARS`, proxy.rules); `None` without
+    rules or volatile rules."""
     patterns = tuple(rule.pattern for rule in getattr(rules, "rules", ()) if getattr(rule, "tier", None) == "volatile")
     if not patterns:
         return None
 
     def is_volatile(block: Block) -> bool:
-        return any(p.search(line) for line in block_text(block).splitlines() for p in patterns)
+        return any(
+            p.search(line)
+            for line in block_text(block).split("\n")
+            if len(line) <= MAX_RULE_LINE_CHARS  # longer: content, never scanned (bounded time)
+            for p in patterns
+        )
 
     return is_volatile
 

@@ -461,6 +461,11 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.record_errors = Counter(
+            "promptcache_record_errors_total",
+            "Requests the trace recorder (`record`) could not write; the request went on (proxy.record).",
+            registry=r,
+        )
         self.rules_budget_exceeded = Counter(
             "promptcache_rules_budget_exceeded_total",
             "Requests whose text exceeded the rules' scan budget (`classify_budget_chars`); the "

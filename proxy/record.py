@@ -6,11 +6,16 @@ Format (the workload format `promptcache replay` reads): one JSON object per lin
 never enter a trace: only the headers named in `settings.session_headers` and those that change
 what a provider caches (`anthropic-beta`, `anthropic-version`) are kept. Lines are written in arrival
 order by one dedicated thread, so the event loop never blocks on the file.
+
+The recorder never fails a request: a body it cannot encode (nested deeper than orjson's 254
+levels, ...) or a line it cannot write (disk full, file gone read-only) is skipped and counted
+in `promptcache_record_errors_total`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +24,9 @@ from typing import Final
 
 import orjson
 from multidict import CIMultiDictProxy
+from prometheus_client import Counter
+
+_log = logging.getLogger("promptcache.record")
 
 PROMPT_HEADERS: Final = ("anthropic-beta", "anthropic-version")
 """Headers that are part of what the provider caches (PROVIDERS.md 1.8, 1.13)."""
@@ -27,8 +35,10 @@ PROMPT_HEADERS: Final = ("anthropic-beta", "anthropic-version")
 class TraceRecorder:
     """Appends requests to `path`; `record()` returns at once, the write happens on a thread."""
 
-    def __init__(self, path: Path, session_headers: tuple[str, ...]) -> None:
+    def __init__(self, path: Path, session_headers: tuple[str, ...], errors: Counter | None = None) -> None:
+        """`errors`: counts what could not be recorded (`promptcache_record_errors_total`)."""
         self.path = path
+        self._errors = errors
         self._headers = tuple(h.lower() for h in session_headers) + PROMPT_HEADERS
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-record")
         self._last: float | None = None
@@ -36,19 +46,34 @@ class TraceRecorder:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def record(self, path: str, headers: CIMultiDictProxy[str], raw: bytes) -> None:
-        """Queue one request for the trace; a body that is not JSON is skipped."""
+        """Queue one request for the trace; never raises. A body that is not JSON is skipped
+        (not counted: nothing to replay); one that cannot be encoded is skipped and counted."""
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return
-        now = time.time()
-        gap = 0.0 if self._last is None else round(now - self._last, 3)
-        self._last = now
-        kept = {name: headers[name] for name in self._headers if name in headers}
-        line = orjson.dumps({"gap": gap, "path": path, "headers": kept, "body": body}) + b"\n"
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._append, line)
+        try:
+            kept = {name: headers[name] for name in self._headers if name in headers}
+            now = time.time()
+            gap = 0.0 if self._last is None else round(now - self._last, 3)
+            line = orjson.dumps({"gap": gap, "path": path, "headers": kept, "body": body}) + b"\n"
+            self._last = now
+            future = asyncio.get_running_loop().run_in_executor(self._executor, self._append, line)
+        except Exception as exc:  # noqa: BLE001 - the recorder never fails a request
+            self._failed(exc)
+            return
         self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
+        future.add_done_callback(self._written)
+
+    def _written(self, future: asyncio.Future[None]) -> None:
+        self._pending.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            self._failed(future.exception())
+
+    def _failed(self, exc: BaseException | None) -> None:
+        if self._errors is not None:
+            self._errors.inc()
+        _log.warning("trace line not recorded (%s)", type(exc).__name__)
 
     def _append(self, line: bytes) -> None:
         # 0600: a trace holds whole prompts.

@@ -37,6 +37,10 @@ TIERS: Final = ("stable", "session", "volatile")
 KINDS: Final = ("block", "section", "paragraph", "line")
 VERSION: Final = 1
 MODELS_FILE: Final = "models.yaml"
+MAX_RULE_LINE_CHARS: Final = 16 * 1024
+"""Longest line the rules are run on (characters). A rule describes a short line (a timestamp,
+a cwd, a header); a longer line is content (minified JSON, a pasted log), classified as no
+rule's and never masked, so one hostile line cannot hold the event loop (issue 11)."""
 
 _RULE_KEYS: Final = frozenset(
     {"name", "kind", "pattern", "tier", "end", "until", "move_to_user", "pin", "pin_changes_to_user", "description"}

@@ -120,6 +120,9 @@ class Settings(BaseModel):
     tracing: bool = False
     """OpenTelemetry spans per request, stage and upstream call, exported over OTLP/HTTP
     (`OTEL_EXPORTER_OTLP_*`); needs the `otel` extra (`proxy/otel.py`)."""
+    client_idle_timeout: float = Field(75.0, gt=0)
+    """Seconds a client connection may stay open without a complete request: idle keep-alive
+    connections, and connections that never finish sending their headers, are then closed."""
     classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in
@@ -198,7 +201,7 @@ class Settings(BaseModel):
     @field_validator("tracing")
     @classmethod
     def _tracing(cls, value: bool) -> bool:
-        if value and importlib.util.find_spec("opentelemetry.sdk") is None:
+        if value and not _has_module("opentelemetry.sdk"):
             raise ValueError("needs the otel extra: pip install 'promptcache[otel]'")
         return value
 
@@ -208,6 +211,14 @@ class Settings(BaseModel):
         if value and not value.startswith(("memory://", "sqlite://", "redis://", "rediss://")):
             raise ValueError("must start with memory://, sqlite:// or redis://")
         return value
+
+
+def _has_module(name: str) -> bool:
+    """True when `name` imports; `find_spec` of a submodule raises when its parent is missing."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 class SettingsError(ValueError):

@@ -110,7 +110,8 @@ async def test_serve_lowercase_level_json_lines_and_banner(tmp_path) -> None:
     import sys
 
     env = {
-        **os.environ,
+        # the suite's own PROMPTCACHE_* variables (e.g. CLIENTS_DIR) are not settings
+        **{k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")},
         "PROMPTCACHE_LOG_LEVEL": "debug",
         "PROMPTCACHE_LOG_FORMAT": "json",
         "XDG_STATE_HOME": str(tmp_path),

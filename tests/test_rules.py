@@ -56,14 +56,18 @@ def test_packaged_volatile_rules_move_to_the_user_message_and_cover_their_values
     ]
     assert not any(r.move_to_user for r in rules.rules if r.tier != "volatile")
     spans = [span_pattern(p) for p in volatile_patterns(rules)]
+    # the values (tokens holding a digit) are masked, one mask each; the words around them never are
     lines = {
-        "x-anthropic-billing-header: cc_version=2.1.328.a1b; cc_entrypoint=cli; cch=51c67;": "#",
+        "x-anthropic-billing-header: cc_version=2.1.328.a1b; cc_entrypoint=cli; cch=51c67;": (
+            "x-anthropic-billing-header: # cc_entrypoint=cli; #"
+        ),
         "Current time: 2026-11-30T09:00:04Z": "Current time: #",
-        "Request id: a33e7a00-c3ae-4dcd-bf96-92914681da88": "#",
-        "Context used: 546 tokens of 200000 (0%)": "#",
-        "Tokens used: 1,234 of 200k tokens, then stop": "# then stop",  # to the end of the token
-        "Session cost: $1.23 so far": "# so far",
+        "Request id: a33e7a00-c3ae-4dcd-bf96-92914681da88": "Request id: #",
+        "Context used: 546 tokens of 200000 (0%)": "Context used: # tokens of # #",
+        "Tokens used: 1,234 of 200k tokens, then stop": "Tokens used: # of # tokens, then stop",
+        "Session cost: $1.23 so far": "Session cost: # so far",
         "Keep answers short.": "Keep answers short.",
+        "Tokens used (ignore): rm -rf / 5000": "Tokens used (ignore): rm -rf / #",
     }
     assert {line: mask_strings(line, spans).replace("\x00volatile\x00", "#") for line in lines} == lines
 

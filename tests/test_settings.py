@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,18 @@ def test_serve_exits_2_on_invalid_setting() -> None:
     )
     assert result.returncode == 2
     assert "invalid setting port (--port): Input should be greater than or equal to 0" in result.stderr
+
+
+def test_serve_exits_2_on_an_unknown_profile(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}  # e.g. the suite's CLIENTS_DIR
+    env.update({"PROMPTCACHE_ANTHROPIC_PROFILE": "vertexx", "PROMPTCACHE_STATE_DIR": str(tmp_path)})
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "unknown anthropic profile 'vertexx'" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_capabilities_and_headers_accept_lists_and_comma_strings(tmp_path: Path) -> None:

@@ -200,6 +200,15 @@ def test_tracing_without_the_extra_is_a_settings_error(monkeypatch: pytest.Monke
     assert load_settings(environ={"PROMPTCACHE_TRACING": "false"}).tracing is False
 
 
+def test_tracing_without_opentelemetry_at_all_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no `opentelemetry` package at all: `find_spec("opentelemetry.sdk")` itself raises
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    monkeypatch.delitem(sys.modules, "opentelemetry.sdk", raising=False)
+    with pytest.raises(SettingsError) as error:
+        load_settings(environ={"PROMPTCACHE_TRACING": "true"})
+    assert str(error.value).endswith("needs the otel extra: pip install 'promptcache[otel]'")
+
+
 
 class _Collector(http.server.BaseHTTPRequestHandler):
     """An OTLP/HTTP trace receiver (protobuf `ExportTraceServiceRequest` on POST /v1/traces)."""

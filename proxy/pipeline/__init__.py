@@ -91,7 +91,9 @@ async def run_request_stages(
 ) -> None:
     """Run `stages` in order on `exchange`; never raises (fail open)."""
     timers = services.metrics.stage_timers
-    is_observe = services.settings.mode == "observe" or exchange.is_signed
+    # No credential, no state (`Exchange.is_anonymous`): forwarded as sent, the upstream
+    # answers 401 as it would, and the session stage neither reads nor writes the store.
+    is_observe = services.settings.mode == "observe" or exchange.is_signed or exchange.is_anonymous
     trace = CURRENT_TRACE.get()
     for stage in stages:
         if is_observe and stage.rewrites:

@@ -8,8 +8,9 @@ Pure core:
   as the prefix chain's block bytes, so inference, replay and divergence agree: a client that
   re-sends a message as a string after a one-block list, or back, sends "the same" message),
   and replacing by `MASK` the text the rules' volatile patterns match inside string values,
-  each match extended to the end of its token (`span_pattern`). Only that span is masked, never
-  the rest of its line: an edit next to a timestamp is still an edit. Sorted keys make a client
+  each match extended to the end of its token (`span_pattern`). Only the values inside that
+  span (tokens holding a digit, hex tokens) are masked, never its words nor the rest of its line: an
+  edit next to a timestamp, or of a word a pattern spans, is still an edit. Sorted keys make a client
   that reorders JSON keys (Go/Swift maps) send "the same" message; masking makes a client
   that re-renders a timestamp send "the same" message.
 - `view_messages(...)`: per request, the masked digest of each element of the message array
@@ -61,6 +62,7 @@ from proxy.exchange import Exchange
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
+from proxy.rules import MAX_RULE_LINE_CHARS
 from proxy.services import Services
 from proxy.store.record import Sidecar
 
@@ -148,12 +150,37 @@ def span_pattern(pattern: re.Pattern[str]) -> re.Pattern[str]:
     return re.compile(rf"(?:{source})\S*", pattern.flags & ~re.MULTILINE)
 
 
+_TOKEN: Final = re.compile(r"\S+")
+_HEX: Final = frozenset("0123456789abcdefABCDEF")
+
+
+def _mask_token(token: re.Match[str]) -> str:
+    """`MASK` for a value: a whitespace-delimited token holding a digit (`2026-11-29T20:09:13Z`,
+    `1,046`, `(0.5%)`, `$1.25`), or a hex token of 4+ (an id without a digit)."""
+    text = token.group()
+    if any(c.isdigit() for c in text) or (len(text) >= 4 and _HEX.issuperset(text)):
+        return MASK
+    return text
+
+
+def _mask_values(match: re.Match[str]) -> str:
+    """The match with only its values replaced by `MASK` (`_mask_token`), one mask per token,
+    so a value that grows a digit group (`546` -> `1,046`) still masks the same. Tokens without
+    a digit stay, so a rule whose pattern also spans a few words (`Budget remaining\\D{0,20}\\d+`)
+    can never hide an edit of those words (`marketing` -> `engineering` is a rewrite). Linear
+    in the match."""
+    return _TOKEN.sub(_mask_token, match.group())
+
+
 def sub_lines(pattern: re.Pattern[str], text: str) -> str:
-    """`text` with each match of `pattern` in each of its `\\n`-separated lines replaced by
-    `MASK` (a match never spans two lines)."""
+    """`text` with the values (`_mask_values`) of each match of `pattern` in each of its
+    `\\n`-separated lines replaced by `MASK` (a match never spans two lines); a line longer than
+    `MAX_RULE_LINE_CHARS` is kept as it is."""
     if "\n" not in text:
-        return pattern.sub(MASK, text)
-    return "\n".join([pattern.sub(MASK, line) for line in text.split("\n")])
+        return text if len(text) > MAX_RULE_LINE_CHARS else pattern.sub(_mask_values, text)
+    return "\n".join(
+        [line if len(line) > MAX_RULE_LINE_CHARS else pattern.sub(_mask_values, line) for line in text.split("\n")]
+    )
 
 
 def mask_strings(value: Any, spans: Patterns) -> Any:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Final, TypeVar, cast
 
-from proxy.rules import Rule, RuleSet
+from proxy.rules import MAX_RULE_LINE_CHARS, Rule, RuleSet
 
 TIER_RANK: Final = {"stable": 0, "session": 1, "volatile": 2}
 _LINE_CACHE_LIMIT: Final = 16384
@@ -81,16 +81,23 @@ def render(segments: Sequence[Segment], groups: Sequence[G]) -> dict[G, str]:
             continue
         if segment.wrap < 0:
             _, taken = stack.pop()
-            for name in taken:
-                out[name].append(segment.text)
+            for k, name in enumerate(taken):
+                out[name].append(segment.text if k == 0 else _tag_line(segment.text))
             continue
         parts = out.setdefault(group, [])
         for opening, taken in stack:
             if group not in taken:
-                parts.append(opening)
+                parts.append(opening if not taken else _tag_line(opening))
                 taken.append(group)
         parts.append(segment.text)
     return {group: "".join(parts) for group, parts in out.items()}
+
+
+def _tag_line(text: str) -> str:
+    """A wrapper segment's tag line without the blank lines that follow it: the copies of a
+    wrapper in later groups repeat the tag, while its blank lines stay once, with the first group."""
+    head, newline, _ = text.partition("\n")
+    return head + newline
 
 
 def section_tiers(segments: Sequence[Segment], leaving: Sequence[bool]) -> list[str]:
@@ -199,6 +206,8 @@ class Classifier:
         """Line with its digits made `0` -> mask of the digit-blind tests."""
 
     def _mask(self, line: str) -> int:
+        if len(line) > MAX_RULE_LINE_CHARS:
+            return 0  # content, not a rule's line: bounded time (`MAX_RULE_LINE_CHARS`)
         mask = 0
         for bit, pattern in self._sighted:
             if pattern.search(line) is not None:

@@ -105,8 +105,8 @@ class SessionStage:
     async def run(self, exchange: Exchange, services: Services) -> None:
         state: SessionState | None = services.sessions
         body = exchange.body
-        if state is None or body is None:
-            return
+        if state is None or body is None or exchange.is_anonymous:
+            return  # no credential, no state: nothing read, nothing stored
         tenant = state.tenant_of(exchange.provider, exchange.headers)
         exchange.tenant = tenant
         now = state.clock()

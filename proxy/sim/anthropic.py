@@ -163,9 +163,7 @@ def parse_request(
             raise bad("max_tokens: Input should be greater than or equal to 0")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise bad(
-            "messages: Field required" if messages is None else "messages: at least one message is required"
-        )
+        raise bad("messages: Field required" if messages is None else "messages: at least one message is required")
 
     blocks: list[Block] = []
     has_images = False
@@ -178,15 +176,12 @@ def parse_request(
             has_images = True
         tokens = _block_tokens(kind, raw, counter) + (MESSAGE_OVERHEAD if role else 0)
         is_eligible = kind not in _NO_MARKER_TYPES and not (kind == "text" and raw.get("text") == "")
-        blocks.append(
-            Block(path, level, kind, tokens, _block_digest(raw, role), ttl=ttl, is_eligible=is_eligible)
-        )
+        blocks.append(Block(path, level, kind, tokens, _block_digest(raw, role), ttl=ttl, is_eligible=is_eligible))
 
     explicit = sum(1 for b in blocks if b.ttl is not None)
     if explicit > settings.max_breakpoints:
         raise bad(
-            f"A maximum of {settings.max_breakpoints} blocks with cache_control may be provided. "
-            f"Found {explicit}."
+            f"A maximum of {settings.max_breakpoints} blocks with cache_control may be provided. Found {explicit}."
         )
     _place_automatic(body, blocks, explicit, settings, marker_keys)
     _check_ttl_order(blocks)
@@ -204,6 +199,7 @@ def _iter_blocks(body: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, 
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise bad(f"tools.{i}: Input should be a valid dictionary")
+        _check_tool(tool, i)
         yield "tools", f"tools.{i}", tool, None
     system = body.get("system")
     if isinstance(system, str):
@@ -274,6 +270,22 @@ def _marker_ttl(
     return validate_cache_control(cc, f"{path}.cache_control", settings, marker_keys)
 
 
+def _check_tool(tool: Mapping[str, Any], i: int) -> None:
+    """A tool's `name` is a string; a custom tool (no `type`, or `custom`) has one and an object
+    `input_schema` (the API's validation wording)."""
+    kind = tool.get("type")
+    label = "custom" if kind in (None, "custom") else str(kind)
+    if "name" in tool and not isinstance(tool["name"], str):
+        raise bad(f"tools.{i}.{label}.name: Input should be a valid string")
+    if label == "custom":
+        if "name" not in tool:
+            raise bad(f"tools.{i}.custom.name: Field required")
+        if "input_schema" not in tool:
+            raise bad(f"tools.{i}.custom.input_schema: Field required")
+        if not isinstance(tool["input_schema"], dict):
+            raise bad(f"tools.{i}.custom.input_schema: Input should be a valid dictionary")
+
+
 def validate_cache_control(
     cc: Any, path: str, settings: AnthropicModel, marker_keys: frozenset[str] = DIRECT_MARKER_KEYS
 ) -> str:
@@ -291,8 +303,10 @@ def validate_cache_control(
             raise bad(f"`cache_control.ttl: {cc['ttl']}` is not supported")
         if key not in marker_keys:
             raise bad(f"{path}.ephemeral.{key}: Extra inputs are not permitted")
+    if "scope" in cc and not isinstance(cc["scope"], str):
+        raise bad(f"{path}.ephemeral.scope: Input should be a valid string")
     ttl = cc.get("ttl", "5m")
-    if ttl not in TTL_SECONDS:
+    if not isinstance(ttl, str) or ttl not in TTL_SECONDS:
         raise bad(f"{path}.ephemeral.ttl: Input should be '5m' or '1h'")
     if ttl not in settings.ttls:
         raise bad(f"`cache_control.ttl: {ttl}` is not supported")
@@ -323,8 +337,7 @@ def _place_automatic(
         return  # same TTL already there: no-op
     if explicit >= settings.max_breakpoints:
         raise bad(
-            f"A maximum of {settings.max_breakpoints} blocks with cache_control may be provided. "
-            f"Found {explicit + 1}."
+            f"A maximum of {settings.max_breakpoints} blocks with cache_control may be provided. Found {explicit + 1}."
         )
     target.ttl = ttl
 
@@ -375,10 +388,7 @@ def _block_tokens(kind: str, block: Mapping[str, Any], counter: TokenCounter) ->
         if isinstance(content, str):
             return counter.count(content)
         if isinstance(content, list):
-            return sum(
-                _block_tokens(str(c.get("type", "")), c, counter) if isinstance(c, dict) else 0
-                for c in content
-            )
+            return sum(_block_tokens(str(c.get("type", "")), c, counter) if isinstance(c, dict) else 0 for c in content)
         return 0
     if kind == "thinking":
         return counter.count(str(block.get("thinking", "")))
@@ -389,9 +399,7 @@ def _block_tokens(kind: str, block: Mapping[str, Any], counter: TokenCounter) ->
 
 def _has_nested_image(block: Mapping[str, Any]) -> bool:
     content = block.get("content")
-    return isinstance(content, list) and any(
-        isinstance(c, dict) and c.get("type") == "image" for c in content
-    )
+    return isinstance(content, list) and any(isinstance(c, dict) and c.get("type") == "image" for c in content)
 
 
 def params_fingerprints(
@@ -460,9 +468,7 @@ def namespace(model: str) -> str:
     return f"anthropic/{model}"
 
 
-def plan_cache(
-    prompt: Prompt, settings: AnthropicModel, tenant: str, now: float, store: CacheStore
-) -> CachePlan:
+def plan_cache(prompt: Prompt, settings: AnthropicModel, tenant: str, now: float, store: CacheStore) -> CachePlan:
     """Reads, writes and usage for one request (1.5-1.7, 1.10). Refreshes hits at `now`."""
     ns = namespace(prompt.model)
     blocks = prompt.blocks
@@ -479,9 +485,7 @@ def plan_cache(
                 break
             i -= 1
     read = blocks[hit].cumulative if hit >= 0 else 0
-    writers = [
-        bp for bp in prompt.breakpoints if bp > hit and blocks[bp].cumulative >= settings.min_cache_tokens
-    ]
+    writers = [bp for bp in prompt.breakpoints if bp > hit and blocks[bp].cumulative >= settings.min_cache_tokens]
     last = blocks[writers[-1]].cumulative if writers else read
     one_hour = max((blocks[bp].cumulative for bp in writers if blocks[bp].ttl == "1h"), default=read)
     usage = Usage(

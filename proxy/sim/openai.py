@@ -97,6 +97,32 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> Reje
     return Rejected(400, message, param=param, code=code)
 
 
+_JSON_TYPES: Final = {str: "a string", int: "an integer", float: "a decimal", bool: "a boolean", list: "an array"}
+
+
+def _invalid_type(param: str, expected: str, value: Any) -> Rejected:
+    got = "null" if value is None else _JSON_TYPES.get(type(value), "an object")
+    return bad(f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type")
+
+
+def _check_tool(tool: Any, param: str, is_chat: bool) -> None:
+    """A function tool's `name` is a string and its `parameters` an object (the API's wording);
+    Chat nests them under `function`."""
+    if not isinstance(tool, dict):
+        raise _invalid_type(param, "an object", tool)
+    if tool.get("type", "function") != "function":
+        return
+    holder, prefix = (tool.get("function"), f"{param}.function") if is_chat else (tool, param)
+    if not isinstance(holder, dict):
+        raise _invalid_type(prefix, "an object", holder)
+    if "name" not in holder:
+        raise bad(f"Missing required parameter: '{prefix}.name'.", f"{prefix}.name", "missing_required_parameter")
+    if not isinstance(holder["name"], str):
+        raise _invalid_type(f"{prefix}.name", "a string", holder["name"])
+    if "parameters" in holder and not isinstance(holder["parameters"], dict):
+        raise _invalid_type(f"{prefix}.parameters", "an object", holder["parameters"])
+
+
 # --- rendering --------------------------------------------------------------------------
 
 
@@ -111,7 +137,10 @@ class _Renderer:
     def json(self, value: Any) -> None:
         self.text(orjson.dumps(value).decode())
 
-    def tools(self, tools: Any) -> None:
+    def tools(self, tools: Any, *, is_chat: bool = False) -> None:
+        if isinstance(tools, list):
+            for i, tool in enumerate(tools):
+                _check_tool(tool, f"tools[{i}]", is_chat)
         if isinstance(tools, list) and tools:
             self.out.tokens.append(TOOLS)
             for tool in tools:
@@ -185,13 +214,12 @@ def render_chat(body: Mapping[str, Any], counter: TokenCounter) -> Rendered:
         raise bad("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
     if not isinstance(messages, list) or not messages:
         raise bad(
-            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
-            "but got an empty array instead.",
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
             "messages",
             "empty_array",
         )
     r = _Renderer(counter)
-    r.tools(body.get("tools"))
+    r.tools(body.get("tools"), is_chat=True)
     r.schema(body.get("response_format"))
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -362,9 +390,7 @@ def plan_cache(
     ttl = settings.extended_retention_seconds if extended else settings.retention_seconds
     label = "24h" if extended else "in_memory"
     writes = [
-        Entry(tenant, ns, d, o, ttl, now + ttl, label)
-        for o, d in zip(offsets, digests, strict=True)
-        if o > cached
+        Entry(tenant, ns, d, o, ttl, now + ttl, label) for o, d in zip(offsets, digests, strict=True) if o > cached
     ]
     return OpenAIPlan(n, cached, 0, writes)
 
@@ -402,14 +428,10 @@ def _plan_breakpoints(
     every = sorted(set(explicit) | (set(rendered.turn_ends) if mode == "implicit" else set()))
     readable = [o for o in every[-settings.breakpoint_read_window :] if o >= settings.min_cache_tokens]
     if mode == "implicit":
-        chosen = (
-            explicit[-(settings.max_breakpoint_writes - 1) :] if settings.max_breakpoint_writes > 1 else []
-        )
+        chosen = explicit[-(settings.max_breakpoint_writes - 1) :] if settings.max_breakpoint_writes > 1 else []
         to_write = set(chosen) | ({implicit} if implicit is not None else set())
     else:
-        to_write = (
-            set(explicit[-settings.max_breakpoint_writes :]) if settings.max_breakpoint_writes else set()
-        )
+        to_write = set(explicit[-settings.max_breakpoint_writes :]) if settings.max_breakpoint_writes else set()
     candidates = sorted(set(readable) | {o for o in to_write if o >= settings.min_cache_tokens})
     digests = dict(zip(candidates, _prefix_digests(rendered.tokens, candidates), strict=True))
     cached = 0

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -300,6 +301,24 @@ class RecordStore:
             _log.warning("session store %s close failed (%s)", self.backend.backend, type(exc).__name__)
 
 
+class StateDirError(RuntimeError):
+    """The state directory cannot be restricted to its owner (mode 0700)."""
+
+
+def tighten_state_dir(path: Path) -> None:
+    """Create `path` mode 0700, or restrict an existing one to 0700 (it holds prompt text and
+    the tenant secret); raises `StateDirError` naming the directory when that is not possible."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError as exc:
+        raise StateDirError(
+            f"state_dir {path} cannot be restricted to mode 0700 ({exc.strerror}); "
+            "set state_dir to a directory this user owns"
+        ) from exc
+
+
 async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     """`app.cleanup_ctx` entry: sets `app[SERVICES].store` and `.sessions`, closes them on exit."""
     from proxy.appkeys import SERVICES
@@ -309,6 +328,8 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = services.settings
     url = settings.store or default_store_url(settings.state_dir)
     backend = open_store(url)
+    if backend.backend != "memory":
+        tighten_state_dir(Path(settings.state_dir))
     if backend.backend == "redis" and not settings.secret:
         _log.warning(
             "redis session store without a configured secret: replicas share sessions only if they "

@@ -440,3 +440,18 @@ def test_command_takes_literal_empty_reference(tmp_path: Path) -> None:
     assert lines[:2] == ["promptcache explain (anthropic, /v1/messages)", "  A: 0 blocks, 0 bytes (~0 tokens)"]
     assert "cause: first_request" in lines
     assert "  A is empty: B is a first request, nothing to read" in lines
+
+
+def test_first_difference_of_blocks_that_differ_only_in_markers() -> None:
+    from proxy.forensics import first_difference
+
+    marked = {"content": [{"type": "text", "text": "x", "cache_control": {}}, {"type": "text", "text": "y"}]}
+    plain = {"content": [{"type": "text", "text": "x"}, {"type": "text", "text": "z"}]}
+    assert first_difference(marked, plain, "m") == ("m.content[1].text", 0, "y", "z")
+    same = {"content": [{"type": "text", "text": "x"}]}
+    assert first_difference({"content": [{"type": "text", "text": "x", "cache_control": {}}]}, same, "m") == (
+        "m.content[1]",
+        None,
+        None,
+        None,
+    )

@@ -222,3 +222,16 @@ def test_packaged_rules_volatile_text_and_model_minimum() -> None:
         0,
         "none",
     )
+
+
+def test_volatile_checker_scans_lines_up_to_the_rule_limit_only() -> None:
+    from proxy.measure import volatile_checker
+    from proxy.providers.base import Block
+    from proxy.rules import MAX_RULE_LINE_CHARS, load_rules
+
+    is_volatile = volatile_checker(load_rules())
+    assert is_volatile is not None
+    stamp = "Current time: 2026-11-29T20:09:13Z"
+    short = Block("system", "system[1]", "text", {"type": "text", "text": f"You are helpful.\n{stamp}"})
+    long = Block("system", "system[1]", "text", {"type": "text", "text": stamp + " " + "1 " * MAX_RULE_LINE_CHARS})
+    assert (is_volatile(short), is_volatile(long)) == (True, False)

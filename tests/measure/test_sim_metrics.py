@@ -43,7 +43,8 @@ async def test_turns_against_the_simulator(make_proxy) -> None:
         async with aiohttp.ClientSession() as client:
             for turn in range(3):
                 if turn == 2:
-                    async with client.post(sim_url + "/_sim/clock", json={"advance": 4000}) as r:  # past even a 1h entry
+                    # past even a 1h entry
+                    async with client.post(sim_url + "/_sim/clock", json={"advance": 4000}) as r:
                         assert r.status == 200
                 async with client.post(
                     proxy.url + "/v1/messages", data=orjson.dumps(_body(messages)), headers=HEADERS

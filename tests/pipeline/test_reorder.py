@@ -339,3 +339,27 @@ def test_unsplittable_text_whose_last_piece_ends_in_a_blank_line_keeps_its_lines
     body = {"model": "gpt-4o", "instructions": text, "input": [{"role": "user", "content": "hi"}]}
     out, _ = reorder_body(OPENAI, "/v1/responses", body, RULES)
     assert sorted(out["instructions"].split("\n")) == sorted(text.split("\n"))
+
+
+def test_a_wrapper_split_across_groups_keeps_its_blank_lines_once() -> None:
+    # hypothesis found it: the blank line after `<context>` went with the tag into both copies
+    system = "<context>\n\nYou are a careful coding agent.\nCurrent time: 2026-11-29T20:09:13Z\n</context>"
+    body = {"model": "m", "system": system, "messages": [{"role": "user", "content": "hi"}]}
+    out, _ = reorder_body(ANTHROPIC, "/v1/messages", body, RULES)
+    assert out["system"] == "<context>\n\nYou are a careful coding agent.\n</context>"
+    assert out["messages"][0]["content"] == [
+        {"type": "text", "text": "<context>\nCurrent time: 2026-11-29T20:09:13Z\n</context>"},
+        {"type": "text", "text": "hi"},
+    ]
+
+
+def test_a_line_longer_than_the_rule_limit_is_content_and_never_scanned() -> None:
+    from proxy.rules import MAX_RULE_LINE_CHARS
+
+    long_line = "Current time: 2026-11-29T20:09:13Z " + "1%" * MAX_RULE_LINE_CHARS
+    short = "Current time: 2026-11-29T20:09:13Z"
+    segments = classifier_for(RULES).segments(f"You are helpful.\n{long_line}\n{short}\n")
+    assert [(s.text, s.tier) for s in segments] == [
+        (f"You are helpful.\n{long_line}\n", "stable"),
+        (short + "\n", "volatile"),
+    ]

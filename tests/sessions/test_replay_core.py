@@ -51,16 +51,33 @@ def test_strip_markers_is_copy_on_write() -> None:
     assert stripped["content"][2] is message["content"][2]
 
 
-def test_span_pattern_masks_the_whole_token_only() -> None:
+def test_span_pattern_masks_the_values_of_the_whole_token_only() -> None:
     pattern = span_pattern(re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}"))
+    m = MASK
     assert sub_lines(pattern, "Now: 2026-11-29T20:09:13Z, fix bug 12\nat 2026-11-30 08:00:01 ok") == (
-        f"Now: {MASK} fix bug 12\nat {MASK} ok"
+        f"Now: {m} fix bug 12\nat {m} {m} ok"
     )
     anchored = span_pattern(re.compile(r"(?i)^current time:"))
-    assert sub_lines(anchored, "x\nCurrent time: 5") == f"x\n{MASK} 5"
+    assert sub_lines(anchored, "x\nCurrent time: 5") == "x\nCurrent time: 5"  # no value in the match
     # One line at a time: `\s*` never reaches across a newline into the next line.
-    spaced = span_pattern(re.compile(r"^\s*id:"))
-    assert sub_lines(spaced, "\n\n  id: 7\n") == f"\n\n{MASK} 7\n"
+    spaced = span_pattern(re.compile(r"^\s*id: \d"))
+    assert sub_lines(spaced, "\n\n  id: 7\n") == f"\n\n  id: {m}\n"
+    ids = span_pattern(re.compile(r"request_id=\w+"))
+    assert sub_lines(ids, "request_id=3f2a9c1b7e4d ok") == f"{m} ok"  # a token holding a digit is a value
+
+
+def test_words_a_volatile_pattern_spans_are_never_masked() -> None:
+    # `\D{0,20}` in the packaged usage-counters rule spans words: an edit of them is a rewrite
+    counters = span_pattern(re.compile(r"(?i)budget remaining\D{0,20}\d+"))
+    before = sub_lines(counters, "Budget remaining for marketing: 5000 USD")
+    assert before == f"Budget remaining for marketing: {MASK} USD"
+    assert sub_lines(counters, "Budget remaining for engineering: 5000 USD") != before
+    assert sub_lines(counters, "Budget remaining for marketing: 7000 USD") == before
+    # a value that grows a digit group or a decimal still masks the same (one mask per token)
+    usage = span_pattern(re.compile(r"(?i)context used:\s*\d[\d,]* tokens of \d+ \(\d"))
+    assert sub_lines(usage, "Context used: 1,046 tokens of 200000 (0.5%)") == sub_lines(
+        usage, "Context used: 546 tokens of 200000 (0%)"
+    )
 
 
 def test_masked_digest_ignores_timestamps_markers_and_key_order_only() -> None:
