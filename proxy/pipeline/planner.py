@@ -116,12 +116,16 @@ class Planner:
         `ttl_shared`)."""
         self.ttl_anchor: str | None = None
         """TTL of the marker on the previous request's last marker (`proxy.pacing`), when paced."""
+        self.write_tail = True
+        """False when pacing predicts nobody reads a tail (`proxy.pacing.tail_pays`): no new
+        marker past the anchor (the shared prefix, the anchor and tools only)."""
         if context.pacing is not None:
             pacing = context.pacing
             choice = choose_ttls(
                 pacing.forecast, agent=pacing.agent, expired=pacing.expired, shared_live=pacing.shared_live
             )
             self.ttl_shared, self.ttl_session, self.ttl_anchor = choice.shared, choice.tail, choice.anchor
+            self.write_tail = choice.write_tail
 
     def _anchor(self) -> int | None:
         """The previous request's last marker position, when this request kept everything up to
@@ -186,6 +190,10 @@ class Planner:
             ("session", session),
             ("tools", shared),
         ]
+        if not self.write_tail:  # only what other conversations or this one already read
+            alive = ctx.pacing is None or not ctx.pacing.expired
+            keep = ("shared", "tools", "anchor") if alive else ("shared", "tools")
+            steps = [step for step in steps if step[0] in keep]
         for reason, ttl in steps:
             if len(self.final) >= self.policy.max_markers:
                 break

@@ -180,7 +180,9 @@ async def pacing_input(
 ) -> PacingInput:
     """Add the gap since the session's previous request to the session's and the tenant's
     pacing (by the previous response's kind; a subagent's gaps are not the parent's), keep the
-    session's in `notes["pacing"]` for its record, and forecast the next gap (`proxy.pacing`)."""
+    session's in `notes["pacing"]` for its record, and forecast the next gap (`proxy.pacing`).
+    The previous request's entries count as gone (`PacingInput.expired`) after their TTL, or
+    when this request names another model (nothing it sends reads them)."""
     tenant = exchange.tenant or ""
     agent = is_subagent(exchange.headers)
     tenant_pacing = await state.pacing.get(tenant, store)
@@ -190,6 +192,8 @@ async def pacing_input(
         gap = now - previous.arrivals[-1]
         tail = previous.ttls[-1] if previous.ttls else "5m"
         expired = gap >= ONE_HOUR or (gap >= FIVE_MINUTES and tail != "1h")
+        # another model reads none of the previous entries (PROVIDERS.md 1.8: the cache is per model)
+        expired = expired or (exchange.body is not None and request_model(exchange.body) != previous.model)
         if not agent and previous.turn is not None:
             session_pacing = session_pacing.with_gap(previous.turn, gap)
             tenant_pacing = tenant_pacing.with_gap(previous.turn, gap)
