@@ -153,7 +153,7 @@ class KeepWarm:
     def arm(self, exchange: Exchange, services: Any, base_url: str) -> bool:
         """Open (or replace) the session's window after this response (module docstring)."""
         usage = exchange.usage
-        plan = exchange.notes.get("plan")
+        plan = exchange.plan
         if not self.enabled or services.settings.mode != "optimise" or exchange.is_signed:
             return False
         if usage is None or usage.turn != HUMAN or not 200 <= exchange.status < 300:
@@ -165,7 +165,7 @@ class KeepWarm:
         markers = getattr(plan, "markers", ())
         if not markers or markers[-1].ttl != "5m":
             return False
-        arrivals = exchange.notes.get("arrivals") or ()
+        arrivals = exchange.arrivals
         if not arrivals:
             return False
         try:
