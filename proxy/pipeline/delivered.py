@@ -26,23 +26,20 @@ A slot names a note across turns: `move` + the rules of the moved segments + the
 (reorder), `pin` + the pin key (`proxy.pipeline.pins`).
 
 Stage glue (`carried_notes(exchange)`): computed once per request from the session stage's
-`notes["previous"]` and `notes["message_view"]`; the reorder and pin stages drop the notes it
-holds and add what they deliver to `notes["delivered_notes"]`, which the session record keeps.
+`Exchange.previous` and `Exchange.message_view`; the reorder and pin stages drop the notes it
+holds and add what they deliver to `Exchange.delivered_notes`, which the session record keeps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
 from proxy.exchange import Exchange
 from proxy.store.record import Sidecar
 
 MAX_DELIVERED: Final = 64
 MAX_NOTE_CHARS: Final = 8192
-NOTES_KEY: Final = "delivered_notes"
-"""`exchange.notes` key of this request's entries for the session record."""
-_CARRIED_KEY: Final = "carried_notes"
 
 Entry = tuple[str, str, int]
 """`(slot, text, position)` of one delivered note."""
@@ -86,24 +83,22 @@ def next_delivered(
 
 
 def carried_notes(exchange: Exchange) -> dict[str, Entry]:
-    """`carried` for this request's session (empty without a previous record), once."""
-    found = exchange.notes.get(_CARRIED_KEY)
-    if isinstance(found, dict):
-        return found
-    previous: Any = exchange.notes.get("previous")
-    view: Any = exchange.notes.get("message_view")
+    """`carried` for this request's session (empty without a previous record), once
+    (`Exchange.carried_notes`)."""
+    if exchange.carried_notes is not None:
+        return exchange.carried_notes
+    previous, view = exchange.previous, exchange.message_view
     out: dict[str, Entry] = {}
-    if previous is not None and view is not None and getattr(previous, "delivered", ()):
+    if previous is not None and view is not None and previous.delivered:
         out = carried(previous.delivered, view.digests, previous.sidecars, view.system_positions)
-    exchange.notes[_CARRIED_KEY] = out
+    exchange.carried_notes = out
     return out
 
 
 def last_position(exchange: Exchange) -> int:
     """Index of the last element of the request's message array (`-1` without a view)."""
-    view: Any = exchange.notes.get("message_view")
-    digests = getattr(view, "digests", None)
-    return len(digests) - 1 if digests is not None else -1
+    view = exchange.message_view
+    return len(view.digests) - 1 if view is not None else -1
 
 
 def texts_of(entries: Mapping[str, Entry]) -> dict[str, str]:
@@ -112,7 +107,7 @@ def texts_of(entries: Mapping[str, Entry]) -> dict[str, str]:
 
 
 def record_delivery(exchange: Exchange, fresh: Sequence[tuple[str, str]], position: int) -> None:
-    """Add this stage's deliveries to `notes["delivered_notes"]` (the carried ones first)."""
-    current = exchange.notes.get(NOTES_KEY)
-    base = {e[0]: e for e in current} if isinstance(current, tuple) else carried_notes(exchange)
-    exchange.notes[NOTES_KEY] = next_delivered(base, fresh, position)
+    """Add this stage's deliveries to `Exchange.delivered_notes` (the carried ones first)."""
+    current = exchange.delivered_notes
+    base = {e[0]: e for e in current} if current is not None else carried_notes(exchange)
+    exchange.delivered_notes = next_delivered(base, fresh, position)
