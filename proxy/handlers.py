@@ -92,10 +92,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 services.recorder.record(path, request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
             exchange.is_anonymous = not credential_of(request.headers)
-            exchange.notes["is_pipeline"] = True
+            exchange.is_pipeline = True
             _platform_route(exchange, where, pm)
             await run_request_stages(exchange, services)
-            bad_utf8 = exchange.notes.get("invalid_utf8")
+            bad_utf8 = exchange.invalid_utf8
             if bad_utf8 is not None:
                 status = BAD_REQUEST.status
                 return local_error(adapter, BAD_REQUEST, invalid_utf8_message(*bad_utf8))
@@ -126,7 +126,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         # The client disconnected before the last byte (mid-body or mid-stream): a client
         # outcome, not ours; usage the upstream already reported is counted (once).
         status = CLIENT_CLOSED
-        if exchange is not None and exchange.notes.get("is_pipeline"):
+        if exchange is not None and exchange.is_pipeline:
             record_usage(exchange, services)
         raise
     finally:

@@ -151,7 +151,7 @@ class KeepWarm:
     def arm(self, exchange: Exchange, services: Any, base_url: str) -> bool:
         """Open (or replace) the session's window after this response (module docstring)."""
         usage = exchange.usage
-        plan = exchange.notes.get("plan")
+        plan = exchange.plan
         if not self.enabled or services.settings.mode != "optimise" or exchange.is_signed:
             return False
         if usage is None or usage.turn != HUMAN or not 200 <= exchange.status < 300:
@@ -169,7 +169,7 @@ class KeepWarm:
             share = max(0.0, total - usage.cache_read) / total  # a 1h entry keeps what was read
         if not ping_pays(self.pacing(exchange.tenant).human if self.pacing else (), FIVE_MINUTES - MARGIN, share):
             return False
-        arrivals = exchange.notes.get("arrivals") or ()
+        arrivals = exchange.arrivals
         if not arrivals:
             return False
         try:

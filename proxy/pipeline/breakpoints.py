@@ -62,7 +62,7 @@ Notes: reads `plan_context` (`PlanContext`, from the session engineer) and `syst
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -93,18 +93,6 @@ TAIL_MISSES_TO_SKIP: Final = 1
 """Consecutive rewritten newest messages after which the newest message gets no new marker."""
 
 
-def _ttl(value: Any) -> str:
-    return "1h" if value == "1h" else "5m"
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _index(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 @dataclass(frozen=True, slots=True)
 class PacingInput:
     """What the TTL rule needs besides the prompt (`proxy.pacing`)."""
@@ -121,7 +109,7 @@ class PacingInput:
 
 @dataclass(frozen=True, slots=True)
 class PlanContext:
-    """What the session knows for planning (`exchange.notes["plan_context"]`)."""
+    """What the session knows for planning (`Exchange.plan_context`)."""
 
     previous_breakpoints: tuple[int, ...] = ()
     """Positions (prefix-block indices) of the markers the session's previous request wrote."""
@@ -134,7 +122,7 @@ class PlanContext:
     of the request before them (`SessionRecord.tail_misses`): a marker there was never read."""
     rewritten_from: int | None = None
     """Index (in the message array) of the first earlier message this request rewrote
-    (`notes["history_rewritten"]`); `None` when the client kept its history."""
+    (`Exchange.history_rewritten`); `None` when the client kept its history."""
     pacing: PacingInput | None = None
     """The session's forecast: when set, the planner chooses `ttl_shared` / `ttl_session` itself
     (`proxy.pacing.choose_ttls`) from the share of the prompt this request writes."""
@@ -143,22 +131,6 @@ class PlanContext:
     def skips_tail(self) -> bool:
         """No new marker on the newest message (module docstring, wasted tails)."""
         return self.tail_misses >= TAIL_MISSES_TO_SKIP
-
-    @classmethod
-    def coerce(cls, value: Any) -> PlanContext | None:
-        """Accepts `PlanContext` or a mapping with its field names (`shared_ttl` /
-        `session_ttl` also accepted; other keys ignored)."""
-        if value is None or isinstance(value, PlanContext):
-            return value
-        if isinstance(value, Mapping):
-            return cls(
-                tuple(value.get("previous_breakpoints", ())),
-                _ttl(value.get("ttl_shared", value.get("shared_ttl"))),
-                _ttl(value.get("ttl_session", value.get("session_ttl"))),
-                _count(value.get("tail_misses")),
-                _index(value.get("rewritten_from")),
-            )
-        raise TypeError(f"plan_context must be PlanContext or a mapping, not {type(value).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,18 +260,17 @@ class BreakpointsStage:
             exchange.path,
             body,
             min_tokens=min_tokens_for(services, exchange, model),
-            system_tiers=exchange.notes.get("system_tiers"),
-            context=PlanContext.coerce(exchange.notes.get("plan_context")),
+            system_tiers=exchange.system_tiers,
+            context=exchange.plan_context,
             caps=capabilities_for(services, exchange.adapter, model),
             cache=layout_cache(exchange),
         )
-        exchange.notes["plan"] = plan
+        exchange.plan = plan
         count_markers(
             exchange, services, injected=plan.injected, moved=plan.moved, dropped=plan.dropped, kept=plan.kept
         )
         if new_body is not body:
-            exchange.body = new_body
-            exchange.notes["dirty"] = True
+            exchange.replace_body(new_body)
 
 
 STAGE: Final = BreakpointsStage()
