@@ -35,7 +35,16 @@ Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
   candidate then goes to the end of the previous turn instead (the last block the client
   has kept so far, reason `turn`). A client's own markers are never moved for it. As soon
   as a request keeps the previous newest message (the count is back to 0), the last block
-  is marked again. Deterministic: the count comes from the session record.
+  is marked again. Deterministic: the count comes from the session record. A rewrite of an
+  earlier message up to the previous request's newest one counts too (that tail was not read
+  either). On a session's first request (`PlanContext.first`: no record of an earlier one), a
+  client that marked messages itself but not its newest message has said where its reusable
+  prefix ends (aider marks its few-shot examples and files and rebuilds what follows): the
+  first candidate goes to the end of the previous turn as well.
+- Cost guard (`proxy.pacing.tail_pays`): when the forecast says no later request reads a new
+  tail (the conversation is predicted to end, or to resume only after the hour), no marker is
+  added past the anchor: only the shared prefix, the tools' end and the anchor (while its
+  entry lives: an expired anchor would be a write like any tail) are candidates.
 - TTLs (1.7, 1.9): injected markers take the TTLs of `PlanContext` (pacing, `proxy.pacing`):
   with `PlanContext.pacing` set, `proxy.pacing.choose_ttls` picks them from the forecast and
   the share of the prompt past the previous request's last marker (the planner's byte
@@ -126,6 +135,8 @@ class PlanContext:
     pacing: PacingInput | None = None
     """The session's forecast: when set, the planner chooses `ttl_shared` / `ttl_session` itself
     (`proxy.pacing.choose_ttls`) from the share of the prompt this request writes."""
+    first: bool = False
+    """The session's first request (no record of an earlier one): see `skips_tail`."""
 
     @property
     def skips_tail(self) -> bool:
@@ -198,7 +209,7 @@ def place_breakpoints(
     )
     final = planner.finish()
     _apply(editor, adapter, path, view, policy.key, marks, nested, final)
-    if top is not None:
+    if top_key is not None and top is not None:
         editor.delete((top_key,))
     markers = tuple(
         PlannedMarker(i, marker_ttl(m) if policy.has_ttl else None, origin, reason)

@@ -16,7 +16,9 @@ Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also
 4. `Exchange.history_rewritten` = the first earlier message whose real content changed
    (absent when none); `Exchange.arrivals` (epoch seconds, this request included);
    `Exchange.tail_misses`: the previous record's count plus one when this request rewrote the
-   previous request's newest message first (`proxy.pipeline.replay.tail_rewritten`), else 0;
+   previous request's newest message first (`proxy.pipeline.replay.tail_rewritten`), or rewrote
+   an earlier message (aider rebuilds everything after its few-shot examples: the previous
+   tail was not read either), else 0;
 5. `Exchange.session_pins` (the previous record's pins: the mapping form of
    `proxy.pipeline.canonicalise.SessionPins`, `None` without one) and `Exchange.plan_context`
    (`proxy.pipeline.breakpoints.PlanContext`: previous marker positions, TTLs from pacing,
@@ -143,8 +145,11 @@ class SessionStage:
         shared_arrivals = state.heads.observe(tenant, view.head, now)
         tail_misses = 0
         if previous is not None:
-            exchange.history_rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions)
-            if tail_rewritten(view.digests, previous.sidecars, view.system_positions):
+            rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions)
+            exchange.history_rewritten = rewritten
+            if tail_rewritten(view.digests, previous.sidecars, view.system_positions) or (
+                rewritten is not None and rewritten <= newest_position(previous)
+            ):
                 tail_misses = previous.tail_misses + 1
         exchange.tail_misses = tail_misses
         exchange.session_pins = previous.pins if previous is not None and previous.pins else None
@@ -152,6 +157,11 @@ class SessionStage:
         exchange.plan_context = make_plan_context(
             previous, "5m", "5m", tail_misses, exchange.history_rewritten, pacing
         )
+
+
+def newest_position(record: SessionRecord) -> int:
+    """Message-array position of the newest message the record's request sent (-1 without one)."""
+    return max((s.position for s in record.sidecars), default=-1)
 
 
 def is_subagent(headers: Mapping[str, str]) -> bool:
@@ -169,7 +179,9 @@ async def pacing_input(
 ) -> PacingInput:
     """Add the gap since the session's previous request to the session's and the tenant's
     pacing (by the previous response's kind; a subagent's gaps are not the parent's), keep the
-    session's in `Exchange.pacing` for its record, and forecast the next gap (`proxy.pacing`)."""
+    session's in `Exchange.pacing` for its record, and forecast the next gap (`proxy.pacing`).
+    The previous request's entries count as gone (`PacingInput.expired`) after their TTL, or
+    when this request names another model (nothing it sends reads them)."""
     tenant = exchange.tenant or ""
     agent = is_subagent(exchange.headers)
     tenant_pacing = await state.pacing.get(tenant, store)
@@ -179,6 +191,8 @@ async def pacing_input(
         gap = now - previous.arrivals[-1]
         tail = previous.ttls[-1] if previous.ttls else "5m"
         expired = gap >= ONE_HOUR or (gap >= FIVE_MINUTES and tail != "1h")
+        # another model reads none of the previous entries (PROVIDERS.md 1.8: the cache is per model)
+        expired = expired or (exchange.body is not None and request_model(exchange.body) != previous.model)
         if not agent and previous.turn is not None:
             session_pacing = session_pacing.with_gap(previous.turn, gap)
             tenant_pacing = tenant_pacing.with_gap(previous.turn, gap)
@@ -230,6 +244,7 @@ def make_plan_context(
         tail_misses,
         rewritten_from,
         pacing,
+        first=previous is None,
     )
 
 

@@ -53,7 +53,7 @@ class RedisStore:
 
     async def get(self, tenant: str, session: str) -> bytes | None:
         value = await self._client.get(self.key(tenant, session))
-        return None if value is None else bytes(value)
+        return None if value is None else value if isinstance(value, bytes) else value.encode()
 
     async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
         key = self.key(tenant, session)
