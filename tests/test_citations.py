@@ -25,7 +25,8 @@ def _tracked() -> list[Path]:
         capture_output=True,
         text=True,
     ).stdout.split()
-    return [ROOT / n for n in names if not n.startswith(SKIPPED) and (ROOT / n).is_file()]
+    here = Path(__file__).resolve()
+    return [ROOT / n for n in names if not n.startswith(SKIPPED) and (ROOT / n).is_file() and ROOT / n != here]
 
 
 def _citations() -> list[tuple[str, int, str]]:
