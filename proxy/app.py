@@ -24,6 +24,7 @@ from proxy.admin import add_admin_routes
 from proxy.affinity import Affinity, base_urls
 from proxy.aio import create_task
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
+from proxy.connections import LimitedRunner, limits_for
 from proxy.debug import LastMeasurements
 from proxy.handlers import healthz, not_found, proxy_handler, readyz
 from proxy.keepwarm import KeepWarm, parse_setting
@@ -234,8 +235,16 @@ async def start_proxy(
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
     app = create_app(settings, registry, tracer_provider)
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.client_idle_timeout
+    services = app[SERVICES]
+    runner = LimitedRunner(
+        app,
+        limits=limits_for(settings, services.metrics, services.router),
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=settings.client_idle_timeout,
+        # aiohttp's per-line limits at ours, so the whole-head limit answers first (431)
+        max_line_size=settings.max_header_bytes,
+        max_field_size=settings.max_header_bytes,
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)

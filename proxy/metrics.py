@@ -44,6 +44,8 @@ STAGES: Final = (
     "serialise",
     "observe",
 )
+CLOSE_REASONS: Final = ("idle", "header_timeout", "body_timeout", "header_too_large", "too_many_connections")
+"""Why promptcache closed a client connection (`promptcache_connections_closed_total{reason}`)."""
 SECTIONS: Final = ("tools", "system", "messages", "none")
 CAUSES: Final = (
     "none",
@@ -472,6 +474,17 @@ class Metrics:
             "rest was not masked for replay (proxy.pipeline.session).",
             registry=r,
         )
+        self.connections_closed = Counter(
+            "promptcache_connections_closed_total",
+            "Client connections promptcache closed because a limit was exceeded: idle, "
+            "header_timeout, body_timeout, header_too_large, too_many_connections "
+            "(proxy.connections).",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_closed_by_reason: dict[str, Counter] = {
+            reason: self.connections_closed.labels(reason) for reason in CLOSE_REASONS
+        }
         self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
         self.build.info({"version": __version__})
 
