@@ -292,7 +292,9 @@ class LimitedServer(web.Server):
     def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits
-        self._handler_kwargs = {k: v for k, v in kwargs.items() if k not in ("loop", "request_factory", "handler_cancellation")}
+        self._handler_kwargs = {
+            k: v for k, v in kwargs.items() if k not in ("loop", "request_factory", "handler_cancellation")
+        }
 
     def __call__(self) -> RequestHandler:
         return LimitedRequestHandler(self, loop=self._loop, limits=self.limits, **self._handler_kwargs)

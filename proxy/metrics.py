@@ -25,6 +25,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
 from proxy import __version__
+from proxy.malformed import KINDS as MALFORMED_KINDS
 from proxy.pricing import OTHER as OTHER_FAMILY
 from proxy.pricing import default_pricing
 
@@ -474,6 +475,17 @@ class Metrics:
             "rest was not masked for replay (proxy.pipeline.session).",
             registry=r,
         )
+        self.malformed_parts = Counter(
+            "promptcache_malformed_parts_total",
+            "Parts of request bodies skipped by a stage because a structural field has the wrong "
+            "type (block_type, role, tool_name, call_name); the rest of the request was still "
+            "optimised (proxy.malformed).",
+            ["stage", "kind"],
+            registry=r,
+        )
+        for stage in STAGES:
+            for kind in MALFORMED_KINDS:
+                self.malformed_parts.labels(stage, kind)
         self.connections_closed = Counter(
             "promptcache_connections_closed_total",
             "Client connections promptcache closed because a limit was exceeded: idle, "
