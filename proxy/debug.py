@@ -158,8 +158,6 @@ def remember_measurement(exchange: Any, services: Any) -> None:
     if getattr(services.settings, "history_sessions", 1) == 0:
         return
     try:
-        from proxy.pricing import default_pricing
-
         sent = exchange.sent_prompt
         body, prompt = (sent[0], sent[1]) if sent is not None else (None, None)
         rules = services.rules
@@ -168,7 +166,7 @@ def remember_measurement(exchange: Any, services: Any) -> None:
             from proxy.pipeline.segments import classifier_for
 
             classifier = classifier_for(rules)
-        pricing = getattr(services, "pricing", None) or default_pricing()
+        pricing = services.pricing
         model = body.get("model") if isinstance(body, dict) else None
         prices = pricing.prices(exchange.provider, model if isinstance(model, str) else "")
         history.add(

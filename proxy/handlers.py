@@ -201,15 +201,26 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: upstream sessions are open. The body names each provider's upstream mode
-    (`real`, `sim`, `custom`) and host, with a `warning` when `upstream: auto` fell back to the
-    built-in simulator."""
+    """Readiness: upstream sessions are open and the session store is healthy. The body names
+    each provider's upstream mode (`real`, `sim`, `custom`) and host, with a `warning` when
+    `upstream: auto` fell back to the built-in simulator, and the store's health (checked now,
+    `proxy.store.RecordStore.check`): `status` is `store_unhealthy` (503) while the store
+    cannot take writes, naming the cause (`store.problem`: `disk_full`, `read_only` ...).
+    Requests are served meanwhile, without replay."""
+    services = request.app[SERVICES]
     ready = CLIENT_SESSIONS in request.app and bool(request.app[CLIENT_SESSIONS])
-    active = request.app[SERVICES].active_upstreams or {}
+    active = services.active_upstreams or {}
+    status = "ready" if ready else "starting"
+    store = services.store
+    health = await store.check() if store is not None else None
+    if ready and health is not None and not health.is_healthy:
+        ready, status = False, "store_unhealthy"
     body: dict[str, object] = {
-        "status": "ready" if ready else "starting",
+        "status": status,
         "upstreams": {name: item.as_json() for name, item in active.items()},
     }
+    if health is not None:
+        body["store"] = health.as_json()
     if any(item.fallback for item in active.values()):
         body["warning"] = SIM_FALLBACK_WARNING
     return web.json_response(body, status=200 if ready else 503)

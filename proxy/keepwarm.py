@@ -47,7 +47,7 @@ import orjson
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
 from proxy.pacing import FIVE_MINUTES, ONE_HOUR, READ, WRITE_5M, Pacing
-from proxy.pricing import default_pricing
+from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import HUMAN, Usage
 
 _log = logging.getLogger("promptcache.keepwarm")
@@ -132,6 +132,8 @@ class KeepWarm:
     store: Any = None
     pacing: Callable[[str], Pacing] | None = None
     """Tenant -> its `Pacing` (human gaps)."""
+    pricing: PricingTable = field(default_factory=default_pricing)
+    """Prices of the pings (`Services.pricing`)."""
     windows: dict[tuple[str, str], Window] = field(default_factory=dict)
     spent: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Tenant -> `(clock hour, USD spent by pings in it)`."""
@@ -191,10 +193,10 @@ class KeepWarm:
             if value is not None:
                 headers[key] = value
         arrival = float(arrivals[-1])
-        key = (exchange.tenant, exchange.session_id)
-        if key not in self.windows and len(self.windows) >= MAX_WINDOWS:
+        window_key = (exchange.tenant, exchange.session_id)
+        if window_key not in self.windows and len(self.windows) >= MAX_WINDOWS:
             return False
-        self.windows[key] = Window(
+        self.windows[window_key] = Window(
             exchange.tenant,
             exchange.session_id,
             exchange.provider,
@@ -238,7 +240,7 @@ class KeepWarm:
         window.headers.clear()  # the credential goes with the window
 
     def _expected_cost(self, window: Window) -> float:
-        prices = default_pricing().prices(window.provider, window.model)
+        prices = self.pricing.prices(window.provider, window.model)
         if prices is None:
             return 0.0
         return prices.cost(Usage(cache_read=window.prompt_tokens, output=1))
@@ -281,7 +283,7 @@ class KeepWarm:
         except orjson.JSONDecodeError:
             pass
         usage = reader.result()
-        prices = default_pricing().prices(window.provider, window.model)
+        prices = self.pricing.prices(window.provider, window.model)
         paid = prices.cost(usage) if prices is not None else 0.0
         self.spent[tenant] = (hour, spent + paid)
         pm.keepwarm_pings["ok"].inc()

@@ -48,7 +48,6 @@ from proxy.exchange import Exchange
 from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
-from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
 from proxy.rules import MAX_RULE_LINE_CHARS
 from proxy.services import Services
@@ -425,7 +424,7 @@ def _token_prediction(
     """The adapter's prediction in real tokens (`predict_read_tokens`, OpenAI: `o200k_base`)
     when it has one and the tokenizer is loaded (`services.tokens`), else `None` (bytes/4)."""
     predictor = getattr(exchange.adapter, "predict_read_tokens", None)
-    counter = getattr(services, "tokens", None)
+    counter = services.tokens
     if predictor is None or counter is None:
         return None
     result: tuple[int | None, int] | None = predictor(
@@ -481,8 +480,7 @@ def measure(exchange: Exchange, services: Services) -> None:
             predicted_at, predicted = counted
     usage = exchange.usage
     cause = "expired" if is_expired(predicted, usage) else divergence.cause
-    pricing: PricingTable = getattr(services, "pricing", None) or default_pricing()
-    family, prices = pricing.lookup(exchange.provider, model)
+    family, prices = services.pricing.lookup(exchange.provider, model)
     cost = uncached = None
     if usage is not None and prices is not None:
         cost, uncached = prices.cost(usage), prices.uncached_cost(usage)

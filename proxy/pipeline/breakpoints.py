@@ -213,7 +213,7 @@ def place_breakpoints(
     )
     final = planner.finish()
     _apply(editor, adapter, path, view, policy.key, marks, nested, final)
-    if top is not None:
+    if top_key is not None and top is not None:
         editor.delete((top_key,))
     markers = tuple(
         PlannedMarker(i, marker_ttl(m) if policy.has_ttl else None, origin, reason)

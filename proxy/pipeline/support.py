@@ -22,7 +22,7 @@ NO_CAPABILITY_LIMITS: Final = UpstreamCapabilities()
 def rules_for(services: Services) -> RuleSet:
     """`services.rules`, else the rules of `settings.rules_dir` (default: packaged), loaded
     once per folder. A broken rules folder raises: the stage fails open."""
-    rules: Any = services.rules
+    rules = services.rules
     if rules is not None:
         return rules
     return cached_rules(services.settings.rules_dir)

@@ -17,6 +17,7 @@ from proxy.exchange import Exchange
 from proxy.measure import Measurement, measure
 from proxy.metrics import Metrics
 from proxy.prefix import PrefixChain
+from proxy.pricing import Prices, PricingTable
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import Usage
 from proxy.rules import RuleSet, load_rules
@@ -138,6 +139,15 @@ def test_append_measurement_and_metrics_exact() -> None:
         sample(svc, "promptcache_prefix_divergence_position_ratio_bucket", provider="anthropic", le="1.0")
         == 1
     )
+
+
+def test_costs_come_from_the_pricing_injected_in_services() -> None:
+    table = PricingTable("2026-12-01", (), (), (("anthropic", Prices(7.0, 0.0, 0.0, 0.0, 0.0)),))
+    svc = Services(settings=Settings(), metrics=Metrics(CollectorRegistry()), rules=NO_MINIMUM, pricing=table)
+    ex = exchange_for(BASE, None, Usage(input_none=1_000_000, seen=True))
+    measure(ex, svc)
+    assert (ex.measurement.family, ex.measurement.cost_usd) == ("other", 7.0)
+    assert sample(svc, "promptcache_cost_usd_total", provider="anthropic", family="other") == 7.0
 
 
 def test_unknown_model_is_priced_and_labelled_other() -> None:
