@@ -1,6 +1,6 @@
 """Every Prometheus metric promptcache exports, declared in one place.
 
-Names follow prometheus.io/docs/practices/naming (STYLE.md section 13): prefix `promptcache_`,
+Names follow prometheus.io/docs/practices/naming and the project style: prefix `promptcache_`,
 base units (`_seconds`, `_bytes`; money in `_usd`), `_total` on counters. Labels are bounded
 sets known in advance (provider, outcome, cache, stage, section, cause, action, backend,
 operation, family, reason) and are pre-resolved at start so every series exists with 0 and the
@@ -25,8 +25,10 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
 from proxy import __version__
+from proxy.malformed import KINDS as MALFORMED_KINDS
 from proxy.pricing import OTHER as OTHER_FAMILY
 from proxy.pricing import default_pricing
+from proxy.store.base import FAULT_KINDS
 
 PROVIDERS: Final = ("anthropic", "openai")
 OUTCOMES: Final = ("ok", "client_error", "upstream_error", "proxy_error")
@@ -44,6 +46,8 @@ STAGES: Final = (
     "serialise",
     "observe",
 )
+CLOSE_REASONS: Final = ("idle", "header_timeout", "body_timeout", "header_too_large", "too_many_connections")
+"""Why promptcache closed a client connection (`promptcache_connections_closed_total{reason}`)."""
 SECTIONS: Final = ("tools", "system", "messages", "none")
 CAUSES: Final = (
     "none",
@@ -109,8 +113,8 @@ _TOKEN_BUCKETS: Final = (0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 13
 
 @dataclass(slots=True)
 class ProviderMetrics:
-    """Label children of one provider, resolved once at start (NOTES.md: `.labels()` per
-    request cost about 11% of pass-through throughput)."""
+    """Label children of one provider, resolved once at start (measured on this project's
+    benchmark machine: `.labels()` per request cost about 11% of pass-through throughput)."""
 
     outcome: dict[str, Counter]
     in_flight: Gauge
@@ -461,6 +465,21 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.store_faults = Counter(
+            "promptcache_session_store_faults_total",
+            "Session store failures by cause (file_gone, disk_full, read_only, cannot_open, corrupt, "
+            "locked, unavailable, unresponsive, timeout, other); a request never failed on one "
+            "(proxy.store).",
+            ["backend", "kind"],
+            registry=r,
+        )
+        self.store_healthy = Gauge(
+            "promptcache_session_store_healthy",
+            "1 while the session store takes writes, 0 while it is unhealthy (disk full, read-only, "
+            "unreachable): /readyz answers 503 naming the cause (proxy.store).",
+            ["backend"],
+            registry=r,
+        )
         self.record_errors = Counter(
             "promptcache_record_errors_total",
             "Requests the trace recorder (`record`) could not write; the request went on (proxy.record).",
@@ -472,6 +491,28 @@ class Metrics:
             "rest was not masked for replay (proxy.pipeline.session).",
             registry=r,
         )
+        self.malformed_parts = Counter(
+            "promptcache_malformed_parts_total",
+            "Parts of request bodies skipped by a stage because a structural field has the wrong "
+            "type (block_type, role, tool_name, call_name); the rest of the request was still "
+            "optimised (proxy.malformed).",
+            ["stage", "kind"],
+            registry=r,
+        )
+        for stage in STAGES:
+            for kind in MALFORMED_KINDS:
+                self.malformed_parts.labels(stage, kind)
+        self.connections_closed = Counter(
+            "promptcache_connections_closed_total",
+            "Client connections promptcache closed because a limit was exceeded: idle, "
+            "header_timeout, body_timeout, header_too_large, too_many_connections "
+            "(proxy.connections).",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_closed_by_reason: dict[str, Counter] = {
+            reason: self.connections_closed.labels(reason) for reason in CLOSE_REASONS
+        }
         self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
         self.build.info({"version": __version__})
 
@@ -485,6 +526,8 @@ class Metrics:
                 self.store_errors.labels(backend, operation)
             self.store_pending_writes.labels(backend)
             self.store_dropped_writes.labels(backend)
+            for kind in FAULT_KINDS:
+                self.store_faults.labels(backend, kind)
         self.by_provider: dict[str, ProviderMetrics] = {}
         self.measure: dict[str, MeasureMetrics] = {}
         for provider in PROVIDERS:

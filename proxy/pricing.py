@@ -13,7 +13,7 @@ Contract:
   `gpt-5.6`); the longest matching prefix wins.
 - `Prices.cost(usage)` is the actual cost of one response and `Prices.uncached_cost(usage)` the
   counterfactual cost with every prompt token billed as uncached input (USD). Savings are their
-  difference and may be negative (writes cost more than input: PROVIDERS.md 1.9).
+  difference and may be negative (writes cost more than input: docs/provider-rules.md 1.9).
 - `default_pricing()` loads the packaged file once per process (memoised).
 """
 
@@ -243,6 +243,15 @@ def load_pricing(path: str | Path = DEFAULT_PATH) -> PricingTable:
         line = f" line {mark.line + 1}" if mark is not None else ""
         raise PricingError(f"{path}:{line} invalid YAML: {exc}") from exc
     return parse_pricing(raw, path)
+
+
+def pricing_for(dir: str | Path | None) -> PricingTable:
+    """`pricing.yaml` of the rules folder `dir` when it has one, else the packaged table (as
+    `proxy.profiles.load_profiles` does for `profiles.yaml`). Raises `PricingError`."""
+    path = Path(dir) / DEFAULT_PATH.name if dir is not None else None
+    if path is None or not path.is_file():
+        return default_pricing()
+    return load_pricing(path)
 
 
 @functools.cache

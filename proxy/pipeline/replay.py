@@ -4,7 +4,7 @@ Pure core:
 - `Masker.digest(value)`: xxh3-128 of orjson(value, OPT_SORT_KEYS) after removing cache
   markers (`cache_control`, `prompt_cache_breakpoint`: not part of the provider's cache key),
   writing string content as its one text block (`proxy.prefix.canonical_value`: the string is
-  shorthand for that block and renders identically, PROVIDERS.md 1.5; the same normalisation
+  shorthand for that block and renders identically, docs/provider-rules.md 1.5; the same normalisation
   as the prefix chain's block bytes, so inference, replay and divergence agree: a client that
   re-sends a message as a string after a one-block list, or back, sends "the same" message),
   and replacing by `MASK` the text the rules' volatile patterns match inside string values,
@@ -36,8 +36,8 @@ Pure core:
   provider cached); a message whose bytes already equal the stored value is left as is.
   Copy-on-write: returns a new list, never edits the input.
 
-DESIGN.md section 4 says `orjson.Fragment`; spliced values are parsed instead, so the
-breakpoints stage can still place markers on replayed messages (a Fragment is opaque).
+Spliced values are parsed stored bytes, not `orjson.Fragment`s, so the breakpoints stage can
+still place markers on replayed messages (a Fragment is opaque).
 
 Stage (`STAGE`, after `reorder`, before `breakpoints`): applies `splice` to `exchange.body`
 using `Exchange.previous` (a `SessionRecord`) and `Exchange.message_view` (both from the
@@ -59,6 +59,7 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
+from proxy.malformed import skipped
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
@@ -296,7 +297,12 @@ class Masker:
             exacts.append(exact)
             keys.append(key)
             if optional and type(stripped) is dict:
-                dropped = optional.get(stripped.get("role"))  # type: ignore[arg-type]
+                role = stripped.get("role")
+                if type(role) is str or role is None:
+                    dropped = optional.get(role)  # type: ignore[arg-type]
+                else:  # a non-string role: no identity-optional fields (proxy.malformed)
+                    skipped("role")
+                    dropped = None
                 if dropped and not dropped.isdisjoint(stripped):
                     maskeds.append(self._projected(exact, {k: v for k, v in stripped.items() if k not in dropped}))
                     continue
@@ -478,7 +484,7 @@ def tail_rewritten(digests: Sequence[bytes], sidecars: Sequence[Sidecar], skip: 
     """Whether this request rewrote the previous request's newest message (its last sidecar)
     and nothing before it: the client re-sends its newest message changed every turn (aider
     drops the reminder it appended), so a cache write on that message is never read
-    (PROVIDERS.md 1.5: a read needs the prefix byte for byte up to the marked block).
+    (docs/provider-rules.md 1.5: a read needs the prefix byte for byte up to the marked block).
 
     False without sidecars, when the request holds fewer messages (a fork or a truncation: not
     this pattern), or when an earlier message changed first (compaction, an edit)."""

@@ -31,7 +31,7 @@ Section = Literal["tools", "system", "messages"]
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """One unit of the provider's prefix order (DESIGN.md section 2).
+    """One unit of the provider's prefix order (`proxy.prefix` digests and chains them).
 
     A tool definition, a system text block, or one content block of a message. A string
     `system` or a string message content is one block.
@@ -84,7 +84,7 @@ class Usage:
     call: the client answers in seconds), `None` when the response did not say."""
     cache_discount: float | None = None
     """OpenRouter's `usage.cache_discount` (USD the cache saved; negative when writes cost more
-    than they saved), when reported (PROVIDERS.md 6)."""
+    than they saved), when reported (docs/provider-rules.md 6)."""
 
     @property
     def cache_write(self) -> int:
@@ -123,12 +123,20 @@ GATEWAY_TIMEOUT = ErrorKind(504, "timeout_error", "server_error")
 TOO_LARGE = ErrorKind(413, "request_too_large", "invalid_request_error")
 BAD_REQUEST = ErrorKind(400, "invalid_request_error", "invalid_request_error")
 NOT_FOUND = ErrorKind(404, "not_found_error", "invalid_request_error")
+CLIENT_TIMEOUT = ErrorKind(408, "timeout_error", "invalid_request_error")
+"""The client did not send its request head or body in time (`proxy.connections`)."""
+HEADERS_TOO_LARGE = ErrorKind(431, "request_too_large", "invalid_request_error")
+OVERLOADED = ErrorKind(503, "overloaded_error", "server_error")
+"""Over `max_connections`; the Anthropic type is the API's own for "try again"."""
 
 _GOOGLE_STATUS = {
     400: "INVALID_ARGUMENT",
     404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
     413: "INVALID_ARGUMENT",
+    431: "INVALID_ARGUMENT",
     502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
 }
 
@@ -153,7 +161,7 @@ def platform_error_body(shape: str | None, kind: ErrorKind, message: str) -> byt
 class HiddenCalls:
     """Tool calls a server-side caller makes that the model never sees (Anthropic programmatic
     tool calling: a `tool_use` whose `caller.type` is the code-execution tool, and its
-    `tool_result`): the API rejects a marker on either (PROVIDERS.md 1.3)."""
+    `tool_result`): the API rejects a marker on either (docs/provider-rules.md 1.3)."""
 
     caller_prefix: str
     """A call is hidden when `caller.type` starts with this (`code_execution`)."""
