@@ -26,8 +26,8 @@ Contract:
   and carry its tags, which also stay around what remains, so no tag pair is ever left
   wrapping nothing: Codex's `<environment_context>` keeps its `<cwd>` in the system prompt and
   its `<current_time>` arrives on the user message inside `<environment_context>` tags too.
-- A whole unit of a pinned `stable` rule (an API-significant line: Claude Code's billing
-  header) keeps its place like any stable text, but its tier is reported as `session`: its
+- A part holding a segment of a pinned `stable` rule (an API-significant line: Claude Code's
+  billing header) keeps its place like any stable text, but its tier is reported as `session`: its
   value differs between conversations, so the prefix sessions share (the planner's "stable
   system" end) ends before it, at the end of the tools when it comes first.
 - Input: a canonical body (canonicalise ran before), so `tiers` line up with the output.
@@ -65,6 +65,9 @@ from proxy.settings import UpstreamCapabilities
 
 _MOVED: Final = "moved"
 """The group of segments leaving for the user message (`render` group key)."""
+_AS_IS: Final = {tier: tier for tier in TIER_RANK}
+_IN_PLACE: Final = {**_AS_IS, "stable": "session"}
+"""Tier reported for a part holding a pinned `stable` segment (module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +130,13 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         tiers_of = section_tiers(segments, leaving)
         groups = [_MOVED if out else tier for out, tier in zip(leaving, tiers_of, strict=True)]
         kinds = {g for g, s in zip(groups, segments, strict=True) if not s.wrap}
+        # a pinned stable line keeps its place (rank), but the sessions' shared prefix ends before it
+        shown = _IN_PLACE if in_place and any(
+            g == "stable" and s.rule in in_place for g, s in zip(groups, segments, strict=True)
+        ) else _AS_IS
         if len(kinds) == 1 and _MOVED not in kinds:
             tier = kinds.pop()
-            rank = TIER_RANK[tier]
-            if tier == "stable" and in_place and any(s.rule in in_place for s in segments):
-                tier = "session"  # keeps its place (rank), but the sessions' shared prefix ends before it
-            ranked.append((rank, tier, SystemPart(source, unit.text, unit.marker, whole=True)))
+            ranked.append((TIER_RANK[tier], shown[tier], SystemPart(source, unit.text, unit.marker, whole=True)))
             continue
         texts = render(segments, groups)
         away = texts.pop(_MOVED, "")
@@ -155,13 +159,13 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
                 text = render(segments, ["" if g != _MOVED else g for g in groups])[""]
             is_whole = text == unit.text
             changed = changed or not is_whole
-            ranked.append((TIER_RANK[tier], tier, SystemPart(source, text, unit.marker, whole=is_whole)))
+            ranked.append((TIER_RANK[tier], shown[tier], SystemPart(source, text, unit.marker, whole=is_whole)))
             continue
         changed = True
         marker = unit.marker
         markers_moved += marker is not None
         for tier in tiers:
-            ranked.append((TIER_RANK[tier], tier, SystemPart(source, texts[tier], marker)))
+            ranked.append((TIER_RANK[tier], shown[tier], SystemPart(source, texts[tier], marker)))
             marker = None
     ordered = sorted(ranked, key=lambda item: item[0])
     if any(a is not b for a, b in zip(ordered, ranked, strict=True)):
@@ -176,8 +180,6 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         markers_dropped=markers_dropped,
         emptied=emptied,
     )
-
-
 
 
 def reorder_body(
