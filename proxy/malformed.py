@@ -11,7 +11,8 @@ without a string name has no pinned input. The part itself still goes upstream a
 upstream answers it as it would).
 
 The cores report through `skipped(kind)`, a side channel that costs nothing on well-formed
-bodies; `run_request_stages` opens one `Tally` per request, labels each count with the stage
+bodies; a body nested deeper than orjson writes (`is_too_deep`) is forwarded as sent and
+counted as `too_deep`. `run_request_stages` opens one `Tally` per request, labels each count with the stage
 running, and adds them to `promptcache_malformed_parts_total{stage,kind}`.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any, Final
 
-KINDS: Final = ("block_type", "role", "tool_name", "call_name")
+KINDS: Final = ("block_type", "role", "tool_name", "call_name", "too_deep")
 """Label values of `promptcache_malformed_parts_total{kind}`."""
 
 
@@ -43,6 +44,13 @@ def skipped(kind: str) -> None:
     if tally is not None:
         key = (tally.stage, kind)
         tally.counts[key] = tally.counts.get(key, 0) + 1
+
+
+def is_too_deep(exc: BaseException) -> bool:
+    """`exc` is orjson refusing a value nested deeper than it writes (254 levels): the body is
+    valid JSON the pipeline cannot re-serialise, so it goes upstream as sent, counted as
+    `too_deep` rather than as a stage error (the stage did nothing wrong)."""
+    return isinstance(exc, TypeError) and "Recursion limit reached" in str(exc)
 
 
 def is_malformed_name(value: Any) -> bool:

@@ -172,6 +172,9 @@ class _Renderer:
             for k, part in enumerate(content):
                 if not isinstance(part, dict):
                     raise bad(f"Invalid type for '{path}[{k}]': expected an object.", f"{path}[{k}]")
+                kind = part.get("type")
+                if kind is not None and not isinstance(kind, str):
+                    raise _invalid_type(f"{path}[{k}].type", "a string", kind)
                 self.part(part)
                 marker = part.get("prompt_cache_breakpoint")
                 if isinstance(marker, dict) and role in _BREAKPOINT_ROLES:
