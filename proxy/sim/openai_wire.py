@@ -82,7 +82,7 @@ def chat_conversation(body: Mapping[str, Any]) -> Conversation:
     tools = functions(
         *(
             str(t["function"]["name"])
-            for t in body.get("tools") or []
+            for t in (body.get("tools") if isinstance(body.get("tools"), list) else [])
             if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
         )
     )
@@ -112,7 +112,7 @@ def responses_conversation(body: Mapping[str, Any]) -> Conversation:
     items = body.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
-    items = [i for i in items or [] if isinstance(i, dict)]
+    items = [i for i in (items if isinstance(items, list) else []) if isinstance(i, dict)]
     turns = sum(1 for i in items if i.get("role") == "user" and i.get("type", "message") == "message")
     tools = responses_tools(body.get("tools"))
     for item in items:

@@ -104,6 +104,30 @@ async def test_anthropic_rejections(sim: Sim, body: dict[str, Any], message: str
             "messages[0].content[0].type",
             "Invalid type for 'messages[0].content[0].type': expected a string, but got an array instead.",
         ),
+        (  # found by the HTTP fuzz test (a duplicate "input" key): a number crashed it (500)
+            "/v1/responses",
+            {"model": "gpt-5.1", "stream": True, "input": -1},
+            "input",
+            "Invalid type for 'input': expected a string or an array, but got an integer instead.",
+        ),
+        (
+            "/v1/responses",
+            {"model": "gpt-5.1", "input": {"role": "user"}},
+            "input",
+            "Invalid type for 'input': expected a string or an array, but got an object instead.",
+        ),
+        (  # found by the HTTP fuzz test (a duplicate "tools" key): a boolean crashed it (500)
+            "/v1/chat/completions",
+            {"model": "gpt-5.1", "messages": USER, "tools": True},
+            "tools",
+            "Invalid type for 'tools': expected an array, but got a boolean instead.",
+        ),
+        (
+            "/v1/responses",
+            {"model": "gpt-5.1", "input": "hi", "tools": {"type": "function"}},
+            "tools",
+            "Invalid type for 'tools': expected an array, but got an object instead.",
+        ),
     ],
 )
 async def test_openai_rejections(sim: Sim, path: str, body: dict[str, Any], param: str, message: str) -> None:
