@@ -31,7 +31,7 @@ from proxy.keepwarm import KeepWarm, parse_setting
 from proxy.ledger import TenantLedger
 from proxy.metrics import PROVIDERS, Metrics
 from proxy.pacing import Pacing
-from proxy.pricing import default_pricing
+from proxy.pricing import pricing_for
 from proxy.profiles import load_profiles
 from proxy.providers import Router
 from proxy.rules import load_rules
@@ -178,7 +178,8 @@ def create_app(
     `TracerProvider`; default `proxy.otel.default_provider()`); otherwise nothing of
     OpenTelemetry is imported. Raises `proxy.rules.RuleError` (naming file, key path and line)
     when the rules are invalid, `proxy.teams.TeamFileError` when `teams_file` is,
-    `proxy.profiles.ProfileError` for an invalid profiles file or an unknown profile name.
+    `proxy.profiles.ProfileError` for an invalid profiles file or an unknown profile name,
+    `proxy.pricing.PricingError` for an invalid `pricing.yaml` in `settings.rules_dir`.
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
     if settings.tracing:
@@ -190,7 +191,7 @@ def create_app(
         settings.teams,
         load_team_file(settings.teams_file) if settings.teams_file is not None else {},
     )
-    pricing = default_pricing()
+    pricing = pricing_for(settings.rules_dir)
     metrics = Metrics(registry, {p: pricing.family_names(p) for p in PROVIDERS})
     metrics.prepare_teams(teams.labels)
     app[SERVICES] = Services(

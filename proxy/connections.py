@@ -86,7 +86,7 @@ def limits_for(settings: Any, metrics: Any, router: Any = None) -> ConnectionLim
     def route_error(path: str, raw: str, openai: bool) -> ProviderAdapter:
         if router is not None:
             try:
-                return router.route(path, raw, openai).adapter  # type: ignore[no-any-return]
+                return router.route(path, raw, openai).adapter
             except Exception:  # noqa: BLE001 - a bad path falls back to the default shape
                 pass
         return _default_adapter(path, raw, openai)
@@ -148,7 +148,7 @@ class LimitedRequestHandler(RequestHandler):
         self._is_counted_open = True
         if limits.open > limits.max_connections:
             limits.count("too_many_connections")
-            self._request_handler = self._answer_overloaded  # type: ignore[assignment]
+            self._request_handler = self._answer_overloaded
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -267,8 +267,8 @@ class LimitedRequestHandler(RequestHandler):
         self._is_lingering = True
         self.keep_alive(False)
         self.close()
-        if transport.can_write_eof():  # type: ignore[attr-defined]
-            transport.write_eof()  # type: ignore[attr-defined]
+        if transport.can_write_eof():
+            transport.write_eof()
         self._timer = self._loop.call_later(LINGER_SECONDS, self.force_close)
 
     async def _answer_overloaded(self, request: web.BaseRequest) -> web.StreamResponse:
