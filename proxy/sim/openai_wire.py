@@ -79,10 +79,11 @@ def _last_user_text(items: list[dict[str, Any]]) -> str | None:
 def chat_conversation(body: Mapping[str, Any]) -> Conversation:
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     turns = sum(1 for m in messages if m.get("role") == "user")
+    offered = body.get("tools")
     tools = functions(
         *(
             str(t["function"]["name"])
-            for t in (body.get("tools") if isinstance(body.get("tools"), list) else [])
+            for t in (offered if isinstance(offered, list) else [])
             if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
         )
     )
