@@ -65,7 +65,7 @@ _SECTION_CAUSE: Final = {"tools": "tools_changed", "system": "system_changed", "
 
 
 class PreviousRequest(Protocol):
-    """What measurement reads from the session's previous `SessionRecord` (proxy.store.record)."""
+    """What measurement reads from the session's previous `SessionRecord` (proxy.store.codec)."""
 
     @property
     def chain(self) -> bytes: ...

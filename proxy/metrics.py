@@ -482,7 +482,7 @@ class Metrics:
         )
         self.record_errors = Counter(
             "promptcache_record_errors_total",
-            "Requests the trace recorder (`record`) could not write; the request went on (proxy.record).",
+            "Requests the trace recorder (`record`) could not write; the request went on (proxy.trace_recorder).",
             registry=r,
         )
         self.rules_budget_exceeded = Counter(
