@@ -63,7 +63,7 @@ from proxy.malformed import skipped
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
-from proxy.rules import MAX_RULE_LINE_CHARS
+from proxy.rules import MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
 from proxy.store.codec import Sidecar
 
@@ -188,27 +188,6 @@ def mask_strings(value: Any, spans: Patterns) -> Any:
     """`value` with every match of `spans` inside its string values replaced by `MASK`; keys
     and non-strings are kept."""
     return mask_filtered(value, tuple((pattern, None) for pattern in spans))
-
-
-class Budget:
-    """Characters the rules may still scan for one request (`Masker.budget`): each pattern run
-    over a text costs its length. Once spent, the rest of the request is not masked (its
-    messages keep their exact digests: replay then needs identical text) and `is_spent` is
-    set, so the caller can count it."""
-
-    __slots__ = ("left", "is_spent")
-
-    def __init__(self, chars: int) -> None:
-        self.left = chars
-        self.is_spent = False
-
-    def take(self, chars: int) -> bool:
-        """Spend `chars`; `False` (and nothing spent) when not enough is left."""
-        if chars > self.left:
-            self.is_spent = True
-            return False
-        self.left -= chars
-        return True
 
 
 def mask_filtered(

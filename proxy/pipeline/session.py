@@ -130,7 +130,7 @@ class SessionStage:
             if source is not None and store is not None:
                 previous = await store.load(tenant, source)
         if view.is_budget_spent:
-            services.metrics.rules_budget_exceeded.inc()
+            services.metrics.rules_budget_exceeded.labels("session").inc()
         exchange.message_view = view
         exchange.session_inference = inference
         if inference.session_id is None:
