@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from proxy.exchange import Exchange
-from proxy.store.record import Sidecar
+from proxy.store.codec import Sidecar
 
 MAX_DELIVERED: Final = 64
 MAX_NOTE_CHARS: Final = 8192

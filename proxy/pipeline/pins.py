@@ -48,10 +48,10 @@ from typing import Any, Final
 
 from proxy.exchange import Exchange
 from proxy.pipeline import delivered as delivered_notes
-from proxy.pipeline.segments import classifier_for
-from proxy.pipeline.support import rules_for
+from proxy.pipeline.segments import BudgetSpent, classifier_for
+from proxy.pipeline.support import count_budget_spent, rules_for, scan_budget
 from proxy.providers.base import JSONObject, ProviderAdapter, SystemPart
-from proxy.rules import Rule, RuleSet, pinned_rules
+from proxy.rules import Budget, Rule, RuleSet, pinned_rules
 from proxy.services import Services
 
 PINS_KEY: Final = "pinned_segments"
@@ -126,8 +126,10 @@ def pin_body(
     rules: RuleSet,
     pinned: Mapping[str, str] | None = None,
     delivered: Mapping[str, str] | None = None,
+    budget: Budget | None = None,
 ) -> tuple[JSONObject, PinReport]:
     """`body` with its pinned segments as first seen (module docstring), and the report (pure).
+    Raises `BudgetSpent` when `budget` (`Classifier.segments`) runs out.
 
     `delivered` (slot -> value, the session's moved notes still in its history:
     `proxy.pipeline.delivered`; a pin's slot is `pin` + its key) keeps a changed value of a
@@ -144,7 +146,7 @@ def pin_body(
     """(key, current content) of changed segments whose rule moves the change."""
     edited = False
     for source, unit in enumerate(units):
-        if unit.text is None or not by_name.keys() & {s.rule for s in classifier.segments(unit.text)}:
+        if unit.text is None or not by_name.keys() & {s.rule for s in classifier.segments(unit.text, budget)}:
             parts.append(SystemPart(source, unit.text or "", unit.marker, whole=True))
             continue
         texts = []
@@ -226,7 +228,14 @@ class PinStage:
         stored = pins.get(PINS_KEY) if isinstance(pins, Mapping) else None
         pinned: Any = stored if isinstance(stored, Mapping) else None
         carried = delivered_notes.texts_of(delivered_notes.carried_notes(exchange))
-        new_body, report = pin_body(exchange.adapter, exchange.path, body, rules_for(services), pinned, carried)
+        try:
+            budget = scan_budget(exchange, services)
+            new_body, report = pin_body(
+                exchange.adapter, exchange.path, body, rules_for(services), pinned, carried, budget
+            )
+        except BudgetSpent:  # the system prompt goes as sent; the pins are kept for later turns
+            count_budget_spent(services, self.name)
+            new_body, report = body, PinReport(dict(pinned or {}))
         if report.delivered:
             delivered_notes.record_delivery(exchange, report.delivered, delivered_notes.last_position(exchange))
         exchange.pinned_segments = report.pinned

@@ -24,7 +24,7 @@ from proxy.pipeline.delivered import MAX_NOTE_CHARS, carried, next_delivered
 from proxy.pipeline.pins import pin_body
 from proxy.pipeline.reorder import reorder_body
 from proxy.providers import ANTHROPIC, OPENAI
-from proxy.store.record import Sidecar
+from proxy.store.codec import Sidecar
 from tests.pipeline.helpers import RULES
 from tests.pipeline.strategies import (
     ANTHROPIC_MARKER_KEY,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.store.record import VERSION, RecordError, SessionRecord, Sidecar, decode_record, encode_record
+from proxy.store.codec import VERSION, RecordError, SessionRecord, Sidecar, decode_record, encode_record
 
 FULL = SessionRecord(
     chain=bytes(range(48)),
