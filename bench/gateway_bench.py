@@ -62,21 +62,30 @@ def _split(body: dict[str, object]) -> tuple[bytes, bytes]:
 def _turn(k: int) -> bytes:
     call = f"toolu_g{k:05d}"
     pair = [
-        {"role": "assistant", "content": [
-            {"type": "text", "text": f"Turn {k}: reading the next file."},
-            {"type": "tool_use", "id": call, "name": "tool_1", "input": {"path": f"src/mod{k}.py"}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": call, "content": f"def f{k}(x):\n    return x + {k}\n" * 50},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": f"Turn {k}: reading the next file."},
+                {"type": "tool_use", "id": call, "name": "tool_1", "input": {"path": f"src/mod{k}.py"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": call, "content": f"def f{k}(x):\n    return x + {k}\n" * 50},
+            ],
+        },
     ]
     return b"," + orjson.dumps(pair)[1:-1]
 
 
 def write_workloads(tmp: Path) -> dict[str, Path]:
     """Body pieces for gateway.lua: `small` (1 KB, no turns) and `agent` (~540 KB + TURNS turns)."""
-    small = {"model": MODEL, "max_tokens": 64,
-             "messages": [{"role": "user", "content": f"Request {MARK}. " + "Summarise this paragraph please. " * 28}]}
+    small = {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": f"Request {MARK}. " + "Summarise this paragraph please. " * 28}],
+    }
     from bodies import anthropic_body
 
     agent = anthropic_body(540_000)
@@ -179,8 +188,11 @@ def start_peer(name: str, up: str, tmp: Path, env: dict[str, str]) -> Peer | Non
     url = f"http://127.0.0.1:{port}"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     if name == "bare":
-        return Peer(name, url, [subprocess.Popen([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"),
-                                                  str(port), up], **quiet)])
+        return Peer(
+            name,
+            url,
+            [subprocess.Popen([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"), str(port), up], **quiet)],
+        )
     if name == "nginx":
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         if not Path(nginx).exists():
@@ -192,8 +204,20 @@ def start_peer(name: str, up: str, tmp: Path, env: dict[str, str]) -> Peer | Non
         mode, _, workers = name.partition("-w")
         state = tmp / name
         state.mkdir()
-        cmd = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", up,
-               "--mode", mode, "--store", f"sqlite://{state}/sessions.db"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--port",
+            str(port),
+            "--upstream",
+            up,
+            "--mode",
+            mode,
+            "--store",
+            f"sqlite://{state}/sessions.db",
+        ]
         if workers:
             cmd += ["--workers", workers]
         peer_env = {**env, "PROMPTCACHE_STATE_DIR": str(state), "PROMPTCACHE_LOG_LEVEL": "WARNING"}
@@ -203,10 +227,10 @@ def start_peer(name: str, up: str, tmp: Path, env: dict[str, str]) -> Peer | Non
             return None
         conf = tmp / "litellm.yaml"
         conf.write_text(LITELLM_CONF.format(model=MODEL, up=up.rsplit(":", 1)[1], key=MASTER_KEY))
-        lenv = {**env, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": MASTER_KEY,
-                "LITELLM_LOG": "ERROR"}
-        proc = subprocess.Popen([str(LITELLM), "--config", str(conf), "--port", str(port), "--num_workers", "1"],
-                                env=lenv, cwd=tmp, **quiet)
+        lenv = {**env, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_LOG": "ERROR"}
+        proc = subprocess.Popen(
+            [str(LITELLM), "--config", str(conf), "--port", str(port), "--num_workers", "1"], env=lenv, cwd=tmp, **quiet
+        )
         return Peer(name, url, [proc], bearer=MASTER_KEY)
     raise ValueError(name)
 
@@ -234,16 +258,38 @@ def wrk(peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt:
     """One wrk run; returns requests, rps, p50/p99 (ms), errors."""
     turns = TURNS if workload.name == "agent" else 0
     threads = 1 if conns == 1 else 2
-    cmd = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{max(1, round(seconds))}s", "--timeout", "30s",
-           "-s", str(LUA), peer.url, "--", str(workload), mode, str(conns), str(turns), salt]
+    cmd = [
+        "wrk",
+        "-t",
+        str(threads),
+        "-c",
+        str(conns),
+        "-d",
+        f"{max(1, round(seconds))}s",
+        "--timeout",
+        "30s",
+        "-s",
+        str(LUA),
+        peer.url,
+        "--",
+        str(workload),
+        mode,
+        str(conns),
+        str(turns),
+        salt,
+    ]
     if peer.bearer:
         cmd.append(peer.bearer)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     line = next(x for x in out.splitlines() if x.startswith("WRKJSON "))
     data = orjson.loads(line.split(" ", 1)[1])
-    return {"requests": data["requests"], "rps": data["requests"] / (data["duration_us"] / 1e6),
-            "p50": data["p50_us"] / 1000, "p99": data["p99_us"] / 1000,
-            "errors": data["errors"] + data["status"]}
+    return {
+        "requests": data["requests"],
+        "rps": data["requests"] / (data["duration_us"] / 1e6),
+        "p50": data["p50_us"] / 1000,
+        "p99": data["p99_us"] / 1000,
+        "errors": data["errors"] + data["status"],
+    }
 
 
 CELLS = (
@@ -298,8 +344,7 @@ async def main() -> None:
                 for key, workload, mode, conns in CELLS:
                     if key in WIDE_ONLY and name not in ("direct", "bare", "optimise", "optimise-w2"):
                         continue
-                    results[name][key] = wrk(peer, workloads[workload], mode, conns, args.seconds,
-                                             f"{name}{key}")
+                    results[name][key] = wrk(peer, workloads[workload], mode, conns, args.seconds, f"{name}{key}")
                 rss[name] = peak_rss_mb(peer.pids())
             finally:
                 for proc in peer.procs:
@@ -315,8 +360,15 @@ async def main() -> None:
     report(results, rss, skipped, load_before, loadavg(), time.time() - started, args.seconds)
 
 
-def report(results: dict[str, dict[str, dict[str, float]]], rss: dict[str, float], skipped: list[str],
-           before: str, after: str, elapsed: float, seconds: float) -> None:
+def report(
+    results: dict[str, dict[str, dict[str, float]]],
+    rss: dict[str, float],
+    skipped: list[str],
+    before: str,
+    after: str,
+    elapsed: float,
+    seconds: float,
+) -> None:
     direct = results["direct"]
     peers = [p for p in results if p != "direct"]
 
@@ -352,8 +404,10 @@ def report(results: dict[str, dict[str, dict[str, float]]], rss: dict[str, float
         ("600 KB growing, 64 sessions, req/s vs bare", lambda p: fmt_rps(p, "grow64")),
         ("peak RSS (largest process)", lambda p: f"{rss.get(p, 0):.0f} MB"),
     ]
-    print(f"\ngateway bench: {seconds:g} s per cell, wrk, fake upstream; load average before {before}, "
-          f"after {after}; {elapsed:.0f} s in all")
+    print(
+        f"\ngateway bench: {seconds:g} s per cell, wrk, fake upstream; load average before {before}, "
+        f"after {after}; {elapsed:.0f} s in all"
+    )
     print("| workload | " + " | ".join(peers) + " |")
     print("|---|" + "---:|" * len(peers))
     for label, cell in rows:
@@ -363,8 +417,7 @@ def report(results: dict[str, dict[str, dict[str, float]]], rss: dict[str, float
             one, two = rps("optimise", key), rps("optimise-w2", key)
             if one and two:
                 print(f"--workers 2 vs 1, {key}: {two / one:.2f}x ({two:.0f} vs {one:.0f} req/s)")
-    print("direct (no gateway): " + ", ".join(
-        f"{k} p50 {v['p50']:.2f} ms {v['rps']:.0f}/s" for k, v in direct.items()))
+    print("direct (no gateway): " + ", ".join(f"{k} p50 {v['p50']:.2f} ms {v['rps']:.0f}/s" for k, v in direct.items()))
     errors = {p: int(sum(c["errors"] for c in results[p].values())) for p in results}
     print("errors (socket + non-2xx): " + ", ".join(f"{p} {n}" for p, n in errors.items()))
     if skipped:
