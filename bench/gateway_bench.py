@@ -79,20 +79,29 @@ def _turn(k: int) -> bytes:
     return b"," + orjson.dumps(pair)[1:-1]
 
 
-def write_workloads(tmp: Path) -> dict[str, Path]:
-    """Body pieces for gateway.lua: `small` (1 KB, no turns) and `agent` (~540 KB + TURNS turns)."""
-    small = {
+def small_request() -> dict[str, object]:
+    """About 1 KB, MARK in its only message."""
+    return {
         "model": MODEL,
         "max_tokens": 64,
         "messages": [{"role": "user", "content": f"Request {MARK}. " + "Summarise this paragraph please. " * 28}],
     }
+
+
+def agent_body() -> dict[str, object]:
+    """A ~540 KB agent history ending with a tool_result, MARK in its first message."""
     from bodies import anthropic_body
 
     agent = anthropic_body(540_000)
     agent["messages"][0] = {"role": "user", "content": f"Start the task ({MARK})."}
     agent["messages"].pop()  # the trailing "Continue.": every turn ends with a tool_result
+    return agent
+
+
+def write_workloads(tmp: Path) -> dict[str, Path]:
+    """Body pieces for gateway.lua: `small` (1 KB, no turns) and `agent` (~540 KB + TURNS turns)."""
     out = {}
-    for name, body, turns in (("small", small, 0), ("agent", agent, TURNS)):
+    for name, body, turns in (("small", small_request(), 0), ("agent", agent_body(), TURNS)):
         d = tmp / name
         d.mkdir()
         head_a, head_b = _split(body)
