@@ -33,7 +33,7 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
@@ -180,7 +180,8 @@ async def _run(args: argparse.Namespace, n: int, port: int, admin_port: int | No
     ready = loop.run_in_executor(None, _read_ready, read_end, n)
     waits = [asyncio.ensure_future(p.wait()) for p in procs]
     stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([stopping, ready, *waits], return_when=asyncio.FIRST_COMPLETED)
+    pending: list[asyncio.Future[Any]] = [stopping, ready, *waits]
+    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
     if ready.done() and len(ready.result()) == n:
         # every worker listens: worker 0's banner once, for the set
         for line in ready.result()[0]:

@@ -30,7 +30,7 @@ Contract:
 - Text is never edited: every line is kept and only moved, exactly once, except a wrapper's
   tag lines, written once per place its content went. Same input, same output; reordering its
   own output changes nothing (idempotent).
-- Notes written: `system_tiers` (tuple of tier names, one per system block of the output, in
+- Written on the `Exchange`: `system_tiers` (tuple of tier names, one per system block of the output, in
   prefix order: the planner's "stable system" and "session system" ends),
   `system_moved_to_user` (number of text blocks moved onto the user message).
 """
@@ -211,12 +211,11 @@ class ReorderStage:
         caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
         new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache)
-        exchange.notes["system_tiers"] = plan.tiers
-        exchange.notes["system_moved_to_user"] = len(plan.moved)
+        exchange.system_tiers = plan.tiers
+        exchange.system_moved_to_user = len(plan.moved)
         count_markers(exchange, services, moved=plan.markers_moved, dropped=plan.markers_dropped)
         if new_body is not body:
-            exchange.body = new_body
-            exchange.notes["dirty"] = True
+            exchange.replace_body(new_body)
 
 
 STAGE: Final = ReorderStage()

@@ -27,7 +27,7 @@ Pure core:
   run only for an element not seen recently (`Masker` memo keyed by the xxh3 of its stripped
   bytes: a content key, never an object identity).
 - `first_mismatch(...)`: the first earlier message whose digest differs from its stored
-  sidecar: the client rewrote history there (`notes["history_rewritten"]`).
+  sidecar: the client rewrote history there (`Exchange.history_rewritten`).
 - `tail_rewritten(...)`: the previous request's newest message is the first one changed (the
   breakpoint planner's wasted-tail count, `SessionRecord.tail_misses`).
 - `splice(...)`: earlier messages (never the newest) whose digest matches their sidecar, up to
@@ -40,10 +40,10 @@ DESIGN.md section 4 says `orjson.Fragment`; spliced values are parsed instead, s
 breakpoints stage can still place markers on replayed messages (a Fragment is opaque).
 
 Stage (`STAGE`, after `reorder`, before `breakpoints`): applies `splice` to `exchange.body`
-using `notes["previous"]` (a `SessionRecord`) and `notes["message_view"]` (both from the
+using `Exchange.previous` (a `SessionRecord`) and `Exchange.message_view` (both from the
 session stage), counts `promptcache_replayed_messages_total{provider}`, sets
-`notes["replayed"]` (count), `notes["replayed_bytes"]` (position -> `(value, stored bytes)`
-of each replayed message, for the session record) and `notes["dirty"]` when anything changed.
+`Exchange.replayed` (count), `Exchange.replayed_bytes` (position -> `(value, stored bytes)`
+of each replayed message, for the session record) and `Exchange.replace_body` when anything changed.
 Skips itself when an earlier stage changed the number of messages (positions would not line up).
 """
 
@@ -546,10 +546,10 @@ class ReplayStage:
     rewrites: Final = True
 
     async def run(self, exchange: Exchange, services: Services) -> None:
-        record = exchange.notes.get("previous")
-        view = exchange.notes.get("message_view")
+        record = exchange.previous
+        view = exchange.message_view
         body = exchange.body
-        if record is None or not record.sidecars or not isinstance(view, MessageView) or body is None:
+        if record is None or not record.sidecars or view is None or body is None:
             return
         if view.array_key is None or not view.is_list:
             return
@@ -561,16 +561,15 @@ class ReplayStage:
             view.digests,
             record.sidecars,
             view.system_positions,
-            exchange.notes.get("history_rewritten"),
+            exchange.history_rewritten,
             view,
         )
-        exchange.notes["replayed"] = result.replayed
+        exchange.replayed = result.replayed
         if result.items is None:
             return
         stored = {s.position: s.value for s in record.sidecars}
-        exchange.notes["replayed_bytes"] = {i: (result.items[i], stored[i]) for i in result.positions}
-        exchange.body = {**body, view.array_key: result.items}
-        exchange.notes["dirty"] = True
+        exchange.replayed_bytes = {i: (result.items[i], stored[i]) for i in result.positions}
+        exchange.replace_body({**body, view.array_key: result.items})
         services.metrics.by_provider[exchange.provider].replayed_messages.inc(result.replayed)
 
 

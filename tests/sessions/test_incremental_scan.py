@@ -113,6 +113,6 @@ async def test_an_appended_turn_reuses_every_earlier_message() -> None:
         services = _services(mode)
         await _send(services, ANTHROPIC, MESSAGES, first)
         ex = await _send(services, ANTHROPIC, MESSAGES, second)
-        reuse = reuse_for(ex, ex.notes["sent_prompt"][0])
+        reuse = reuse_for(ex, ex.sent_prompt[0])
         assert reuse is not None and reuse.array_key == "messages"
         assert (mode, reuse.same) == (mode, expected)
