@@ -33,22 +33,15 @@ def _env(tmp_path: object) -> dict[str, str]:
     }
 
 
+async def _spawn(tmp_path: object, *options: str) -> asyncio.subprocess.Process:
+    """`promptcache serve --port 0 --workers 2 OPTIONS...` with piped output."""
+    argv = [sys.executable, "-m", "proxy", "serve", "--port", "0", "--workers", "2", *options]
+    pipe = asyncio.subprocess.PIPE
+    return await asyncio.create_subprocess_exec(*argv, stdout=pipe, stderr=pipe, env=_env(tmp_path))
+
+
 async def _start(tmp_path: object, upstream: str = "sim") -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "proxy",
-        "serve",
-        "--port",
-        "0",
-        "--upstream",
-        upstream,
-        "--workers",
-        "2",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_env(tmp_path),
-    )
+    proc = await _spawn(tmp_path, "--upstream", upstream)
     assert proc.stdout is not None
     banner: list[str] = []
     while not banner or not banner[-1].startswith("  workers:"):
@@ -197,21 +190,7 @@ async def test_sigterm_stops_every_worker(tmp_path) -> None:
 
 
 async def test_memory_store_is_refused_with_workers(tmp_path) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "proxy",
-        "serve",
-        "--port",
-        "0",
-        "--workers",
-        "2",
-        "--store",
-        "memory://",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_env(tmp_path),
-    )
+    proc = await _spawn(tmp_path, "--store", "memory://")
     out, err = await asyncio.wait_for(proc.communicate(), WAIT)
     assert proc.returncode == 2
     assert err.decode() == "promptcache: workers > 1 needs a shared store (sqlite:// or redis://), not memory://\n"
