@@ -68,6 +68,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     from proxy.appkeys import SERVICES
 
     overrides = _overrides(args)
+    from proxy.pricing import PricingError
     from proxy.profiles import ProfileError
     from proxy.rules import RuleError
     from proxy.teams import TeamFileError
@@ -91,6 +92,9 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         return 2
     except TeamFileError as exc:
         print(f"promptcache: invalid teams_file: {exc}", file=sys.stderr)
+        return 2
+    except PricingError as exc:
+        print(f"promptcache: invalid pricing:\n{exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"promptcache: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)

@@ -28,8 +28,8 @@ def _block_bytes(value: Any, key: str, text_kinds: frozenset[str]) -> int:
     if isinstance(value, str):
         return len(value.encode())
     if isinstance(value, dict):
-        text = value.get("text")
-        if isinstance(text, str) and value.get("type") in text_kinds:
+        text, kind = value.get("text"), value.get("type")
+        if isinstance(text, str) and type(kind) is str and kind in text_kinds:
             return len(text.encode())
         if key in value:
             value = {k: v for k, v in value.items() if k != key}
@@ -92,6 +92,12 @@ def prefix_cache_key(view: BlockView, key: str, end: int) -> str | None:
         if left <= 0:
             break
     return "pc-" + digest.hexdigest()
+
+
+ONE_HOUR_TAIL_ORDER: Final = ("last", "shared", "bridge", "session", "anchor", "turn", "survivor", "tools")
+"""Candidate priority when the newest block is written with a 1h TTL: the anchor keeps nothing
+the tail does not (the tail's read reaches it, through a bridge beyond the lookback), so the
+end of the session system, which the tenant's next conversation reads, goes before it."""
 
 
 class Planner:
@@ -190,6 +196,8 @@ class Planner:
             ("session", session),
             ("tools", shared),
         ]
+        if self.ttl_session == "1h" and self.write_tail and first == "last":
+            steps = sorted(steps, key=lambda step: ONE_HOUR_TAIL_ORDER.index(step[0]))
         if not self.write_tail:  # only what other conversations or this one already read
             alive = ctx.pacing is None or not ctx.pacing.expired
             keep = ("shared", "tools", "anchor") if alive else ("shared", "tools")
