@@ -1,11 +1,11 @@
-"""breakpoints: plan at most `MarkerPolicy.max_markers` cache markers (DESIGN.md section 4).
+"""breakpoints: plan at most `MarkerPolicy.max_markers` cache markers.
 
 Pure core `place_breakpoints(adapter, path, body, ...)` -> `(body, Plan)` (its planning parts
 live in `proxy.pipeline.planner`); `STAGE` adapts it to the `Exchange`.
 
 Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
 - Client markers that are legal stay. Illegal ones move to the nearest block that may carry a
-  marker (ties: the earlier block): from thinking blocks and empty text (PROVIDERS.md 1.3), from
+  marker (ties: the earlier block): from thinking blocks and empty text (docs/provider-rules.md 1.3), from
   tool messages when the upstream has `no_tool_message_markers`; markers inside
   `tool_result.content` move onto the `tool_result` (section 7). A top-level automatic marker
   (1.1) becomes an explicit one on the last eligible block. Two markers on one block merge

@@ -66,11 +66,11 @@ def system_ends(view: BlockView, tiers: Sequence[str] | None) -> tuple[int, int]
 
 KEY_PREFIX_BYTES: Final = 1024 * BYTES_PER_TOKEN
 """Bytes of the prefix a derived `prompt_cache_key` digests: about 1,024 tokens (the planner's
-estimate), OpenAI's minimum cacheable prefix (PROVIDERS.md 2.1)."""
+estimate), OpenAI's minimum cacheable prefix (docs/provider-rules.md 2.1)."""
 
 
 def prefix_cache_key(view: BlockView, key: str, end: int) -> str | None:
-    """`pc-` + xxh3-128 (35 characters; the API allows 64, PROVIDERS.md 9) of the first
+    """`pc-` + xxh3-128 (35 characters; the API allows 64, docs/provider-rules.md 9) of the first
     `KEY_PREFIX_BYTES` of blocks 0..`end` (markers removed, each block's orjson bytes in prefix
     order); `None` for an empty prefix.
 
@@ -297,7 +297,7 @@ class Planner:
         """Pacing, capabilities, scope and TTL order applied to the final markers.
 
         Pacing: with `ttl_session` 1h (the session's next read is expected more than 5 minutes
-        away and the expected reads repay the 2x write: `proxy.pacing`, PROVIDERS.md 1.7, 1.9)
+        away and the expected reads repay the 2x write: `proxy.pacing`, docs/provider-rules.md 1.7, 1.9)
         every 5m marker, the client's included, becomes 1h. A 5m tail would be written again
         on every turn after a long gap; a client marker keeps its place and only lives longer
         (its TTL is never shortened)."""
