@@ -16,10 +16,15 @@ Contract:
   (`adapter.with_user_text`; one block per unit they come from; after a user message's
   `tool_result` blocks; on OpenAI, the newest tool output when a tool turn is last), so the
   whole system prompt becomes byte-stable. Replay then sends that message with the same bytes
-  on later turns (its sidecar holds them). Nothing moves when no message can take the text,
-  or when a whole system-section message would disappear (OpenAI head messages: the message
-  array would shift); the segments then sort last in the system prompt as volatile ones. A
-  marker on a unit that leaves entirely is dropped.
+  on later turns (its sidecar holds them). Nothing moves when no message can take the text;
+  the segments then sort last in the system prompt as volatile ones. A marker on a unit that
+  leaves entirely is dropped, and so is a system-section message (OpenAI head messages, a
+  Responses developer item) all of whose text leaves: notes in Responses `instructions` and
+  in developer items move behind the history as system notes do on Messages, and the plan
+  counts the dropped messages (`dropped_messages`, `notes["head_dropped"]`) so replay and the
+  session record line the sent array up with the client's.
+- Headings carry their sections (`proxy.pipeline.segments`): `## Todo (updated <time>)` and
+  its checklist are one volatile segment, so the checklist never stays in the stable tier.
 - Tag-wrapped sections (`proxy.pipeline.segments`: a `<tag>` line ... `</tag>` line with
   classified lines inside) stay together in the system prompt: the section sorts as one piece,
   with the latest tier among its lines that stay. Lines moving to the user message leave it
@@ -32,13 +37,14 @@ Contract:
   own output changes nothing (idempotent).
 - Notes written: `system_tiers` (tuple of tier names, one per system block of the output, in
   prefix order: the planner's "stable system" and "session system" ends),
-  `system_moved_to_user` (number of text blocks moved onto the user message).
+  `system_moved_to_user` (number of text blocks moved onto the user message), `head_dropped`
+  (system-section messages that left the array).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from proxy.exchange import Exchange
@@ -76,6 +82,9 @@ class SystemPlan:
     markers_dropped: int = 0
     emptied: bool = False
     """True when some unit left the system prompt entirely."""
+    dropped_messages: int = 0
+    """Leading system/developer messages of the message array that left entirely (OpenAI head
+    messages whose every segment moved onto the newest user message)."""
 
 
 def _worst(tiers: Sequence[str]) -> str:
@@ -172,8 +181,10 @@ def reorder_body(
 
     Text moved onto the user message can make an empty text block there removable, so the
     result is canonicalised again (`caps` as for canonicalise) to stay idempotent. When no
-    message can take the moved text, or moving it would remove a whole system-section message
-    (the message array would shift and replay's positions with it), nothing moves. `cache`
+    message can take the moved text, nothing moves. A system-section message (an OpenAI
+    leading system / developer message, a Responses developer item) whose every segment moves
+    leaves the array: the plan's `dropped_messages` counts them, and replay and the session
+    record align the sent array with the client's by it (`replay.aligned_items`). `cache`
     shares layout and scan results with the other stages of the request."""
     units = adapter.system_units(path, body)
     classifier = classifier_for(rules)
@@ -185,19 +196,16 @@ def reorder_body(
         return new_body, plan
     with_text = adapter.with_user_text(path, new_body, plan.moved)
     cache = cache if cache is not None else LayoutCache()
-    # a system prompt outside the message array cannot take a message with it: no shift to check
-    if with_text is None or (plan.emptied and cache.system_messages(adapter, path, body)):
+    if with_text is None:
         staying = plan_system(units, classifier, allow_move=False)
-        kept = adapter.with_system(path, body, staying.parts) if staying.changed else body
-        if with_text is None or _shifts(adapter, path, kept, with_text, cache):
-            return kept, staying
-    return canonicalise_body(adapter, path, with_text, caps=caps, cache=cache)[0], plan
-
-
-def _shifts(adapter: ProviderAdapter, path: str, kept: JSONObject, moved: JSONObject, cache: LayoutCache) -> bool:
-    """True when moving removed a whole message: `moved` (text moved out) has fewer
-    message-array elements than `kept` (the same system prompt sorted, nothing moved)."""
-    return cache.message_count(adapter, path, kept) != cache.message_count(adapter, path, moved)
+        return (adapter.with_system(path, body, staying.parts) if staying.changed else body), staying
+    out = canonicalise_body(adapter, path, with_text, caps=caps, cache=cache)[0]
+    # a system prompt outside the message array cannot take a message with it: nothing to count
+    if plan.emptied and cache.system_messages(adapter, path, body):
+        dropped = cache.message_count(adapter, path, body) - cache.message_count(adapter, path, out)
+        if dropped > 0:
+            plan = replace(plan, dropped_messages=dropped)
+    return out, plan
 
 
 class ReorderStage:
@@ -213,6 +221,7 @@ class ReorderStage:
         new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache)
         exchange.notes["system_tiers"] = plan.tiers
         exchange.notes["system_moved_to_user"] = len(plan.moved)
+        exchange.notes["head_dropped"] = plan.dropped_messages
         count_markers(exchange, services, moved=plan.markers_moved, dropped=plan.markers_dropped)
         if new_body is not body:
             exchange.body = new_body

@@ -44,14 +44,17 @@ using `notes["previous"]` (a `SessionRecord`) and `notes["message_view"]` (both 
 session stage), counts `promptcache_replayed_messages_total{provider}`, sets
 `notes["replayed"]` (count), `notes["replayed_bytes"]` (position -> `(value, stored bytes)`
 of each replayed message, for the session record) and `notes["dirty"]` when anything changed.
-Skips itself when an earlier stage changed the number of messages (positions would not line up).
+Positions are the client's: when reorder dropped leading system-section messages
+(`notes["head_dropped"]`) the sent array is lined up with the client's first (`aligned_items`);
+replay skips itself when an earlier stage changed the number of messages otherwise (positions
+would not line up).
 """
 
 from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -94,6 +97,28 @@ def has_markers(message: Any) -> bool:
                 if isinstance(p, dict) and ("cache_control" in p or "prompt_cache_breakpoint" in p):
                     return True
     return False
+
+
+def head_form(value: Any, system_text: Callable[[str], str]) -> Any:
+    """`value` with `system_text` applied to its text: a string, a block's `text`, a message's
+    string `content` or its parts' `text` (copy-on-write). Session identity digests a system
+    prompt in this form, so a note that changes every turn (a todo list under a timestamped
+    heading: a volatile segment, moved onto the newest user message by reorder) does not make
+    each request look like a new conversation."""
+    if isinstance(value, str):
+        return system_text(value)
+    if not isinstance(value, dict):
+        return value
+    out = dict(value)
+    text = value.get("text")
+    if isinstance(text, str):
+        out["text"] = system_text(text)
+    content = value.get("content")
+    if isinstance(content, str | list):
+        out["content"] = (
+            system_text(content) if isinstance(content, str) else [head_form(part, system_text) for part in content]
+        )
+    return out
 
 
 def compact(data: bytes) -> bytes:
@@ -250,8 +275,13 @@ class Masker:
     unsorted dump and no sorted one. The memos map digests to digests and hold no content.
     """
 
-    def __init__(self, patterns: Patterns = (), memo_size: int = MEMO_SIZE) -> None:
+    def __init__(
+        self, patterns: Patterns = (), memo_size: int = MEMO_SIZE, system_text: Callable[[str], str] | None = None
+    ) -> None:
         self.spans = tuple(span_pattern(p) for p in patterns)
+        self.system_text = system_text
+        """System-prompt text as identity sees it (`head_form`): the session stage passes the
+        text without its volatile segments (`session.masker_for`); `None` keeps it whole."""
         self.filters = tuple((span, needs(span)) for span in self.spans)
         self.memo_size = memo_size
         self.budget: Budget | None = None
@@ -340,6 +370,11 @@ class Masker:
         """The masked digest of `value`."""
         return self.digests(value)[1]
 
+    def head_digest(self, value: Any) -> bytes:
+        """The masked digest of a system-prompt value (a string, a block, a system message) in
+        its `head_form`: what is left of it for session identity."""
+        return self.digest(head_form(value, self.system_text) if self.system_text is not None else value)
+
     def seed(self, sidecars: Sequence[Sidecar]) -> None:
         """Remember the `(exact, masked)` pairs of stored sidecars (computed when they were sent).
         A pair describes one exact message, so it is valid for any session holding it."""
@@ -421,11 +456,10 @@ def _view_messages(
     for run in adapter.layout(path, body) if runs is None else runs:
         if run.message is None:
             for value in run.value if run.is_list else (run.value,):
-                digest = masker.digest(value)
                 if run.section == "tools":
-                    tools.append(digest)
+                    tools.append(masker.digest(value))
                 else:
-                    head.update(run.section.encode() + b"\x00" + digest)
+                    head.update(run.section.encode() + b"\x00" + masker.head_digest(value))
             continue
         if array_key is None:
             first = run.key[0]
@@ -436,6 +470,11 @@ def _view_messages(
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
     exact, digests, keys = masker.examine_all(elements, adapter.identity_optional(path))
+    if system_positions and masker.system_text is not None:
+        listed = list(digests)
+        for position in system_positions:
+            listed[position] = masker.head_digest(elements[position])
+        digests = tuple(listed)
     for position in sorted(system_positions):
         head.update(b"system-message\x00" + digests[position])
     for digest in sorted(tools):  # the tool set, not its order: a client that shuffles its tools
@@ -541,6 +580,33 @@ def splice(
     return SpliceResult(out, len(positions), tuple(positions))
 
 
+def aligned_items(items: Sequence[Any], view: MessageView, dropped: int) -> list[Any] | None:
+    """The sent message array `items` lined up with the client's (`view`): itself when as long;
+    when reorder dropped `dropped` leading system-section messages (`notes["head_dropped"]`),
+    `None` in place of the client's whole head (positions `0..h-1`, all system positions, which
+    replay and the sidecars skip) followed by the sent elements after the sent head. `None`
+    when they cannot be lined up (another length, a head that is not all system positions)."""
+    n = len(view.digests)
+    if len(items) == n:
+        return list(items)
+    skip = view.system_positions
+    if dropped <= 0 or len(items) + dropped != n or not skip:
+        return None
+    head = max(skip) + 1
+    if len(skip) != head or dropped > head:
+        return None
+    return [None] * head + list(items[head - dropped :])
+
+
+def unaligned(aligned: Sequence[Any], items: Sequence[Any], view: MessageView, dropped: int) -> list[Any]:
+    """`aligned` (from `aligned_items(items, view, dropped)`, possibly edited) as a sent array
+    again: the sent head of `items`, then `aligned` after the client's head."""
+    if len(items) == len(aligned):
+        return list(aligned)
+    head = max(view.system_positions) + 1
+    return [*items[: head - dropped], *aligned[head:]]
+
+
 class ReplayStage:
     name: Final = "replay"
     rewrites: Final = True
@@ -554,10 +620,12 @@ class ReplayStage:
         if view.array_key is None or not view.is_list:
             return
         items = body.get(view.array_key)
-        if not isinstance(items, list) or len(items) != len(view.digests):
+        dropped = exchange.notes.get("head_dropped", 0)
+        aligned = aligned_items(items, view, dropped) if isinstance(items, list) else None
+        if aligned is None:
             return
         result = splice(
-            items,
+            aligned,
             view.digests,
             record.sidecars,
             view.system_positions,
@@ -569,7 +637,7 @@ class ReplayStage:
             return
         stored = {s.position: s.value for s in record.sidecars}
         exchange.notes["replayed_bytes"] = {i: (result.items[i], stored[i]) for i in result.positions}
-        exchange.body = {**body, view.array_key: result.items}
+        exchange.body = {**body, view.array_key: unaligned(result.items, items, view, dropped)}
         exchange.notes["dirty"] = True
         services.metrics.by_provider[exchange.provider].replayed_messages.inc(result.replayed)
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, Final
 
 import xxhash
@@ -60,12 +61,14 @@ from proxy.pipeline.pins import PINS_KEY
 from proxy.pipeline.replay import (
     Masker,
     MessageView,
+    aligned_items,
     compact,
     first_mismatch,
     stripped_bytes,
     tail_rewritten,
     view_messages,
 )
+from proxy.pipeline.segments import classifier_for, without_volatile
 from proxy.pipeline.support import layout_cache, rules_for
 from proxy.prefix import MARKER_KEYS
 from proxy.providers.base import Block, JSONObject, Run, ToolShape
@@ -91,7 +94,10 @@ def masker_for(state: SessionState, services: Services) -> Masker:
     cached = state.masker
     if cached is not None and cached[0] is rules:
         return cached[1]
-    masker = Masker(volatile_patterns(rules) if rules is not None else ())
+    if rules is None:
+        masker = Masker(())
+    else:
+        masker = Masker(volatile_patterns(rules), system_text=partial(without_volatile, classifier_for(rules)))
     state.masker = (rules, masker)
     return masker
 
@@ -372,9 +378,10 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
     sidecars: tuple[Sidecar, ...] = ()
     if view is not None and view.array_key is not None and view.is_list:
         items = body.get(view.array_key)
-        if isinstance(items, list) and len(items) == len(view.digests):
+        aligned = aligned_items(items, view, notes.get("head_dropped", 0)) if isinstance(items, list) else None
+        if aligned is not None:
             sidecars = build_sidecars(
-                items,
+                aligned,
                 view,
                 notes.get("replayed_bytes") or {},
                 previous.sidecars if previous is not None else (),
