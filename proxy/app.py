@@ -28,8 +28,9 @@ from proxy.debug import LastMeasurements
 from proxy.handlers import healthz, not_found, proxy_handler, readyz
 from proxy.keepwarm import KeepWarm, parse_setting
 from proxy.ledger import TenantLedger
-from proxy.metrics import Metrics
+from proxy.metrics import PROVIDERS, Metrics
 from proxy.pacing import Pacing
+from proxy.pricing import default_pricing
 from proxy.profiles import load_profiles
 from proxy.providers import Router
 from proxy.rules import load_rules
@@ -151,8 +152,9 @@ async def _keep_warm_ctx(app: web.Application) -> AsyncIterator[None]:
         def pacing(tenant: str) -> Pacing:
             return sessions.pacing.peek(tenant) if sessions is not None else Pacing()
 
+        upstream_sessions = app[CLIENT_SESSIONS]
         services.keep_warm = KeepWarm(
-            True, cap, services.metrics, now, app[CLIENT_SESSIONS], services.store, pacing
+            True, cap, services.metrics, now, upstream_sessions, services.store, pacing, services.pricing
         )
         task = services.keep_warm.task = create_task(services.keep_warm.run(), name="promptcache-keep-warm")
     yield
@@ -187,7 +189,8 @@ def create_app(
         settings.teams,
         load_team_file(settings.teams_file) if settings.teams_file is not None else {},
     )
-    metrics = Metrics(registry)
+    pricing = default_pricing()
+    metrics = Metrics(registry, {p: pricing.family_names(p) for p in PROVIDERS})
     metrics.prepare_teams(teams.labels)
     app[SERVICES] = Services(
         settings=settings,
@@ -199,6 +202,7 @@ def create_app(
         ),
         teams=teams,
         ledger=TenantLedger(),
+        pricing=pricing,
     )
     app.cleanup_ctx.append(_resolve_upstreams)
     app.cleanup_ctx.append(_tokenizer_ctx)

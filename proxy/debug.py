@@ -147,20 +147,18 @@ def _session_json(session_id: str, provider: str, entry: Any, record: Any) -> we
 
 
 def remember_measurement(exchange: Any, services: Any) -> None:
-    """Add `exchange.notes["measurement"]` to its session's history (`/debug/sessions`, `/ui/`).
+    """Add `exchange.measurement` to its session's history (`/debug/sessions`, `/ui/`).
 
-    Reads what measurement left in the notes (the body and `PromptScan` sent, the previous
+    Reads what measurement left on the exchange (the body and `PromptScan` sent, the previous
     record); never raises into the response path (a failure is logged and skipped)."""
-    measurement = exchange.notes.get("measurement")
+    measurement = exchange.measurement
     history = services.last_measurements
     if measurement is None or history is None or not exchange.tenant or not exchange.session_id:
         return
     if getattr(services.settings, "history_sessions", 1) == 0:
         return
     try:
-        from proxy.pricing import default_pricing
-
-        sent = exchange.notes.get("sent_prompt")
+        sent = exchange.sent_prompt
         body, prompt = (sent[0], sent[1]) if sent is not None else (None, None)
         rules = services.rules
         classifier = None
@@ -168,7 +166,7 @@ def remember_measurement(exchange: Any, services: Any) -> None:
             from proxy.pipeline.segments import classifier_for
 
             classifier = classifier_for(rules)
-        pricing = getattr(services, "pricing", None) or default_pricing()
+        pricing = services.pricing
         model = body.get("model") if isinstance(body, dict) else None
         prices = pricing.prices(exchange.provider, model if isinstance(model, str) else "")
         history.add(
@@ -178,7 +176,7 @@ def remember_measurement(exchange: Any, services: Any) -> None:
             path=exchange.path,
             body=body,
             prompt=prompt,
-            previous=exchange.notes.get("previous"),
+            previous=exchange.previous,
             classifier=classifier,
             prices=prices,
         )

@@ -3,17 +3,34 @@
 Invariants: `raw` is the client's body exactly as received and is never modified; the bytes
 sent upstream are `upstream_body` when a stage produced one, else `raw`. A failing stage resets
 `upstream_body` to `None` (fail open).
+
+The stage contract is typed: every field below a stage's heading is written by that stage only
+(or by the one function named in its docstring) and read by the later stages, measurement and the
+response side. A rewriting stage replaces the body with `replace_body()`, which marks it for
+`serialise`; nothing else sets `is_body_dirty`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multidict import CIMultiDictProxy
 
 from proxy.providers.base import JSONObject, ProviderAdapter, Usage
+
+if TYPE_CHECKING:
+    from proxy.measure import Measurement
+    from proxy.pacing import Pacing
+    from proxy.pipeline.breakpoints import Plan, PlanContext
+    from proxy.pipeline.layout import LayoutCache
+    from proxy.pipeline.replay import MessageView
+    from proxy.prefix import PrefixChain, PromptScan
+    from proxy.providers.base import Run
+    from proxy.sessions import Inference
+    from proxy.store.record import SessionRecord
 
 
 @dataclass(slots=True)
@@ -36,8 +53,6 @@ class Exchange:
     team: str | None = None
     """Team the request's cost is attributed to (`proxy.teams`), resolved on first use."""
     failed_stage: str | None = None
-    notes: dict[str, Any] = field(default_factory=dict)
-    """Stage outputs that later stages or measurement read (plans, digests, counts)."""
     upstream_path: str | None = None
     """Path sent upstream when it is not `path` (a platform path such as Vertex's
     `...:rawPredict`, percent-encoded as received); `None` sends `path`."""
@@ -57,6 +72,109 @@ class Exchange:
     """`usage` was added to the token counters (`proxy.pipeline.observe.record_usage`: once)."""
     sent_at: float | None = None
     """`time.perf_counter()` when the upstream request was sent."""
+    is_pipeline: bool = False
+    """The handler ran the request stages on this exchange (`proxy.handlers`): the response side
+    measures and records it."""
+
+    # --- parse (`proxy.pipeline.parse`) ---
+    invalid_utf8: tuple[int, int] | None = None
+    """`(offset, byte)` of the first byte that is not UTF-8 when the body failed to parse for
+    that reason (the handler answers 400)."""
+
+    # --- session (`proxy.pipeline.session`) ---
+    message_view: MessageView | None = None
+    """Masked digests of the client's messages (`proxy.pipeline.replay.view_messages`)."""
+    session_inference: Inference | None = None
+    """How the session was found: `explicit` / `append` / `fork` / `new` (`proxy.sessions`)."""
+    client_runs: dict[str, tuple[Any, list[Run]]] | None = None
+    """Prefix key -> `(the client's value, its layout runs)`, reused by
+    `proxy.measure.sent_prompt` for a key sent unchanged (the same object)."""
+    previous: SessionRecord | None = None
+    """The session's previous 2xx request as recorded (the parent's for a fork), or `None`."""
+    is_kept_warm: bool = False
+    """A keep-warm window of this session was open when this request arrived (`proxy.keepwarm`)."""
+    arrivals: tuple[float, ...] = ()
+    """Epoch seconds of the session's recent requests, this one included."""
+    history_rewritten: int | None = None
+    """Index of the first earlier message whose real content changed; `None` when none did."""
+    tail_misses: int = 0
+    """Consecutive requests, this one included, that rewrote the previous request's newest
+    message (`SessionRecord.tail_misses`)."""
+    session_pins: Mapping[str, Any] | None = None
+    """The previous record's pins (`SessionRecord.pins`: tool pins and `pinned_segments`), or
+    `None` without any."""
+    pacing: Pacing | None = None
+    """The session's pacing after adding the gap since its previous request (for its record)."""
+    plan_context: PlanContext | None = None
+    """What the breakpoints stage needs from the session (previous markers, TTL forecast)."""
+
+    # --- shared by the rewriting stages (`proxy.pipeline.support.layout_cache`) ---
+    layout_cache: LayoutCache | None = None
+    """Layout scans of the body versions this request went through, created on first use."""
+
+    # --- reorder (`proxy.pipeline.reorder`) ---
+    system_tiers: tuple[str, ...] | None = None
+    """Tier of each system block of the reordered body, in order."""
+    system_moved_to_user: int = 0
+    """Volatile system segments moved onto the newest user message."""
+    head_dropped: int = 0
+    """System-section messages (OpenAI leading system/developer messages) that left the message
+    array because all their text moved onto the newest user message: replay and the session
+    record line the sent array up with the client's by it (`replay.aligned_items`)."""
+
+    # --- pin (`proxy.pipeline.pins`) ---
+    pinned_segments: dict[str, str] | None = None
+    """The session's pinned system segments after this request (key -> first-seen text);
+    `None` when the stage did not run."""
+    pins_kept: int = 0
+    """Segments sent with their first-seen bytes."""
+    pins_moved: int = 0
+    """Changed segments whose new value went onto the newest user message."""
+
+    # --- replay (`proxy.pipeline.replay`) ---
+    replayed: int = 0
+    """Messages sent as their stored bytes."""
+    replayed_bytes: dict[int, tuple[Any, bytes]] | None = None
+    """Position -> `(value sent, its stored bytes)` of each replayed message (for the record)."""
+
+    # --- diagnostics (`proxy.pipeline.diagnostics`) ---
+    is_diagnostics_requested: bool = False
+    """The request asks the upstream to diagnose its cache misses."""
+
+    # --- breakpoints (`proxy.pipeline.breakpoints`) ---
+    plan: Plan | None = None
+    """The markers placed and why."""
+
+    # --- rewriting stages, through `replace_body` ---
+    is_body_dirty: bool = False
+    """A stage replaced `body`: `serialise` dumps it to `upstream_body`."""
+
+    # --- serialise (`proxy.pipeline.serialise`); `proxy.measure.sent_body` otherwise ---
+    serialised: tuple[bytes, JSONObject | None] | None = None
+    """`(upstream bytes, the body they were dumped from)`; filled by `sent_body` (the bytes
+    parsed, once) when the stage did not dump them."""
+
+    # --- forward (`proxy.forward`) ---
+    stream_error: str | None = None
+    """Exception type name when relaying the upstream's stream failed."""
+    is_client_gone: bool = False
+    """The client hung up before the last byte."""
+
+    # --- measurement (`proxy.measure`), response side ---
+    sent_params: tuple[JSONObject, bytes] | None = None
+    """`(body sent, params digest)` (`sent_params_digest`, once per request)."""
+    sent_prompt: tuple[JSONObject, PromptScan] | None = None
+    """`(body sent, its PromptScan)` (`sent_prompt`, once per request)."""
+    sent_chain: PrefixChain | None = None
+    """Chain digests of the prompt sent (`measure`)."""
+    measurement: Measurement | None = None
+    """Everything measured about this request (`measure`)."""
+
+    def replace_body(self, body: JSONObject) -> None:
+        """Make `body` (a new object: stages are copy-on-write) the request body and mark it for
+        `serialise`; the only way a stage changes what goes upstream."""
+        self.body = body
+        self.is_body_dirty = True
 
     @property
     def provider(self) -> str:

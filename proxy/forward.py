@@ -344,7 +344,7 @@ async def _send(
                 tee.feed(chunk)
         except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerTimeoutError) as exc:
             _log.warning("upstream stream ended early: %s", type(exc).__name__)
-            exchange.notes["stream_error"] = type(exc).__name__
+            exchange.stream_error = type(exc).__name__
             _take_usage(exchange, reader)
             if request.transport is not None:
                 request.transport.close()
@@ -352,7 +352,7 @@ async def _send(
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: the upstream is closed below; usage already seen (billed
             # by the upstream, e.g. Anthropic's `message_start`) is still counted.
-            exchange.notes["client_gone"] = True
+            exchange.is_client_gone = True
             _take_usage(exchange, reader)
             raise
         await response.write_eof()

@@ -92,10 +92,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 services.recorder.record(path, request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
             exchange.is_anonymous = not credential_of(request.headers)
-            exchange.notes["is_pipeline"] = True
+            exchange.is_pipeline = True
             _platform_route(exchange, where, pm)
             await run_request_stages(exchange, services)
-            bad_utf8 = exchange.notes.get("invalid_utf8")
+            bad_utf8 = exchange.invalid_utf8
             if bad_utf8 is not None:
                 status = BAD_REQUEST.status
                 return local_error(adapter, BAD_REQUEST, invalid_utf8_message(*bad_utf8))
@@ -126,7 +126,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         # The client disconnected before the last byte (mid-body or mid-stream): a client
         # outcome, not ours; usage the upstream already reported is counted (once).
         status = CLIENT_CLOSED
-        if exchange is not None and exchange.notes.get("is_pipeline"):
+        if exchange is not None and exchange.is_pipeline:
             record_usage(exchange, services)
         raise
     finally:
@@ -201,15 +201,26 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: upstream sessions are open. The body names each provider's upstream mode
-    (`real`, `sim`, `custom`) and host, with a `warning` when `upstream: auto` fell back to the
-    built-in simulator."""
+    """Readiness: upstream sessions are open and the session store is healthy. The body names
+    each provider's upstream mode (`real`, `sim`, `custom`) and host, with a `warning` when
+    `upstream: auto` fell back to the built-in simulator, and the store's health (checked now,
+    `proxy.store.RecordStore.check`): `status` is `store_unhealthy` (503) while the store
+    cannot take writes, naming the cause (`store.problem`: `disk_full`, `read_only` ...).
+    Requests are served meanwhile, without replay."""
+    services = request.app[SERVICES]
     ready = CLIENT_SESSIONS in request.app and bool(request.app[CLIENT_SESSIONS])
-    active = request.app[SERVICES].active_upstreams or {}
+    active = services.active_upstreams or {}
+    status = "ready" if ready else "starting"
+    store = services.store
+    health = await store.check() if store is not None else None
+    if ready and health is not None and not health.is_healthy:
+        ready, status = False, "store_unhealthy"
     body: dict[str, object] = {
-        "status": "ready" if ready else "starting",
+        "status": status,
         "upstreams": {name: item.as_json() for name, item in active.items()},
     }
+    if health is not None:
+        body["store"] = health.as_json()
     if any(item.fallback for item in active.values()):
         body["warning"] = SIM_FALLBACK_WARNING
     return web.json_response(body, status=200 if ready else 503)

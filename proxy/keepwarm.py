@@ -5,10 +5,12 @@ Contract:
 - `arm(exchange, services, base_url)` after a 2xx pipeline response (`optimise` mode only) that
   ended the turn (`Usage.turn` `human`) and whose last marker is 5m, on a session, not a
   subagent, not a signed request: opens the session's **window**, holding in memory only the
-  URL, the headers as sent upstream (the credential among them) and the body as sent with
-  `max_tokens: 1` and without `stream` (the same prefix bytes up to its markers; neither field
-  is part of the cached prefix). The entry lives from the request's start (PROVIDERS.md 1.7),
-  so the first ping is due `MARGIN` seconds before 5 minutes after it.
+  URL, the headers as sent upstream (the credential among them) and the body as sent, cut
+  after its last marker (`ProviderAdapter.prefix_request`: the same prefix bytes, nothing
+  uncached after them; the whole body where the adapter cannot cut), with `max_tokens: 1` and
+  without `stream` (neither field is part of the cached prefix). The entry lives from the
+  request's start (PROVIDERS.md 1.7), so the first ping is due `MARGIN` seconds before 5
+  minutes after it.
 - `fire_due(now)` sends every due ping, one at a time: a ping goes out only if the window has
   not ended (an hour after the last real request: then it is dropped with its credential),
   the tenant's breaker is closed, the expected cost fits the cap (USD spent by the tenant's
@@ -16,8 +18,8 @@ Contract:
   (another replica served it: only the replica that served the last request pings), and it
   pays: the chance that the person comes back within the next 5 minutes, given they have not
   yet (the tenant's human gaps, the prior of `proxy.pacing` below `MIN_SAMPLES`), times the
-  re-write it saves (1.25 - 0.1 per token of the part no 1h anchor keeps: all of it without
-  one, else what the request did not read) exceeds the ping's read (0.1 per prompt token). A
+  re-write it saves (1.25 - 0.1 per token of the part no 1h entry keeps: all of it without
+  a 1h marker, else what the request wrote at 5m) exceeds the ping's read (0.1 per prompt token). A
   window that would not pay its first ping is not opened. A ping that fails (any error or
   non-2xx) drops the window and opens the tenant's breaker for `BREAKER_SECONDS`. Each ping
   reschedules itself `TTL - MARGIN` later (a read refreshes the entry).
@@ -45,7 +47,7 @@ import orjson
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
 from proxy.pacing import FIVE_MINUTES, ONE_HOUR, READ, WRITE_5M, Pacing
-from proxy.pricing import default_pricing
+from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import HUMAN, Usage
 
 _log = logging.getLogger("promptcache.keepwarm")
@@ -130,6 +132,8 @@ class KeepWarm:
     store: Any = None
     pacing: Callable[[str], Pacing] | None = None
     """Tenant -> its `Pacing` (human gaps)."""
+    pricing: PricingTable = field(default_factory=default_pricing)
+    """Prices of the pings (`Services.pricing`)."""
     windows: dict[tuple[str, str], Window] = field(default_factory=dict)
     spent: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Tenant -> `(clock hour, USD spent by pings in it)`."""
@@ -151,7 +155,7 @@ class KeepWarm:
     def arm(self, exchange: Exchange, services: Any, base_url: str) -> bool:
         """Open (or replace) the session's window after this response (module docstring)."""
         usage = exchange.usage
-        plan = exchange.notes.get("plan")
+        plan = exchange.plan
         if not self.enabled or services.settings.mode != "optimise" or exchange.is_signed:
             return False
         if usage is None or usage.turn != HUMAN or not 200 <= exchange.status < 300:
@@ -163,20 +167,22 @@ class KeepWarm:
         markers = getattr(plan, "markers", ())
         if not markers or markers[-1].ttl != "5m":
             return False
-        total = usage.prompt_total
-        share = 1.0
-        if any(m.ttl == "1h" for m in markers) and total:
-            share = max(0.0, total - usage.cache_read) / total  # a 1h entry keeps what was read
-        if not ping_pays(self.pacing(exchange.tenant).human if self.pacing else (), FIVE_MINUTES - MARGIN, share):
-            return False
-        arrivals = exchange.notes.get("arrivals") or ()
+        arrivals = exchange.arrivals
         if not arrivals:
             return False
         try:
-            body = orjson.loads(exchange.outgoing)
+            sent = orjson.loads(exchange.outgoing)
         except orjson.JSONDecodeError:
             return False
-        if not isinstance(body, dict):
+        if not isinstance(sent, dict):
+            return False
+        cut = exchange.adapter.prefix_request(exchange.path, sent, markers[-1].index)
+        body = dict(cut if cut is not None else sent)
+        prefix = usage.cache_read + usage.cache_write if cut is not None else usage.prompt_total
+        share = 1.0
+        if any(m.ttl == "1h" for m in markers) and prefix:
+            share = min(1.0, usage.cache_write_5m / prefix)  # a 1h entry keeps the rest
+        if not ping_pays(self.pacing(exchange.tenant).human if self.pacing else (), FIVE_MINUTES - MARGIN, share):
             return False
         body["max_tokens"] = 1
         body.pop("stream", None)
@@ -187,10 +193,10 @@ class KeepWarm:
             if value is not None:
                 headers[key] = value
         arrival = float(arrivals[-1])
-        key = (exchange.tenant, exchange.session_id)
-        if key not in self.windows and len(self.windows) >= MAX_WINDOWS:
+        window_key = (exchange.tenant, exchange.session_id)
+        if window_key not in self.windows and len(self.windows) >= MAX_WINDOWS:
             return False
-        self.windows[key] = Window(
+        self.windows[window_key] = Window(
             exchange.tenant,
             exchange.session_id,
             exchange.provider,
@@ -200,7 +206,7 @@ class KeepWarm:
             orjson.dumps(body),
             arrival,
             arrival + FIVE_MINUTES - MARGIN,
-            usage.prompt_total,
+            prefix,
             exchange.adapter,
             exchange.path,
             share,
@@ -234,7 +240,7 @@ class KeepWarm:
         window.headers.clear()  # the credential goes with the window
 
     def _expected_cost(self, window: Window) -> float:
-        prices = default_pricing().prices(window.provider, window.model)
+        prices = self.pricing.prices(window.provider, window.model)
         if prices is None:
             return 0.0
         return prices.cost(Usage(cache_read=window.prompt_tokens, output=1))
@@ -277,7 +283,7 @@ class KeepWarm:
         except orjson.JSONDecodeError:
             pass
         usage = reader.result()
-        prices = default_pricing().prices(window.provider, window.model)
+        prices = self.pricing.prices(window.provider, window.model)
         paid = prices.cost(usage) if prices is not None else 0.0
         self.spent[tenant] = (hour, spent + paid)
         pm.keepwarm_pings["ok"].inc()

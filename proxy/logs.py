@@ -33,10 +33,9 @@ def access_fields(
     exchange: Any = None,
 ) -> dict[str, Any]:
     """The access line's fields; tokens, cost and cause come from `exchange` when it has them
-    (its `usage` and `notes["measurement"]`), else are `None`."""
+    (its `usage` and `measurement`), else are `None`."""
     usage = getattr(exchange, "usage", None)
-    notes = getattr(exchange, "notes", None) or {}
-    measurement = notes.get("measurement")
+    measurement = getattr(exchange, "measurement", None)
     fields: dict[str, Any] = {
         "provider": provider,
         "method": method,

@@ -27,10 +27,10 @@ Pure core (plain data in, plain data out, no I/O), used by `measure()` and by `p
 `measure(exchange, services)` is the thin wrapper the response side calls once per pipeline
 request, after the last byte went to the client: 2xx responses with a JSON body only. It
 digests what was SENT once (`sent_prompt`: `proxy.prefix.scan_prompt` over the adapter's
-layout, shared with the session record through `notes["sent_prompt"]`; the chain also in
-`exchange.notes["sent_chain"]`), reads
-`notes["previous"]` (the session's previous `SessionRecord`, or `None`) and
-`notes["history_rewritten"]`, writes `notes["measurement"]` (a `Measurement`), and updates the
+layout, shared with the session record through `Exchange.sent_prompt`; the chain also in
+`Exchange.sent_chain`), reads
+`Exchange.previous` (the session's previous `SessionRecord`, or `None`) and
+`Exchange.history_rewritten`, writes `Exchange.measurement` (a `Measurement`), and updates the
 metrics. Invariant: it never changes what was sent or answered.
 """
 
@@ -48,7 +48,6 @@ from proxy.exchange import Exchange
 from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
-from proxy.pricing import PricingTable, default_pricing
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
 from proxy.rules import MAX_RULE_LINE_CHARS
 from proxy.services import Services
@@ -102,7 +101,7 @@ class Divergence:
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """Everything measured about one request (debug endpoint, logs, `notes["measurement"]`)."""
+    """Everything measured about one request (debug endpoint, logs, `Exchange.measurement`)."""
 
     provider: str
     family: str
@@ -147,13 +146,12 @@ def params_digest(adapter: ProviderAdapter, path: str, body: JSONObject) -> byte
 
 
 def sent_params_digest(exchange: Exchange, body: JSONObject) -> bytes:
-    """`params_digest` of `body` (the body sent), once per request (`notes["sent_params"]`)."""
-    found = exchange.notes.get("sent_params")
+    """`params_digest` of `body` (the body sent), once per request (`Exchange.sent_params`)."""
+    found = exchange.sent_params
     if found is not None and found[0] is body:
-        digest: bytes = found[1]
-        return digest
+        return found[1]
     digest = params_digest(exchange.adapter, exchange.path, body)
-    exchange.notes["sent_params"] = (body, digest)
+    exchange.sent_params = (body, digest)
     return digest
 
 
@@ -309,43 +307,40 @@ def sent_body(exchange: Exchange) -> JSONObject | None:
     """The request body as it went upstream.
 
     The client's bytes when a stage failed (fail open) or nothing was rewritten, else the
-    serialised upstream body: the object `serialise` dumped (`notes["serialised"]`, never
-    edited after), else the upstream bytes parsed (once: the result is kept in the notes).
+    serialised upstream body: the object `serialise` dumped (`Exchange.serialised`, never
+    edited after), else the upstream bytes parsed (once: the result is kept there).
     """
-    notes = exchange.notes
     if exchange.failed_stage is not None:
         source = exchange.raw
     elif exchange.upstream_body is None:
         return exchange.body
     else:
         source = exchange.upstream_body
-    known = notes.get("serialised")
+    known = exchange.serialised
     if known is not None and known[0] is source:
-        body: Any = known[1]
-        return body
+        return known[1]
+    body: Any
     try:
         body = orjson.loads(source)
     except orjson.JSONDecodeError:
         body = None
     body = body if isinstance(body, dict) else None
-    notes["serialised"] = (source, body)
+    exchange.serialised = (source, body)
     return body
 
 
 def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
-    """`scan_prompt` of `body` (the body sent), once per request (`notes["sent_prompt"]`).
+    """`scan_prompt` of `body` (the body sent), once per request (`Exchange.sent_prompt`).
 
     The runs come from the adapter's `layout`, per prefix key; a key whose value is the very
-    object the session stage laid out (`notes["client_runs"]`: bodies are copy-on-write, so an
+    object the session stage laid out (`Exchange.client_runs`: bodies are copy-on-write, so an
     unchanged key is the same object) reuses those runs.
     """
-    notes = exchange.notes
-    found = notes.get("sent_prompt")
+    found = exchange.sent_prompt
     if found is not None and found[0] is body:
-        prompt: PromptScan = found[1]
-        return prompt
+        return found[1]
     adapter, path = exchange.adapter, exchange.path
-    known = notes.get("client_runs") or {}
+    known = exchange.client_runs or {}
     runs: list[Any] = []
     for key in adapter.prefix_keys(path):
         if key not in body:
@@ -354,7 +349,7 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
         hit = known.get(key)
         runs.extend(hit[1] if hit is not None and hit[0] is value else adapter.layout(path, {key: value}))
     prompt = scan_prompt(runs)
-    notes["sent_prompt"] = (body, prompt)
+    exchange.sent_prompt = (body, prompt)
     return prompt
 
 
@@ -429,7 +424,7 @@ def _token_prediction(
     """The adapter's prediction in real tokens (`predict_read_tokens`, OpenAI: `o200k_base`)
     when it has one and the tokenizer is loaded (`services.tokens`), else `None` (bytes/4)."""
     predictor = getattr(exchange.adapter, "predict_read_tokens", None)
-    counter = getattr(services, "tokens", None)
+    counter = services.tokens
     if predictor is None or counter is None:
         return None
     result: tuple[int | None, int] | None = predictor(
@@ -455,8 +450,8 @@ def measure(exchange: Exchange, services: Services) -> None:
     prompt = sent_prompt(exchange, body)
     blocks = prompt.blocks
     chain = prompt.chain
-    exchange.notes["sent_chain"] = chain
-    previous = exchange.notes.get("previous")
+    exchange.sent_chain = chain
+    previous = exchange.previous
     model = request_model(body)
     rules = _rules(services)
     divergence = find_divergence(
@@ -465,7 +460,7 @@ def measure(exchange: Exchange, services: Services) -> None:
         blocks,
         model,
         sent_params_digest(exchange, body),
-        history_rewritten=exchange.notes.get("history_rewritten") is not None,
+        history_rewritten=exchange.history_rewritten is not None,
         is_volatile=_checker(rules),
     )
     predicted_at, predicted = (None, 0)
@@ -485,12 +480,11 @@ def measure(exchange: Exchange, services: Services) -> None:
             predicted_at, predicted = counted
     usage = exchange.usage
     cause = "expired" if is_expired(predicted, usage) else divergence.cause
-    pricing: PricingTable = getattr(services, "pricing", None) or default_pricing()
-    family, prices = pricing.lookup(exchange.provider, model)
+    family, prices = services.pricing.lookup(exchange.provider, model)
     cost = uncached = None
     if usage is not None and prices is not None:
         cost, uncached = prices.cost(usage), prices.uncached_cost(usage)
-    requested = bool(exchange.notes.get("diagnostics_requested"))
+    requested = exchange.is_diagnostics_requested
     result = Measurement(
         provider=exchange.provider,
         family=family,
@@ -511,7 +505,7 @@ def measure(exchange: Exchange, services: Services) -> None:
         if requested and usage is not None
         else None,
     )
-    exchange.notes["measurement"] = result
+    exchange.measurement = result
     _record(result, services, requested)
     if cost is not None and uncached is not None:
         attribute_cost(exchange, services, cost, uncached)

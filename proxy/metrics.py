@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from proxy import __version__
 from proxy.pricing import OTHER as OTHER_FAMILY
 from proxy.pricing import default_pricing
+from proxy.store.base import FAULT_KINDS
 
 PROVIDERS: Final = ("anthropic", "openai")
 OUTCOMES: Final = ("ok", "client_error", "upstream_error", "proxy_error")
@@ -461,6 +462,21 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.store_faults = Counter(
+            "promptcache_session_store_faults_total",
+            "Session store failures by cause (file_gone, disk_full, read_only, cannot_open, corrupt, "
+            "locked, unavailable, unresponsive, timeout, other); a request never failed on one "
+            "(proxy.store).",
+            ["backend", "kind"],
+            registry=r,
+        )
+        self.store_healthy = Gauge(
+            "promptcache_session_store_healthy",
+            "1 while the session store takes writes, 0 while it is unhealthy (disk full, read-only, "
+            "unreachable): /readyz answers 503 naming the cause (proxy.store).",
+            ["backend"],
+            registry=r,
+        )
         self.record_errors = Counter(
             "promptcache_record_errors_total",
             "Requests the trace recorder (`record`) could not write; the request went on (proxy.record).",
@@ -485,6 +501,8 @@ class Metrics:
                 self.store_errors.labels(backend, operation)
             self.store_pending_writes.labels(backend)
             self.store_dropped_writes.labels(backend)
+            for kind in FAULT_KINDS:
+                self.store_faults.labels(backend, kind)
         self.by_provider: dict[str, ProviderMetrics] = {}
         self.measure: dict[str, MeasureMetrics] = {}
         for provider in PROVIDERS:

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -42,7 +43,6 @@ from proxy.tracing import CURRENT
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 def install_tracing(app: web.Application, provider: trace.TracerProvider | None = None) -> None:
@@ -125,7 +125,7 @@ class _RequestTrace:
     @contextmanager
     def upstream(self, method: str, url: str, headers: CIMultiDict[str]) -> Iterator[_Upstream]:
         parts = urlsplit(url)
-        attributes = {
+        attributes: dict[str, str | int] = {
             "http.request.method": method,
             "server.address": parts.hostname or "",
             "server.port": parts.port or (443 if parts.scheme == "https" else 80),

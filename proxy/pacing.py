@@ -43,6 +43,12 @@ TTL rule (`choose_ttls`), costs per prefix token in multiples of the base input 
   `1h` when the tail is (a 1h entry must not follow a 5m one), or when its entry is alive now
   (`shared_live`: sent less than 5 minutes ago) and `next_hour` is above `SHARED_MIN_CHANCE`
   (a refresh at the read price); else `5m`.
+Cost guard (`tail_pays`): a tail nobody is predicted to read is not written. Against sending
+the new tokens uncached (1.0), a 5m tail costs 0.25 more now and saves 1.15 when the next
+request comes within 5 minutes (`next_soon`), a 1h tail 1.0 more and saves 1.15 when it comes
+within the hour; when neither pays (`next_soon` <= 0.217 and `next_soon + next_hour` <= 0.870:
+the conversation is predicted to end, or to resume only after the hour) no marker writes past
+the anchor, and the shared prefix and the anchor keep theirs.
 A client's own TTL is never shortened (`proxy.pipeline.planner.Planner.finish`); every marker
 before a 1h one becomes 1h (1.7).
 """
@@ -148,6 +154,11 @@ class Forecast:
         """Chance that the next request comes within 5 minutes..1 hour."""
         return self.p_end * self.human_hour + (1.0 - self.p_end) * self.tool_hour
 
+    @property
+    def next_soon(self) -> float:
+        """Chance that the next request comes within 5 minutes."""
+        return self.p_end * self.human_soon + (1.0 - self.p_end) * self.tool_soon
+
 
 def _shares(samples: Sequence[float], prior: tuple[float, float]) -> tuple[float, float]:
     if not samples:
@@ -174,18 +185,32 @@ class TtlChoice:
     anchor: Ttl
     tail: Ttl
     next_hour: float
+    write_tail: bool = True
+    """False when the tail is predicted not to be read (`tail_pays`): no marker writes past the
+    anchor."""
 
 
 BREAK_EVEN: Final = (WRITE_1H - WRITE_5M) / (WRITE_5M - READ)
 """`next_hour` above which a 1h tail pays (0.652)."""
 
 
+def tail_pays(prediction: Forecast, tail: Ttl) -> bool:
+    """Whether writing the tail with `tail`'s TTL beats sending it uncached (module docstring,
+    cost guard): the write's premium over the base price (0.25 for 5m, 1.0 for 1h) against the
+    re-write it saves (1.25 - 0.1) times the chance the next request reads it (comes while
+    the entry lives)."""
+    read = prediction.next_soon + (prediction.next_hour if tail == "1h" else 0.0)
+    premium = (WRITE_1H if tail == "1h" else WRITE_5M) - 1.0
+    return read * (WRITE_5M - READ) > premium
+
+
 def choose_ttls(
     prediction: Forecast, *, agent: bool = False, expired: bool = False, shared_live: bool = False
 ) -> TtlChoice:
-    """`(shared prefix, anchor, tail)` TTLs (module docstring)."""
+    """`(shared prefix, anchor, tail)` TTLs and whether the tail is written (module docstring)."""
     chance = prediction.next_hour
     tail: Ttl = "1h" if not agent and chance > BREAK_EVEN else "5m"
     anchor: Ttl = "1h" if not expired or tail == "1h" else "5m"
     shared: Ttl = "1h" if tail == "1h" or (shared_live and chance > SHARED_MIN_CHANCE) else "5m"
-    return TtlChoice(shared, anchor, tail, chance)
+    # a subagent is machine-paced: its next request comes in seconds, whatever people do
+    return TtlChoice(shared, anchor, tail, chance, agent or tail_pays(prediction, tail))

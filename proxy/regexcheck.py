@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 try:  # Python 3.11+ (as proxy.pipeline.prefilter)
-    from re import _constants as _c  # type: ignore[attr-defined]
-    from re import _parser as _sre  # type: ignore[attr-defined]
+    from re import _constants as _c
+    from re import _parser as _sre
 except ImportError:  # pragma: no cover - another interpreter: no static check
     _c = _sre = None
 

@@ -25,7 +25,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import yaml
 
@@ -241,6 +241,9 @@ def _rule(doc: _Doc, i: int, raw: Any, names: dict[str, str]) -> Rule | None:
         doc.error(at + ("description",), "must be a string")
     if len(doc.errors) != count or pattern is None:
         return None
+    # no error: name, kind and tier passed the checks above (non-empty string, one of KINDS, TIERS)
+    if not (isinstance(name, str) and isinstance(kind, str) and isinstance(tier, str)):
+        return None
     return Rule(name, kind, pattern, tier, end, until, bool(move), names[name], bool(pin), bool(to_user))
 
 
@@ -256,7 +259,7 @@ def _rules_file(path: Path, errors: list[str], names: dict[str, str]) -> list[Ru
     return [r for i, raw in enumerate(raw_rules) if (r := _rule(doc, i, raw, names)) is not None]
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

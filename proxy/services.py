@@ -2,40 +2,58 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from proxy.metrics import Metrics
+from proxy.pricing import PricingTable, default_pricing
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from proxy.affinity import Affinity
+    from proxy.debug import LastMeasurements
+    from proxy.keepwarm import KeepWarm
+    from proxy.ledger import TenantLedger
+    from proxy.providers import Router
+    from proxy.record import TraceRecorder
+    from proxy.rules import RuleSet
+    from proxy.sessions import SessionState
+    from proxy.sim.tokens import TokenCounter
+    from proxy.store import RecordStore
+    from proxy.teams import TeamResolver
+    from proxy.upstreams import ActiveUpstream
 
 
 @dataclass(slots=True)
 class Services:
     settings: Settings
     metrics: Metrics
-    rules: Any = None
+    rules: RuleSet | None = None
     """The loaded `RuleSet` (proxy.rules), `None` until rules are loaded."""
-    recorder: Any = None
+    recorder: TraceRecorder | None = None
     """The `TraceRecorder` (proxy.record) when `settings.record` is set."""
-    affinity: Any = None
+    affinity: dict[str, Affinity] | None = None
     """Provider -> `proxy.affinity.Affinity` over its upstream's base URLs (set at start)."""
-    router: Any = None
+    router: Router | None = None
     """The `proxy.providers.Router` of the configured profiles; `None` builds the default."""
-    last_measurements: Any = None
+    last_measurements: LastMeasurements | None = None
     """`proxy.debug.LastMeasurements`: newest measurement per session, for `/debug/sessions`."""
-    store: Any = None
+    store: RecordStore | None = None
     """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
-    tokens: Any = None
+    tokens: TokenCounter | None = None
     """`o200k_base` counter (`proxy.sim.tokens.TokenCounter`) for predictions in real tokens,
     loaded off the loop at start; `None` before (measurement then estimates bytes/4)."""
-    teams: Any = None
+    teams: TeamResolver | None = None
     """`proxy.teams.TeamResolver` built from `team_header`, `teams` and `teams_file`."""
-    ledger: Any = None
+    ledger: TenantLedger | None = None
     """`proxy.ledger.TenantLedger`: per-tenant totals for `/debug/tenants`."""
-    active_upstreams: Any = None
+    active_upstreams: dict[str, ActiveUpstream] | None = None
     """Provider -> `proxy.upstreams.ActiveUpstream` (mode and host in use), set at start."""
-    keep_warm: Any = None
+    keep_warm: KeepWarm | None = None
     """`proxy.keepwarm.KeepWarm` when `keep_warm` is not `off` (set at start)."""
-    sessions: Any = None
+    sessions: SessionState | None = None
     """Per-process session state (`proxy.sessions.SessionState`: tenant secret, session
     inference index, pacing statistics); set with `store` by `proxy.store.store_ctx`."""
+    pricing: PricingTable = field(default_factory=default_pricing)
+    """Prices per provider and model family (`proxy.pricing`): measurement's costs, the session
+    history, keep-warm's expected ping cost. Defaults to the packaged `rules/pricing.yaml`."""

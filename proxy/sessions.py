@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import urlsplit
 
 import orjson
@@ -40,6 +40,8 @@ from proxy.settings import Settings
 from proxy.tenant import credential_of, load_secret, tenant_id
 
 if TYPE_CHECKING:
+    from proxy.pipeline.replay import Masker
+    from proxy.rules import RuleSet
     from proxy.store import RecordStore
 
 INDEX_TTL: Final = 4200.0
@@ -299,7 +301,7 @@ class SessionState:
     pacing: TenantPacing = field(default_factory=TenantPacing)
     clock: Callable[[], float] = time.time
     """Epoch seconds for arrivals (pacing); tests share the simulator's manual clock."""
-    masker: tuple[Any, Any] | None = None
+    masker: tuple[RuleSet | None, Masker] | None = None
     """`(RuleSet, proxy.pipeline.replay.Masker)` of the rules in use (`session.masker_for`)."""
 
     @classmethod

@@ -40,6 +40,7 @@ async def test_auto_fallback_is_loud_in_readyz_and_metric(make_proxy) -> None:
         },
         "warning": "no real API was reachable at start (upstream: auto): the built-in simulator "
         "answers with canned replies; set upstream: real in production",
+        "store": {"backend": "memory", "healthy": True},
     }
     host = sim.removeprefix("http://")
     for provider in ("anthropic", "openai"):
@@ -57,7 +58,11 @@ async def test_custom_upstream_in_readyz_and_metric(make_proxy, fake_upstream: F
     body = await _readyz(proxy.url)
     host = fake_upstream.url.removeprefix("http://")
     entry = {"mode": "custom", "host": host, "url": fake_upstream.url, "fallback": False}
-    assert body == {"status": "ready", "upstreams": {"anthropic": entry, "openai": entry}}
+    assert body == {
+        "status": "ready",
+        "upstreams": {"anthropic": entry, "openai": entry},
+        "store": {"backend": "memory", "healthy": True},
+    }
     assert proxy.sample("promptcache_upstream_info", provider="openai", mode="custom", host=host) == 1.0
 
 

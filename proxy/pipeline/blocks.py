@@ -121,7 +121,7 @@ class Legality:
         """Ids of the hidden calls in the request (one scan, when first asked)."""
         if self._hidden is None:
             hidden = self.policy.hidden_calls
-            ids = set()
+            ids: set[Any] = set()
             if hidden is not None:
                 for run in self.view.runs:
                     if run.section == "messages" and run.is_list:

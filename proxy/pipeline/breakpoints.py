@@ -35,7 +35,16 @@ Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
   candidate then goes to the end of the previous turn instead (the last block the client
   has kept so far, reason `turn`). A client's own markers are never moved for it. As soon
   as a request keeps the previous newest message (the count is back to 0), the last block
-  is marked again. Deterministic: the count comes from the session record.
+  is marked again. Deterministic: the count comes from the session record. A rewrite of an
+  earlier message up to the previous request's newest one counts too (that tail was not read
+  either). On a session's first request (`PlanContext.first`: no record of an earlier one), a
+  client that marked messages itself but not its newest message has said where its reusable
+  prefix ends (aider marks its few-shot examples and files and rebuilds what follows): the
+  first candidate goes to the end of the previous turn as well.
+- Cost guard (`proxy.pacing.tail_pays`): when the forecast says no later request reads a new
+  tail (the conversation is predicted to end, or to resume only after the hour), no marker is
+  added past the anchor: only the shared prefix, the tools' end and the anchor (while its
+  entry lives: an expired anchor would be a write like any tail) are candidates.
 - TTLs (1.7, 1.9): injected markers take the TTLs of `PlanContext` (pacing, `proxy.pacing`):
   with `PlanContext.pacing` set, `proxy.pacing.choose_ttls` picks them from the forecast and
   the share of the prompt past the previous request's last marker (the planner's byte
@@ -62,7 +71,7 @@ Notes: reads `plan_context` (`PlanContext`, from the session engineer) and `syst
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -93,18 +102,6 @@ TAIL_MISSES_TO_SKIP: Final = 1
 """Consecutive rewritten newest messages after which the newest message gets no new marker."""
 
 
-def _ttl(value: Any) -> str:
-    return "1h" if value == "1h" else "5m"
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _index(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 @dataclass(frozen=True, slots=True)
 class PacingInput:
     """What the TTL rule needs besides the prompt (`proxy.pacing`)."""
@@ -121,7 +118,7 @@ class PacingInput:
 
 @dataclass(frozen=True, slots=True)
 class PlanContext:
-    """What the session knows for planning (`exchange.notes["plan_context"]`)."""
+    """What the session knows for planning (`Exchange.plan_context`)."""
 
     previous_breakpoints: tuple[int, ...] = ()
     """Positions (prefix-block indices) of the markers the session's previous request wrote."""
@@ -134,31 +131,17 @@ class PlanContext:
     of the request before them (`SessionRecord.tail_misses`): a marker there was never read."""
     rewritten_from: int | None = None
     """Index (in the message array) of the first earlier message this request rewrote
-    (`notes["history_rewritten"]`); `None` when the client kept its history."""
+    (`Exchange.history_rewritten`); `None` when the client kept its history."""
     pacing: PacingInput | None = None
     """The session's forecast: when set, the planner chooses `ttl_shared` / `ttl_session` itself
     (`proxy.pacing.choose_ttls`) from the share of the prompt this request writes."""
+    first: bool = False
+    """The session's first request (no record of an earlier one): see `skips_tail`."""
 
     @property
     def skips_tail(self) -> bool:
         """No new marker on the newest message (module docstring, wasted tails)."""
         return self.tail_misses >= TAIL_MISSES_TO_SKIP
-
-    @classmethod
-    def coerce(cls, value: Any) -> PlanContext | None:
-        """Accepts `PlanContext` or a mapping with its field names (`shared_ttl` /
-        `session_ttl` also accepted; other keys ignored)."""
-        if value is None or isinstance(value, PlanContext):
-            return value
-        if isinstance(value, Mapping):
-            return cls(
-                tuple(value.get("previous_breakpoints", ())),
-                _ttl(value.get("ttl_shared", value.get("shared_ttl"))),
-                _ttl(value.get("ttl_session", value.get("session_ttl"))),
-                _count(value.get("tail_misses")),
-                _index(value.get("rewritten_from")),
-            )
-        raise TypeError(f"plan_context must be PlanContext or a mapping, not {type(value).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +209,7 @@ def place_breakpoints(
     )
     final = planner.finish()
     _apply(editor, adapter, path, view, policy.key, marks, nested, final)
-    if top is not None:
+    if top_key is not None and top is not None:
         editor.delete((top_key,))
     markers = tuple(
         PlannedMarker(i, marker_ttl(m) if policy.has_ttl else None, origin, reason)
@@ -288,18 +271,17 @@ class BreakpointsStage:
             exchange.path,
             body,
             min_tokens=min_tokens_for(services, exchange, model),
-            system_tiers=exchange.notes.get("system_tiers"),
-            context=PlanContext.coerce(exchange.notes.get("plan_context")),
+            system_tiers=exchange.system_tiers,
+            context=exchange.plan_context,
             caps=capabilities_for(services, exchange.adapter, model),
             cache=layout_cache(exchange),
         )
-        exchange.notes["plan"] = plan
+        exchange.plan = plan
         count_markers(
             exchange, services, injected=plan.injected, moved=plan.moved, dropped=plan.dropped, kept=plan.kept
         )
         if new_body is not body:
-            exchange.body = new_body
-            exchange.notes["dirty"] = True
+            exchange.replace_body(new_body)
 
 
 STAGE: Final = BreakpointsStage()

@@ -5,7 +5,7 @@ Pure core `canonicalise_body(adapter, path, body, pins, caps)`; `STAGE` adapts i
 
 Contract:
 - Tool definitions in a pinned order: the names of `SessionPins.pinned_tool_order` (first-seen
-  order in the session, fed by the session engineer through `notes["session_pins"]`) first,
+  order in the session, fed by the session engineer through `Exchange.session_pins`) first,
   then every other tool in client order. Without pins the client's order is kept.
 - Key order of tool schemas and tool-call inputs (Anthropic `tool_use.input`) follows pinned
   first-seen values per tool name (`pinned_schemas`, `pinned_inputs`): keys of the pinned value
@@ -46,7 +46,7 @@ _UNSET: Any = object()
 
 @dataclass(frozen=True, slots=True)
 class SessionPins:
-    """First-seen shapes of one session (`exchange.notes["session_pins"]`)."""
+    """First-seen shapes of one session (`Exchange.session_pins`, the record's mapping form)."""
 
     pinned_tool_order: tuple[str, ...] = ()
     """Tool names in first-seen order."""
@@ -56,19 +56,16 @@ class SessionPins:
     """Tool name -> the first-seen input of a call to it (a key-order reference)."""
 
     @classmethod
-    def coerce(cls, value: Any) -> SessionPins | None:
-        """Accepts `SessionPins`, a mapping with its field names, or a list of tool names."""
-        if value is None or isinstance(value, SessionPins):
-            return value
-        if isinstance(value, Mapping):
-            return cls(
-                tuple(value.get("pinned_tool_order", ())),
-                dict(value.get("pinned_schemas", {})),
-                dict(value.get("pinned_inputs", {})),
-            )
-        if isinstance(value, list | tuple):
-            return cls(tuple(value))
-        raise TypeError(f"session_pins must be SessionPins, a mapping or a list, not {type(value).__name__}")
+    def of(cls, pins: Mapping[str, Any] | None) -> SessionPins | None:
+        """The pins of a session record's mapping (`SessionRecord.pins`, keys as the field
+        names; `proxy.pipeline.session.update_pins` writes it), `None` without one."""
+        if pins is None:
+            return None
+        return cls(
+            tuple(pins.get("pinned_tool_order", ())),
+            dict(pins.get("pinned_schemas", {})),
+            dict(pins.get("pinned_inputs", {})),
+        )
 
 
 @dataclass(slots=True)
@@ -356,14 +353,13 @@ class CanonicaliseStage:
         body = exchange.body
         if body is None:
             return
-        pins = SessionPins.coerce(exchange.notes.get("session_pins"))
+        pins = SessionPins.of(exchange.session_pins)
         caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
         new_body, report = canonicalise_body(exchange.adapter, exchange.path, body, pins, caps, cache)
         count_markers(exchange, services, moved=report.markers_moved, dropped=report.markers_dropped)
         if new_body is not body:
-            exchange.body = new_body
-            exchange.notes["dirty"] = True
+            exchange.replace_body(new_body)
 
 
 STAGE: Final = CanonicaliseStage()

@@ -12,8 +12,8 @@ usage reader and reconciled with promptcache's own cause by `proxy.measure`
 Contract: provider knowledge stays in the adapter (`with_cache_diagnostics`, `None` when the
 provider has no such feature or the client set the field itself); the body is replaced
 copy-on-write and marked dirty, never edited in place; the stage needs the `session` stage's
-`notes["previous"]` (a `SessionRecord` or `None`) and must run after it. It rewrites the request,
-so `observe` mode skips it. Sets `notes["diagnostics_requested"] = True` when it asked.
+`Exchange.previous` (a `SessionRecord` or `None`) and must run after it. It rewrites the request,
+so `observe` mode skips it. Sets `Exchange.is_diagnostics_requested` when it asked.
 """
 
 from __future__ import annotations
@@ -40,14 +40,11 @@ class DiagnosticsStage:
     async def run(self, exchange: Exchange, services: Services) -> None:
         if not services.settings.cache_diagnostics or exchange.body is None:
             return
-        body = with_diagnostics(
-            exchange.adapter, exchange.path, exchange.body, exchange.notes.get("previous")
-        )
+        body = with_diagnostics(exchange.adapter, exchange.path, exchange.body, exchange.previous)
         if body is None:
             return
-        exchange.body = body
-        exchange.notes["dirty"] = True
-        exchange.notes["diagnostics_requested"] = True
+        exchange.replace_body(body)
+        exchange.is_diagnostics_requested = True
 
 
 STAGE: Final = DiagnosticsStage()

@@ -40,9 +40,9 @@ def record_usage(exchange: Exchange, services: Services) -> None:
     pm.input_tokens["write"].inc(usage.cache_write)
     pm.input_tokens["none"].inc(usage.input_none)
     pm.output_tokens.inc(usage.output)
-    if is_ttl_downgrade(exchange.notes.get("plan"), usage):
+    if is_ttl_downgrade(exchange.plan, usage):
         pm.ttl_downgrades.inc()
-    if exchange.notes.get("kept_warm"):
+    if exchange.is_kept_warm:
         pm.keepwarm_saved.inc(usage.cache_read)
     attribute_usage(exchange, services)
 

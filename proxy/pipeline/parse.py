@@ -4,7 +4,7 @@ A body that is not a JSON object leaves `exchange.body` as `None`: later stages 
 bytes go upstream unchanged (the upstream answers the error in its own words). One exception:
 a body that is not UTF-8 (RFC 8259 8.1: JSON exchanged between systems must be) can succeed
 nowhere, and the upstream's parser words it obscurely ("str is not valid UTF-8: surrogates not
-allowed"), so the stage sets `notes["invalid_utf8"] = (offset, byte)` and the handler answers a
+allowed"), so the stage sets `Exchange.invalid_utf8 = (offset, byte)` and the handler answers a
 400 naming the offending byte in the provider's error shape (`invalid_utf8_message`).
 """
 
@@ -45,7 +45,7 @@ class ParseStage:
         except orjson.JSONDecodeError:
             offset = invalid_utf8_offset(exchange.raw)
             if offset is not None:
-                exchange.notes["invalid_utf8"] = (offset, exchange.raw[offset])
+                exchange.invalid_utf8 = (offset, exchange.raw[offset])
             return
         if isinstance(body, dict):
             exchange.body = body

@@ -206,16 +206,15 @@ class PinStage:
         body = exchange.body
         if body is None or exchange.session_id is None:
             return
-        pins = exchange.notes.get("session_pins")
+        pins = exchange.session_pins
         stored = pins.get(PINS_KEY) if isinstance(pins, Mapping) else None
         pinned: Any = stored if isinstance(stored, Mapping) else None
         new_body, report = pin_body(exchange.adapter, exchange.path, body, rules_for(services), pinned)
-        exchange.notes[PINS_KEY] = report.pinned
-        exchange.notes["pins_kept"] = report.kept
-        exchange.notes["pins_moved"] = report.moved
+        exchange.pinned_segments = report.pinned
+        exchange.pins_kept = report.kept
+        exchange.pins_moved = report.moved
         if new_body is not body:
-            exchange.body = new_body
-            exchange.notes["dirty"] = True
+            exchange.replace_body(new_body)
 
 
 STAGE: Final = PinStage()

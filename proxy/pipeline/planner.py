@@ -116,12 +116,16 @@ class Planner:
         `ttl_shared`)."""
         self.ttl_anchor: str | None = None
         """TTL of the marker on the previous request's last marker (`proxy.pacing`), when paced."""
+        self.write_tail = True
+        """False when pacing predicts nobody reads a tail (`proxy.pacing.tail_pays`): no new
+        marker past the anchor (the shared prefix, the anchor and tools only)."""
         if context.pacing is not None:
             pacing = context.pacing
             choice = choose_ttls(
                 pacing.forecast, agent=pacing.agent, expired=pacing.expired, shared_live=pacing.shared_live
             )
             self.ttl_shared, self.ttl_session, self.ttl_anchor = choice.shared, choice.tail, choice.anchor
+            self.write_tail = choice.write_tail
 
     def _anchor(self) -> int | None:
         """The previous request's last marker position, when this request kept everything up to
@@ -172,7 +176,7 @@ class Planner:
         injected = 0
         last = self.legal.at_or_before(self.view.size - 1)
         first = "last"
-        if ctx.skips_tail:  # the newest message came back rewritten: its write is never read
+        if ctx.skips_tail or self._client_leaves_tail(last):
             last, first = self._turn_boundary(), "turn"
         shared, session = self.ttl_shared, self.ttl_session
         self.shared_index = self.legal.at_or_before(stable_end) if stable_end >= 0 else None
@@ -186,6 +190,10 @@ class Planner:
             ("session", session),
             ("tools", shared),
         ]
+        if not self.write_tail:  # only what other conversations or this one already read
+            alive = ctx.pacing is None or not ctx.pacing.expired
+            keep = ("shared", "tools", "anchor") if alive else ("shared", "tools")
+            steps = [step for step in steps if step[0] in keep]
         for reason, ttl in steps:
             if len(self.final) >= self.policy.max_markers:
                 break
@@ -210,6 +218,17 @@ class Planner:
             self.final[index] = (self._new_marker(ttl), "injected", reason)
             injected += 1
         return injected
+
+    def _client_leaves_tail(self, last: int | None) -> bool:
+        """On a session's first request, whether the client marked messages itself and left its
+        newest message unmarked: it has said where its reusable prefix ends (aider marks its
+        few-shot examples and files and rebuilds what follows every turn), and with no turn
+        seen yet nothing says a write on the newest message will be read. From the second
+        request on the session's own evidence decides (`PlanContext.skips_tail`)."""
+        if not self.context.first or last is None or last in self.final:
+            return False
+        first_message = self.view.span("messages")[0]
+        return any(i >= first_message and origin == "client" for i, (_, origin, _) in self.final.items())
 
     def _new_marker(self, ttl: str) -> JSONObject:
         marker = dict(self.policy.template)

@@ -89,8 +89,8 @@ class PlatformStage:
             exchange.path, body, min_tokens_for(services, exchange, model), not caps.strip_ttl
         )
         if marked is not None and marked is not body:
-            body = exchange.body = marked
-            exchange.notes["dirty"] = True
+            exchange.replace_body(marked)
+            body = marked
         if not (profile.rejected_betas or profile.session_field):
             return
         edits = platform_edits(
@@ -99,8 +99,7 @@ class PlatformStage:
         if edits.beta_header is not None:
             exchange.header_overrides[BETA_HEADER] = edits.beta_header or None
         if edits.body is not body:
-            exchange.body = edits.body
-            exchange.notes["dirty"] = True
+            exchange.replace_body(edits.body)
 
 
 STAGE: Final = PlatformStage()

@@ -23,8 +23,8 @@ from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 try:  # Python 3.11+: the regex parser (stable since 2.x, private name since 3.11)
-    from re import _constants as _c  # type: ignore[attr-defined]
-    from re import _parser as _sre  # type: ignore[attr-defined]
+    from re import _constants as _c
+    from re import _parser as _sre
 except ImportError:  # pragma: no cover - another interpreter: no prefilter, patterns always run
     _c = _sre = None
 

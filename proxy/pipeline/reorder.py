@@ -21,7 +21,7 @@ Contract:
   leaves entirely is dropped, and so is a system-section message (OpenAI head messages, a
   Responses developer item) all of whose text leaves: notes in Responses `instructions` and
   in developer items move behind the history as system notes do on Messages, and the plan
-  counts the dropped messages (`dropped_messages`, `notes["head_dropped"]`) so replay and the
+  counts the dropped messages (`dropped_messages`, `Exchange.head_dropped`) so replay and the
   session record line the sent array up with the client's.
 - Headings carry their sections (`proxy.pipeline.segments`): `## Todo (updated <time>)` and
   its checklist are one volatile segment, so the checklist never stays in the stable tier.
@@ -35,7 +35,7 @@ Contract:
 - Text is never edited: every line is kept and only moved, exactly once, except a wrapper's
   tag lines, written once per place its content went. Same input, same output; reordering its
   own output changes nothing (idempotent).
-- Notes written: `system_tiers` (tuple of tier names, one per system block of the output, in
+- Written on the `Exchange`: `system_tiers` (tuple of tier names, one per system block of the output, in
   prefix order: the planner's "stable system" and "session system" ends),
   `system_moved_to_user` (number of text blocks moved onto the user message), `head_dropped`
   (system-section messages that left the array).
@@ -219,13 +219,12 @@ class ReorderStage:
         caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
         new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache)
-        exchange.notes["system_tiers"] = plan.tiers
-        exchange.notes["system_moved_to_user"] = len(plan.moved)
-        exchange.notes["head_dropped"] = plan.dropped_messages
+        exchange.system_tiers = plan.tiers
+        exchange.system_moved_to_user = len(plan.moved)
+        exchange.head_dropped = plan.dropped_messages
         count_markers(exchange, services, moved=plan.markers_moved, dropped=plan.markers_dropped)
         if new_body is not body:
-            exchange.body = new_body
-            exchange.notes["dirty"] = True
+            exchange.replace_body(new_body)
 
 
 STAGE: Final = ReorderStage()

@@ -27,7 +27,7 @@ Pure core:
   run only for an element not seen recently (`Masker` memo keyed by the xxh3 of its stripped
   bytes: a content key, never an object identity).
 - `first_mismatch(...)`: the first earlier message whose digest differs from its stored
-  sidecar: the client rewrote history there (`notes["history_rewritten"]`).
+  sidecar: the client rewrote history there (`Exchange.history_rewritten`).
 - `tail_rewritten(...)`: the previous request's newest message is the first one changed (the
   breakpoint planner's wasted-tail count, `SessionRecord.tail_misses`).
 - `splice(...)`: earlier messages (never the newest) whose digest matches their sidecar, up to
@@ -40,12 +40,12 @@ DESIGN.md section 4 says `orjson.Fragment`; spliced values are parsed instead, s
 breakpoints stage can still place markers on replayed messages (a Fragment is opaque).
 
 Stage (`STAGE`, after `reorder`, before `breakpoints`): applies `splice` to `exchange.body`
-using `notes["previous"]` (a `SessionRecord`) and `notes["message_view"]` (both from the
+using `Exchange.previous` (a `SessionRecord`) and `Exchange.message_view` (both from the
 session stage), counts `promptcache_replayed_messages_total{provider}`, sets
-`notes["replayed"]` (count), `notes["replayed_bytes"]` (position -> `(value, stored bytes)`
-of each replayed message, for the session record) and `notes["dirty"]` when anything changed.
+`Exchange.replayed` (count), `Exchange.replayed_bytes` (position -> `(value, stored bytes)`
+of each replayed message, for the session record) and `Exchange.replace_body` when anything changed.
 Positions are the client's: when reorder dropped leading system-section messages
-(`notes["head_dropped"]`) the sent array is lined up with the client's first (`aligned_items`);
+(`Exchange.head_dropped`) the sent array is lined up with the client's first (`aligned_items`);
 replay skips itself when an earlier stage changed the number of messages otherwise (positions
 would not line up).
 """
@@ -582,7 +582,7 @@ def splice(
 
 def aligned_items(items: Sequence[Any], view: MessageView, dropped: int) -> list[Any] | None:
     """The sent message array `items` lined up with the client's (`view`): itself when as long;
-    when reorder dropped `dropped` leading system-section messages (`notes["head_dropped"]`),
+    when reorder dropped `dropped` leading system-section messages (`Exchange.head_dropped`),
     `None` in place of the client's whole head (positions `0..h-1`, all system positions, which
     replay and the sidecars skip) followed by the sent elements after the sent head. `None`
     when they cannot be lined up (another length, a head that is not all system positions)."""
@@ -612,16 +612,18 @@ class ReplayStage:
     rewrites: Final = True
 
     async def run(self, exchange: Exchange, services: Services) -> None:
-        record = exchange.notes.get("previous")
-        view = exchange.notes.get("message_view")
+        record = exchange.previous
+        view = exchange.message_view
         body = exchange.body
-        if record is None or not record.sidecars or not isinstance(view, MessageView) or body is None:
+        if record is None or not record.sidecars or view is None or body is None:
             return
         if view.array_key is None or not view.is_list:
             return
         items = body.get(view.array_key)
-        dropped = exchange.notes.get("head_dropped", 0)
-        aligned = aligned_items(items, view, dropped) if isinstance(items, list) else None
+        if not isinstance(items, list):
+            return
+        dropped = exchange.head_dropped
+        aligned = aligned_items(items, view, dropped)
         if aligned is None:
             return
         result = splice(
@@ -629,16 +631,15 @@ class ReplayStage:
             view.digests,
             record.sidecars,
             view.system_positions,
-            exchange.notes.get("history_rewritten"),
+            exchange.history_rewritten,
             view,
         )
-        exchange.notes["replayed"] = result.replayed
+        exchange.replayed = result.replayed
         if result.items is None:
             return
         stored = {s.position: s.value for s in record.sidecars}
-        exchange.notes["replayed_bytes"] = {i: (result.items[i], stored[i]) for i in result.positions}
-        exchange.body = {**body, view.array_key: unaligned(result.items, items, view, dropped)}
-        exchange.notes["dirty"] = True
+        exchange.replayed_bytes = {i: (result.items[i], stored[i]) for i in result.positions}
+        exchange.replace_body({**body, view.array_key: unaligned(result.items, items, view, dropped)})
         services.metrics.by_provider[exchange.provider].replayed_messages.inc(result.replayed)
 
 

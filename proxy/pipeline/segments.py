@@ -166,7 +166,7 @@ def _blind(node: Any, sre: Any, subpattern: Any) -> bool:
             return arg not in _DIGITS
         if op == sre.RANGE:
             low, high = arg
-            return high < ord("0") or low > ord("9") or (low <= ord("0") and high >= ord("9"))
+            return bool(high < ord("0") or low > ord("9") or (low <= ord("0") and high >= ord("9")))
         if op in (sre.GROUPREF, sre.GROUPREF_EXISTS):
             return False
         if op in (sre.CATEGORY, sre.AT, sre.ANY, sre.NEGATE):
@@ -341,10 +341,10 @@ class Classifier:
         spans = _split_wrappers(spans, infos, blank)
         return tuple((begin, rule) for begin, _, rule in spans)
 
-    def _spans(self, masks: list[int], blank: list[bool], levels: list[int], infos: list[_LineInfo]) -> list[list]:
+    def _spans(self, masks: list[int], blank: list[bool], levels: list[int], infos: list[_LineInfo]) -> list[list[Any]]:
         """`[start, end, rule]` spans covering every non-blank line, in order (`levels`: heading
         level per line, 0 for none or inside a fence)."""
-        spans: list[list] = []
+        spans: list[list[Any]] = []
         n = len(masks)
         section_mask, paragraph_mask, line_mask = self._section_mask, self._paragraph_mask, self._line_mask
         rule_mask = self._rule_mask
@@ -447,7 +447,7 @@ def _heading_levels(infos: list[_LineInfo]) -> list[int]:
     return levels
 
 
-def _wrappers(spans: list[list], infos: list[_LineInfo], blank: list[bool]) -> dict[int, str]:
+def _wrappers(spans: list[list[Any]], infos: list[_LineInfo], blank: list[bool]) -> dict[int, str]:
     """Line index -> `_WRAP_OPEN` / `_WRAP_CLOSE` for the tag lines of every wrapper (module
     docstring): tag lines in unclassified spans, paired by name with a stack (an unmatched
     tag is plain text), kept when a classified line lies between them."""
@@ -481,13 +481,13 @@ def _wrappers(spans: list[list], infos: list[_LineInfo], blank: list[bool]) -> d
     return kept
 
 
-def _split_wrappers(spans: list[list], infos: list[_LineInfo], blank: list[bool]) -> list[list]:
+def _split_wrappers(spans: list[list[Any]], infos: list[_LineInfo], blank: list[bool]) -> list[list[Any]]:
     """`spans` with every wrapper tag line (`_wrappers`) as a span of its own; the blank
     lines after a tag line stay with it."""
     tags = _wrappers(spans, infos, blank)
     if not tags:
         return spans
-    out: list[list] = []
+    out: list[list[Any]] = []
     for begin, end, rule in spans:
         if rule is not None:
             out.append([begin, end, rule])

@@ -1,10 +1,10 @@
 """serialise: `exchange.body` back to bytes, only when a stage changed it.
 
-Stages that rewrite set `exchange.notes["dirty"] = True`; an untouched request keeps the
+Stages that rewrite replace the body with `Exchange.replace_body`, which marks it dirty; an untouched request keeps the
 client's exact bytes. Bodies hold plain JSON values only (replay parses stored bytes; no
 `orjson.Fragment`), so the body dumped here equals the upstream bytes parsed back.
 
-`notes["serialised"] = (upstream bytes, body)`: the object those bytes were dumped from, so the
+`Exchange.serialised = (upstream bytes, body)`: the object those bytes were dumped from, so the
 response side (`proxy.measure.sent_body`) reads what was sent without parsing it again (bodies
 are copy-on-write: nothing edits `body` after this stage).
 """
@@ -24,9 +24,9 @@ class SerialiseStage:
     rewrites: Final = True
 
     async def run(self, exchange: Exchange, services: Services) -> None:
-        if exchange.body is not None and exchange.notes.get("dirty"):
+        if exchange.body is not None and exchange.is_body_dirty:
             exchange.upstream_body = orjson.dumps(exchange.body)
-            exchange.notes["serialised"] = (exchange.upstream_body, exchange.body)
+            exchange.serialised = (exchange.upstream_body, exchange.body)
 
 
 STAGE: Final = SerialiseStage()

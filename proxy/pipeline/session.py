@@ -3,22 +3,24 @@
 Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also runs in
 `observe` mode). With `Services.sessions` set (by `proxy.store.store_ctx`) and a JSON body:
 1. `exchange.tenant`: keyed hash of the credential and upstream host (`proxy.tenant`);
-2. the session (`proxy.sessions`), `exchange.session_id` and `notes["session_inference"]`
+2. the session (`proxy.sessions`), `exchange.session_id` and `Exchange.session_inference`
    (`Inference`: kind `explicit` / `append` / `fork` / `new`, parent, shared messages), and
-   ONE bounded store read that never fails the request: `notes["previous"]`, the
+   ONE bounded store read that never fails the request: `Exchange.previous`, the
    `SessionRecord` of the session's last 2xx request (of the parent session for a fork), or
    `None`. An explicit id is read first and its sidecars seed the masking memo; an inferred
    one needs the message view first;
-3. `notes["message_view"]`: masked digests of the client's messages
+3. `Exchange.message_view`: masked digests of the client's messages
    (`proxy.pipeline.replay.view_messages`, volatile patterns of the rules in use), over the
    layout runs the rewriting stages share (`support.layout_cache`); the runs per prefix key
-   are left in `notes["client_runs"]` for the response side (`proxy.measure.sent_prompt`);
-4. `notes["history_rewritten"]` = the first earlier message whose real content changed
-   (absent when none); `notes["arrivals"]` (epoch seconds, this request included);
-   `notes["tail_misses"]`: the previous record's count plus one when this request rewrote the
-   previous request's newest message first (`proxy.pipeline.replay.tail_rewritten`), else 0;
-5. `notes["session_pins"]` (the previous record's pins: the mapping form of
-   `proxy.pipeline.canonicalise.SessionPins`, `None` without one) and `notes["plan_context"]`
+   are left in `Exchange.client_runs` for the response side (`proxy.measure.sent_prompt`);
+4. `Exchange.history_rewritten` = the first earlier message whose real content changed
+   (absent when none); `Exchange.arrivals` (epoch seconds, this request included);
+   `Exchange.tail_misses`: the previous record's count plus one when this request rewrote the
+   previous request's newest message first (`proxy.pipeline.replay.tail_rewritten`), or rewrote
+   an earlier message (aider rebuilds everything after its few-shot examples: the previous
+   tail was not read either), else 0;
+5. `Exchange.session_pins` (the previous record's pins: the mapping form of
+   `proxy.pipeline.canonicalise.SessionPins`, `None` without one) and `Exchange.plan_context`
    (`proxy.pipeline.breakpoints.PlanContext`: previous marker positions, TTLs from pacing,
    `tail_misses`).
 
@@ -26,12 +28,12 @@ Response side: `after_response(exchange, services)` runs after the last byte wen
 client, for 2xx responses only (a 4xx or 5xx never updates state). It builds the new
 `SessionRecord` from what was SENT (chain, markers and their TTLs, model, params, sidecars,
 pins: tool pins from the blocks sent, pinned system segments from the pin stage's
-`notes["pinned_segments"]`, `tail_misses`), hands it to the store's bounded background writer
+`Exchange.pinned_segments`, `tail_misses`), hands it to the store's bounded background writer
 (`RecordStore.save_soon`: the handler never waits on the store, and the write survives the
 client leaving) and registers the request in the inference index.
 It never raises. Nothing is digested twice: the chain and markers come from
 `proxy.measure.sent_prompt` (computed once per request), a sidecar's bytes from the message
-view (`MessageView.key_of`: its digest) or the replay stage (`notes["replayed_bytes"]`) when the
+view (`MessageView.key_of`: its digest) or the replay stage (`Exchange.replayed_bytes`) when the
 message sent is the very object they describe, and an unchanged sidecar is the previous
 record's own object.
 """
@@ -135,31 +137,37 @@ class SessionStage:
                 previous = await store.load(tenant, source)
         if view.is_budget_spent:
             services.metrics.rules_budget_exceeded.inc()
-        exchange.notes["message_view"] = view
-        exchange.notes["session_inference"] = inference
+        exchange.message_view = view
+        exchange.session_inference = inference
         if inference.session_id is None:
             return
         exchange.session_id = inference.session_id
-        exchange.notes["previous"] = previous
+        exchange.previous = previous
         keep_warm = services.keep_warm
         if keep_warm is not None and keep_warm.cancel(tenant, inference.session_id, now):
-            exchange.notes["kept_warm"] = True
+            exchange.is_kept_warm = True
         arrivals = ((previous.arrivals if previous is not None else ()) + (now,))[-MAX_ARRIVALS:]
-        exchange.notes["arrivals"] = arrivals
+        exchange.arrivals = arrivals
         shared_arrivals = state.heads.observe(tenant, view.head, now)
         tail_misses = 0
         if previous is not None:
             rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions)
-            if rewritten is not None:
-                exchange.notes["history_rewritten"] = rewritten
-            if tail_rewritten(view.digests, previous.sidecars, view.system_positions):
+            exchange.history_rewritten = rewritten
+            if tail_rewritten(view.digests, previous.sidecars, view.system_positions) or (
+                rewritten is not None and rewritten <= newest_position(previous)
+            ):
                 tail_misses = previous.tail_misses + 1
-        exchange.notes["tail_misses"] = tail_misses
-        exchange.notes["session_pins"] = previous.pins if previous is not None and previous.pins else None
+        exchange.tail_misses = tail_misses
+        exchange.session_pins = previous.pins if previous is not None and previous.pins else None
         pacing = await pacing_input(exchange, state, store, previous, now, shared_arrivals)
-        exchange.notes["plan_context"] = make_plan_context(
-            previous, "5m", "5m", tail_misses, exchange.notes.get("history_rewritten"), pacing
+        exchange.plan_context = make_plan_context(
+            previous, "5m", "5m", tail_misses, exchange.history_rewritten, pacing
         )
+
+
+def newest_position(record: SessionRecord) -> int:
+    """Message-array position of the newest message the record's request sent (-1 without one)."""
+    return max((s.position for s in record.sidecars), default=-1)
 
 
 def is_subagent(headers: Mapping[str, str]) -> bool:
@@ -177,7 +185,9 @@ async def pacing_input(
 ) -> PacingInput:
     """Add the gap since the session's previous request to the session's and the tenant's
     pacing (by the previous response's kind; a subagent's gaps are not the parent's), keep the
-    session's in `notes["pacing"]` for its record, and forecast the next gap (`proxy.pacing`)."""
+    session's in `Exchange.pacing` for its record, and forecast the next gap (`proxy.pacing`).
+    The previous request's entries count as gone (`PacingInput.expired`) after their TTL, or
+    when this request names another model (nothing it sends reads them)."""
     tenant = exchange.tenant or ""
     agent = is_subagent(exchange.headers)
     tenant_pacing = await state.pacing.get(tenant, store)
@@ -187,11 +197,13 @@ async def pacing_input(
         gap = now - previous.arrivals[-1]
         tail = previous.ttls[-1] if previous.ttls else "5m"
         expired = gap >= ONE_HOUR or (gap >= FIVE_MINUTES and tail != "1h")
+        # another model reads none of the previous entries (PROVIDERS.md 1.8: the cache is per model)
+        expired = expired or (exchange.body is not None and request_model(exchange.body) != previous.model)
         if not agent and previous.turn is not None:
             session_pacing = session_pacing.with_gap(previous.turn, gap)
             tenant_pacing = tenant_pacing.with_gap(previous.turn, gap)
             state.pacing.put(tenant, tenant_pacing)
-    exchange.notes["pacing"] = session_pacing
+    exchange.pacing = session_pacing
     shared_live = len(shared_arrivals) >= 2 and now - shared_arrivals[-2] < FIVE_MINUTES
     return PacingInput(forecast(session_pacing, tenant_pacing), agent, expired, shared_live)
 
@@ -199,7 +211,7 @@ async def pacing_input(
 def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> list[Run]:
     """The layout runs of the client's `body`, per prefix key from the request's shared
     `LayoutCache` (the rewriting stages reuse them; in `observe` mode nothing scans, so plain
-    `layout` per key); kept by key in `notes["client_runs"]` as `(value, runs)`."""
+    `layout` per key); kept by key in `Exchange.client_runs` as `(value, runs)`."""
     adapter, path = exchange.adapter, exchange.path
     by_key: dict[str, tuple[Any, list[Run]]] = {}
     runs: list[Run] = []
@@ -215,7 +227,7 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
         for key, scan in layout_cache(exchange).scans(adapter, path, body, policy, call_kinds):
             by_key[key] = (body[key], scan.runs)
             runs.extend(scan.runs)
-    exchange.notes["client_runs"] = by_key
+    exchange.client_runs = by_key
     return runs
 
 
@@ -238,6 +250,7 @@ def make_plan_context(
         tail_misses,
         rewritten_from,
         pacing,
+        first=previous is None,
     )
 
 
@@ -313,14 +326,14 @@ def pins_after(
     return {"pinned_tool_order": order, "pinned_schemas": schemas, "pinned_inputs": inputs}
 
 
-def record_pins(notes: Mapping[str, Any], tool_pins: dict[str, Any]) -> dict[str, Any]:
+def record_pins(exchange: Exchange, tool_pins: dict[str, Any]) -> dict[str, Any]:
     """`tool_pins` plus the pinned system segments (`proxy.pipeline.pins`): the pin stage's
     mapping for this request, else (the stage did not run: `observe` mode, no rules with
     `pin`) the previous record's, kept as is."""
-    segments = notes.get(PINS_KEY)
+    segments: Any = exchange.pinned_segments
     if segments is None:
-        previous = notes.get("session_pins")
-        segments = previous.get(PINS_KEY) if isinstance(previous, Mapping) else None
+        previous = exchange.session_pins
+        segments = previous.get(PINS_KEY) if previous is not None else None
     return {**tool_pins, PINS_KEY: segments} if segments else tool_pins
 
 
@@ -369,21 +382,20 @@ def build_sidecars(
 def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None) -> SessionRecord:
     """The session's new record from the body as sent (module docstring)."""
     adapter = exchange.adapter
-    notes = exchange.notes
     prompt = sent_prompt(exchange, body)
     chain = prompt.chain
     blocks = prompt.blocks
     breakpoints, ttls = sent_markers(blocks, body, with_top_marker(prompt.marked, len(blocks), body))
-    previous: SessionRecord | None = notes.get("previous")
+    previous = exchange.previous
     sidecars: tuple[Sidecar, ...] = ()
     if view is not None and view.array_key is not None and view.is_list:
         items = body.get(view.array_key)
-        aligned = aligned_items(items, view, notes.get("head_dropped", 0)) if isinstance(items, list) else None
+        aligned = aligned_items(items, view, exchange.head_dropped) if isinstance(items, list) else None
         if aligned is not None:
             sidecars = build_sidecars(
                 aligned,
                 view,
-                notes.get("replayed_bytes") or {},
+                exchange.replayed_bytes or {},
                 previous.sidecars if previous is not None else (),
             )
     shape = adapter.tool_shape(exchange.path)
@@ -395,8 +407,8 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
     ]
     usage = exchange.usage
     turn = usage.turn if usage is not None else None
-    session_pacing = notes.get("pacing")
-    if not isinstance(session_pacing, Pacing):
+    session_pacing = exchange.pacing
+    if session_pacing is None:
         session_pacing = previous.pacing if previous is not None else Pacing()
     return SessionRecord(
         chain=chain.chain,
@@ -405,13 +417,13 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         params_digest=sent_params_digest(exchange, body),
         breakpoints=breakpoints,
         ttls=ttls,
-        arrivals=tuple(notes.get("arrivals", ())),
+        arrivals=exchange.arrivals,
         last_response_id=usage.response_id if usage is not None else None,
         sidecars=sidecars,
-        pins=record_pins(notes, pins_after(notes.get("session_pins"), values[: prompt.tools], calls, shape)),
+        pins=record_pins(exchange, pins_after(exchange.session_pins, values[: prompt.tools], calls, shape)),
         turns=(previous.turns if previous is not None else 0) + 1,
         head=view.head if view is not None else b"",
-        tail_misses=notes.get("tail_misses", 0),
+        tail_misses=exchange.tail_misses,
         pacing=session_pacing.with_response(turn) if not is_subagent(exchange.headers) else session_pacing,
         turn=turn,
     )
@@ -431,8 +443,7 @@ def after_response(exchange: Exchange, services: Services) -> None:
         body = sent_body(exchange)
         if body is None:
             return
-        view = exchange.notes.get("message_view")
-        view = view if isinstance(view, MessageView) else None
+        view = exchange.message_view
         record = build_record(exchange, body, view)
     except Exception as exc:  # noqa: BLE001 - the response is already out; never fail it
         services.metrics.stage_errors.labels("session").inc()

@@ -22,7 +22,7 @@ NO_CAPABILITY_LIMITS: Final = UpstreamCapabilities()
 def rules_for(services: Services) -> RuleSet:
     """`services.rules`, else the rules of `settings.rules_dir` (default: packaged), loaded
     once per folder. A broken rules folder raises: the stage fails open."""
-    rules: Any = services.rules
+    rules = services.rules
     if rules is not None:
         return rules
     return cached_rules(services.settings.rules_dir)
@@ -76,8 +76,8 @@ def count_markers(exchange: Exchange, services: Services, **actions: int) -> Non
 
 
 def layout_cache(exchange: Exchange) -> LayoutCache:
-    """The request's `LayoutCache` (`notes["layout_cache"]`), shared by the rewriting stages."""
-    cache = exchange.notes.get("layout_cache")
-    if not isinstance(cache, LayoutCache):
-        cache = exchange.notes["layout_cache"] = LayoutCache()
+    """The request's `LayoutCache` (`Exchange.layout_cache`), shared by the rewriting stages."""
+    cache = exchange.layout_cache
+    if cache is None:
+        cache = exchange.layout_cache = LayoutCache()
     return cache

@@ -17,7 +17,7 @@ except one under a routing prefix (Azure's `/openai/v1/...`), which needs its pr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote
@@ -78,8 +78,11 @@ def _is_prefixed_standard(template: str) -> bool:
     return any(template.startswith(prefix + "v1/") for prefix in _ROUTING_PREFIXES)
 
 
-_ADAPTER_TYPES: Final = {"anthropic": AnthropicAdapter, "openai": OpenAIAdapter}
-_API_ADAPTERS: Final = {CONVERSE_PATH: ConverseAdapter}
+_ADAPTER_TYPES: Final[dict[str, Callable[[Profile], ProviderAdapter]]] = {
+    "anthropic": AnthropicAdapter,
+    "openai": OpenAIAdapter,
+}
+_API_ADAPTERS: Final[dict[str, Callable[[Profile], ProviderAdapter]]] = {CONVERSE_PATH: ConverseAdapter}
 """API shapes with an adapter of their own (the family's adapter serves the others)."""
 
 

@@ -269,6 +269,9 @@ class AnthropicAdapter:
     def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         return anthropic_request.with_user_text(body, texts)
 
+    def prefix_request(self, path: str, body: JSONObject, last: int) -> JSONObject | None:
+        return anthropic_request.prefix_request(body, last)
+
     def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
         """Markers here are keys on blocks (the shared planner's): `None`."""
         return None

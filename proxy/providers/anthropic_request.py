@@ -258,3 +258,57 @@ def with_user_text(body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
     new_messages = list(messages)
     new_messages[m] = {**message, "content": new_content}
     return {**body, "messages": new_messages}
+
+
+PING_TEXT: Final = "."
+"""The user turn a cut prefix ends with when its last kept message is not the user's (one or
+two tokens, uncached)."""
+_CALL_KINDS: Final = frozenset({"tool_use", "server_tool_use"})
+_RESULT_KINDS: Final = frozenset({"tool_result"})
+
+
+def prefix_request(body: JSONObject, last: int) -> JSONObject | None:
+    """A request carrying `body`'s prefix up to prefix block `last` (its last marker) and
+    nothing after it: the messages after the one holding `last` dropped, that message's content
+    cut after the block, and, when the cut leaves a message other than the user's last, a
+    one-token user turn (`PING_TEXT`) so the request still asks for an answer. The kept blocks
+    are the same objects, so their bytes (and the cache entry they hash to) are the ones sent.
+
+    `body` itself when nothing follows `last`; `None` (send the body whole) when `last` is not
+    in the messages, or when the cut would orphan a tool call from its result (a kept
+    `tool_use` whose `tool_result` is dropped, or a dropped `tool_result` whose call is kept:
+    both 400 on the API, tool-use guide)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    start = 0
+    for run in layout(body):
+        size = len(run)
+        if last < start + size:
+            break
+        start += size
+    else:
+        return None
+    m = run.message
+    if run.section != "messages" or m is None:
+        return None
+    message = messages[m]
+    content = message.get("content")
+    kept: Any = content
+    cut_content = False
+    if run.is_list and isinstance(content, list):
+        pos = last - start
+        kept, dropped = content[: pos + 1], content[pos + 1 :]
+        cut_content = bool(dropped)
+        if any(isinstance(b, dict) and b.get("type") in _RESULT_KINDS for b in dropped):
+            return None
+    if m == len(messages) - 1 and not cut_content:
+        return body
+    role = message.get("role")
+    if role != "user" and isinstance(kept, list):
+        if any(isinstance(b, dict) and b.get("type") in _CALL_KINDS for b in kept):
+            return None
+    new_messages = [*messages[:m], {**message, "content": kept} if cut_content else message]
+    if role != "user":
+        new_messages.append({"role": "user", "content": PING_TEXT})
+    return {**body, "messages": new_messages}

@@ -341,6 +341,13 @@ class ProviderAdapter(Protocol):
         when the request has no user message that can take them."""
         ...
 
+    def prefix_request(self, path: str, body: JSONObject, last: int) -> JSONObject | None:
+        """A request carrying `body`'s prefix up to prefix block `last` and as little after it
+        as the API allows (a keep-warm ping reads the entry there and pays for nothing
+        uncached); `body` itself when nothing follows `last`; `None` when the adapter cannot cut
+        there (the caller sends the body whole)."""
+        ...
+
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking the provider to diagnose cache misses against the response
         `previous_id`, or `None` when the provider has no such feature (body unchanged)."""

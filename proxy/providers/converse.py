@@ -118,6 +118,10 @@ class ConverseAdapter:
         """None: every key of a message is part of it."""
         return {}
 
+    def prefix_request(self, path: str, body: JSONObject, last: int) -> JSONObject | None:
+        """Keep-warm pings only follow TTL markers (Anthropic): not cut here."""
+        return None
+
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         return None
 

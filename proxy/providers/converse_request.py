@@ -83,7 +83,7 @@ def _split(key: tuple[str | int, ...], items: list[Any]) -> _Container:
             continue
         result = item.get("toolResult") if isinstance(item, dict) else None
         inner = result.get("content") if isinstance(result, dict) else None
-        if isinstance(inner, list) and any(is_point(p) for p in inner):
+        if isinstance(result, dict) and isinstance(inner, list) and any(is_point(p) for p in inner):
             nested = [p for p in inner if is_point(p)]
             item = {**item, "toolResult": {**result, "content": [p for p in inner if not is_point(p)]}}
             points[len(blocks)] = nested[-1][CACHE_POINT]

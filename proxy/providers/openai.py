@@ -286,6 +286,10 @@ class OpenAIAdapter:
             implicit=mode == "implicit",
         )
 
+    def prefix_request(self, path: str, body: JSONObject, last: int) -> JSONObject | None:
+        """Keep-warm pings only follow TTL markers (Anthropic): not cut here."""
+        return None
+
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` with `prompt_cache_options.comparison_response_id = previous_id`
         (other `prompt_cache_options` kept), on Responses for GPT-5.6+ only (PROVIDERS.md 9).

@@ -130,7 +130,7 @@ def usage(anthropic_usage: Mapping[str, Any], out: int) -> dict[str, Any]:
     read = int(anthropic_usage["cache_read_input_tokens"])
     write = int(anthropic_usage["cache_creation_input_tokens"])
     uncached = int(anthropic_usage["input_tokens"])
-    result = {
+    result: dict[str, Any] = {
         "inputTokens": uncached,
         "outputTokens": out,
         "totalTokens": uncached + read + write + out,

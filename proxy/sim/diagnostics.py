@@ -46,8 +46,10 @@ def _digest(value: Any) -> bytes:
 
 def fingerprint(body: Mapping[str, Any], model: str, tokens: array[int]) -> Fingerprint:
     """The request's reuse-deciding settings and its rendered tokens."""
-    text = body.get("text") if isinstance(body.get("text"), dict) else {}
-    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    text = body.get("text")
+    text = text if isinstance(text, dict) else {}
+    reasoning = body.get("reasoning")
+    reasoning = reasoning if isinstance(reasoning, dict) else {}
     tier = body.get("service_tier")
     settings = (
         ("prompt_cache_key_changed", _digest(body.get("prompt_cache_key"))),

@@ -23,6 +23,14 @@
   replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`);
   beyond that a save is dropped and counted (`promptcache_session_store_writes_dropped_total`).
   `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
+- Health: every failure is counted by cause in `promptcache_session_store_faults_total{backend,
+  kind}` (`proxy.store.base.FAULT_KINDS`, named by the backend's `fault_kind`). A cause in
+  `UNHEALTHY_KINDS` (disk full, read-only, cannot open, server unavailable or unresponsive)
+  makes the store unhealthy: `promptcache_session_store_healthy{backend}` 0 and `/readyz` 503
+  naming it, until a write or a `check()` succeeds. `check()` (the backend's probe, bounded by
+  `CHECK_TIMEOUT`, one at a time) runs on every `/readyz` and every `CHECK_INTERVAL` seconds
+  (`store_ctx`), so a fixed store reports healthy without waiting for traffic. Requests never
+  wait on it: an unhealthy store costs replay only.
 - `store_ctx(app)` is the `cleanup_ctx` entry: it opens the store (`settings.store`, default
   SQLite at `state_dir/sessions.db`) and the per-process session state (tenant secret, session
   inference index, pacing statistics: `proxy.sessions.SessionState`) and closes them on exit.
@@ -31,16 +39,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from proxy.aio import TaskSet
-from proxy.store.base import SessionStore
+from proxy.aio import TaskSet, create_task
+from proxy.store.base import FAULT_KINDS, UNHEALTHY_KINDS, SessionStore
 from proxy.store.record import RecordError, SessionRecord, Sidecar, decode_record, encode_record
 
 if TYPE_CHECKING:
@@ -54,6 +64,7 @@ __all__ = [
     "RECORD_TTL",
     "RecordStore",
     "SessionRecord",
+    "StoreHealth",
     "SessionStore",
     "Sidecar",
     "default_store_url",
@@ -82,7 +93,34 @@ MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 DRAIN_TIMEOUT: Final = 2 * PUT_TIMEOUT
 """Seconds `close()` waits for pending writes (a session's write and one superseding it)."""
 
+CHECK_TIMEOUT: Final = 1.0
+"""Seconds a health check may take before the store counts as `unresponsive`."""
+CHECK_INTERVAL: Final = 10.0
+"""Seconds between background health checks (`store_ctx`)."""
+
 _log = logging.getLogger("promptcache.store")
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """The session store's health as `/readyz` reports it."""
+
+    backend: str
+    problem: str | None = None
+    """`None` when healthy, else the `UNHEALTHY_KINDS` cause last seen."""
+    detail: str = ""
+    """What was seen (the error text; never a key or stored bytes)."""
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.problem is None
+
+    def as_json(self) -> dict[str, object]:
+        body: dict[str, object] = {"backend": self.backend, "healthy": self.is_healthy}
+        if self.problem is not None:
+            body["problem"] = self.problem
+            body["detail"] = self.detail
+        return body
 
 
 def default_store_url(state_dir: Path) -> str:
@@ -142,6 +180,63 @@ class RecordStore:
         self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
         """Newest small value per key not yet written (`save_bytes_soon`)."""
         self._writers = TaskSet(MAX_PENDING_WRITES)
+        self._faults = {kind: metrics.store_faults.labels(name, kind) for kind in FAULT_KINDS}
+        self._healthy_gauge = metrics.store_healthy.labels(name)
+        self._healthy_gauge.set(1)
+        self.health = StoreHealth(name)
+        """The newest health (module docstring)."""
+        self._checking: asyncio.Task[StoreHealth] | None = None
+        if hasattr(backend, "on_fault"):
+            backend.on_fault = self._repaired
+
+    def _repaired(self, kind: str, message: str) -> None:
+        """A fault the backend repaired itself (its worker thread may call this): counted."""
+        self._faults.get(kind, self._faults["other"]).inc()
+
+    def _failed(self, exc: BaseException, *, is_check: bool = False) -> str:
+        """Count a backend failure by cause; an `UNHEALTHY_KINDS` one makes the store unhealthy."""
+        if isinstance(exc, TimeoutError):
+            kind = "unresponsive" if is_check else "timeout"
+        else:
+            classify = getattr(self.backend, "fault_kind", None)
+            kind = classify(exc) if classify is not None else "other"
+            kind = kind if kind in self._faults else "other"
+        self._faults[kind].inc()
+        if kind in UNHEALTHY_KINDS:
+            detail = str(exc) or type(exc).__name__
+            if self.health.problem != kind:
+                _log.warning("session store %s unhealthy: %s (%s)", self.backend.backend, kind, detail)
+            self.health = StoreHealth(self.backend.backend, kind, detail)
+            self._healthy_gauge.set(0)
+        return kind
+
+    def _succeeded(self) -> None:
+        """A write or a check went through: the store is healthy again."""
+        if self.health.problem is not None:
+            _log.warning("session store %s healthy again (was %s)", self.backend.backend, self.health.problem)
+            self.health = StoreHealth(self.backend.backend)
+            self._healthy_gauge.set(1)
+
+    async def check(self) -> StoreHealth:
+        """Run the backend's health probe (one at a time: concurrent callers share it, bounded
+        by `CHECK_TIMEOUT`) and return the resulting health. Backends without a probe are
+        judged by their last write."""
+        probe = getattr(self.backend, "check", None)
+        if probe is None:
+            return self.health
+        if self._checking is None or self._checking.done():
+            self._checking = create_task(self._check(probe), name="promptcache-store-check")
+        return await asyncio.shield(self._checking)
+
+    async def _check(self, probe: Any) -> StoreHealth:
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT):
+                await probe()
+        except Exception as exc:  # noqa: BLE001 - a failed probe is a health fact, never raised
+            self._failed(exc, is_check=True)
+        else:
+            self._succeeded()
+        return self.health
 
     async def load(self, tenant: str, session: str) -> SessionRecord | None:
         """The session's record, or `None` when absent, expired, unreadable or the store failed.
@@ -185,7 +280,8 @@ class RecordStore:
                 return await self.backend.get(tenant, key)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._get_errors.inc()
-            _log.warning("session store %s get failed (%s)", self.backend.backend, type(exc).__name__)
+            kind = self._failed(exc)
+            _log.warning("session store %s get failed (%s, %s)", self.backend.backend, type(exc).__name__, kind)
             return None
         finally:
             self._get_time.observe(time.perf_counter() - started)
@@ -219,10 +315,12 @@ class RecordStore:
                     await self.backend.put(slot[0], slot[1], data, ttl)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._put_errors.inc()
-            _log.warning("session store %s put failed (%s)", self.backend.backend, type(exc).__name__)
+            kind = self._failed(exc)
+            _log.warning("session store %s put failed (%s, %s)", self.backend.backend, type(exc).__name__, kind)
             return False
         finally:
             self._put_time.observe(time.perf_counter() - started)
+        self._succeeded()
         return True
 
     async def save(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
@@ -292,6 +390,10 @@ class RecordStore:
 
     async def close(self) -> None:
         """Drain the pending writes (at most `DRAIN_TIMEOUT` seconds), then close the backend."""
+        if self._checking is not None and not self._checking.done():
+            self._checking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checking
         left = await self._writers.drain(DRAIN_TIMEOUT)
         if left:
             _log.warning("session store %s: %d pending writes cancelled at shutdown", self.backend.backend, left)
@@ -337,17 +439,25 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
             Path(settings.state_dir) / "secret",
         )
     store = RecordStore(backend, services.metrics)
-    opener = getattr(backend, "open", None)
-    if opener is not None:  # the file is created now, not on the first request's bounded read
-        try:
-            await opener()
-        except Exception as exc:  # noqa: BLE001 - a broken store costs replay, never the start
-            _log.warning("session store %s could not be opened (%s)", backend.backend, type(exc).__name__)
+    # The file is created (and the store's health known) now, not on the first request's
+    # bounded read; a broken store costs replay and readiness, never the start.
+    await store.check()
     services.store = store
     services.sessions = await SessionState.start(settings, is_persistent=backend.backend != "memory")
+    checker = create_task(_check_periodically(store), name="promptcache-store-health")
     try:
         yield
     finally:
+        checker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await checker
         services.store = None
         services.sessions = None
         await store.close()
+
+
+async def _check_periodically(store: RecordStore) -> None:
+    """Run `store.check()` every `CHECK_INTERVAL` seconds (health without traffic)."""
+    while True:
+        await asyncio.sleep(CHECK_INTERVAL)
+        await store.check()

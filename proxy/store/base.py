@@ -11,6 +11,10 @@ Contract (checked by `tests/store/test_contract.py` against every backend):
   (`proxy.store.RecordStore`) times, counts and absorbs errors, so a request never fails on
   the store.
 - No method blocks the event loop.
+- Health (optional, `proxy.store.RecordStore.check`): a backend may offer `check()`, a cheap
+  probe that raises what a real write would (the SQLite file gone, disk full, read-only;
+  Redis unreachable), and `fault_kind(exc)`, naming the cause of one of its exceptions as one
+  of `FAULT_KINDS`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,32 @@ import re
 from typing import Final, Protocol
 
 _KEY_PART: Final = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+
+FAULT_KINDS: Final = (
+    "file_gone",
+    "disk_full",
+    "read_only",
+    "cannot_open",
+    "corrupt",
+    "locked",
+    "unavailable",
+    "unresponsive",
+    "timeout",
+    "other",
+)
+"""Causes of store failures (`promptcache_session_store_faults_total{kind}`)."""
+UNHEALTHY_KINDS: Final = frozenset({"disk_full", "read_only", "cannot_open", "unavailable", "unresponsive"})
+"""Causes that make the store unhealthy (`/readyz` 503) until a write or a check succeeds;
+the others are transient (one slow or locked call, a file recreated at once, one bad record)."""
+
+
+class StoreFault(Exception):
+    """A failure a backend detects itself (not raised by its driver): `kind` is one of
+    `FAULT_KINDS`, the message says what was seen."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class SessionStore(Protocol):

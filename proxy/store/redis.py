@@ -7,6 +7,9 @@
 - Failures raise `redis.exceptions.RedisError` (or `OSError`) at once: no client-side retries
   (a request must not wait on a dead server; `RecordStore` bounds every call with a timeout and
   counts the error). The client reconnects by itself once the server is back.
+- Health: `check()` is a `PING`; `fault_kind` names a refused or dropped connection
+  `unavailable`, a server that does not answer in time `unresponsive`, a server refusing
+  writes (`MISCONF`, `READONLY` replica, `OOM`) `read_only` / `disk_full`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from typing import Final
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -49,7 +53,7 @@ class RedisStore:
 
     async def get(self, tenant: str, session: str) -> bytes | None:
         value = await self._client.get(self.key(tenant, session))
-        return None if value is None else bytes(value)
+        return None if value is None else value if isinstance(value, bytes) else value.encode()
 
     async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
         key = self.key(tenant, session)
@@ -64,6 +68,29 @@ class RedisStore:
 
     async def ping(self) -> bool:
         return bool(await self._client.ping())
+
+    async def check(self) -> None:
+        """Raise unless the server answers `PING`."""
+        await self._client.ping()
+
+    @staticmethod
+    def fault_kind(exc: BaseException) -> str:
+        """The `FAULT_KINDS` cause of an exception this store raised."""
+        if isinstance(exc, redis.exceptions.TimeoutError):
+            return "unresponsive"
+        if isinstance(exc, redis.exceptions.ConnectionError | ConnectionError):
+            return "unavailable"
+        if isinstance(exc, redis.exceptions.ReadOnlyError):
+            return "read_only"
+        if isinstance(exc, redis.exceptions.ResponseError):
+            text = str(exc)
+            if text.startswith("OOM"):
+                return "disk_full"
+            if text.startswith(("MISCONF", "READONLY")):
+                return "read_only"
+        if isinstance(exc, OSError):
+            return "unavailable"
+        return "other"
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -13,11 +13,20 @@
   moved aside to `<name>.corrupt-<epoch>` when the connection is (re)opened, and a fresh file is
   started: losing state costs one cache write, never a wrong byte. Every failed operation drops
   the connection, so the next one reopens it.
+- Health (`check`, `fault_kind`; `proxy.store.RecordStore` counts and reports it): before each
+  operation the path's device and inode are compared with the open file's. A file deleted or
+  replaced mid-run (writes would go on to the unlinked file, lost at restart and invisible to
+  every other reader) is reported (`on_fault("file_gone")`) and a fresh file is created at the
+  path at once: what was deleted stays deleted (someone removing the file may mean to purge the
+  prompt text it held); the sessions go without replay for one turn. `check()` also needs
+  `MIN_FREE_BYTES` free on the file's filesystem and writes the schema version (a real write
+  transaction), so a full disk or a read-only mount is seen without waiting for a request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import sqlite3
@@ -27,12 +36,34 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from proxy.store.base import check_key
+from proxy.store.base import StoreFault, check_key
 
 SCHEMA_VERSION: Final = 1
 BUSY_TIMEOUT_MS: Final = 20
 PURGE_INTERVAL: Final = 60.0
 """Seconds between purges of expired rows."""
+MIN_FREE_BYTES: Final = 1024 * 1024
+"""Free space `check()` wants on the file's filesystem (16 pages of 64 KiB): below it the
+next record write may fail, so the store reports `disk_full`."""
+
+_CODE_KINDS: Final = {
+    13: "disk_full",  # SQLITE_FULL
+    8: "read_only",  # SQLITE_READONLY
+    5: "locked",  # SQLITE_BUSY
+    6: "locked",  # SQLITE_LOCKED
+    14: "cannot_open",  # SQLITE_CANTOPEN
+    11: "corrupt",  # SQLITE_CORRUPT
+    26: "corrupt",  # SQLITE_NOTADB
+}
+"""Primary SQLite result codes (sqlite.org/rescode.html) by fault kind."""
+_ERRNO_KINDS: Final = {
+    errno.ENOSPC: "disk_full",
+    errno.EDQUOT: "disk_full",
+    errno.EROFS: "read_only",
+    errno.EACCES: "read_only",
+    errno.EPERM: "read_only",
+    errno.ENOENT: "cannot_open",
+}
 
 _log = logging.getLogger("promptcache.store.sqlite")
 _T = TypeVar("_T")
@@ -80,6 +111,11 @@ class SqliteStore:
         self._conn: sqlite3.Connection | None = None
         self._next_purge = 0.0
         self._closed = False
+        self._identity: tuple[int, int] | None = None
+        """`(st_dev, st_ino)` of the file the connection has open."""
+        self.on_fault: Callable[[str, str], None] | None = None
+        """Called on the worker thread with `(kind, message)` for a fault the store repaired
+        itself (the file recreated); set by `RecordStore`."""
 
     async def open(self) -> None:
         """Open the file now (else on first use); raises what sqlite3 raises."""
@@ -96,6 +132,23 @@ class SqliteStore:
     async def delete(self, tenant: str, session: str) -> None:
         check_key(tenant, session)
         await self._call(self._delete, tenant, session)
+
+    async def check(self) -> None:
+        """Raise what the next write would: the file gone and not recreatable, less than
+        `MIN_FREE_BYTES` free (`StoreFault("disk_full")`), a read-only file or mount."""
+        await self._call(self._check)
+
+    @staticmethod
+    def fault_kind(exc: BaseException) -> str:
+        """The `FAULT_KINDS` cause of an exception this store raised."""
+        if isinstance(exc, StoreFault):
+            return exc.kind
+        if isinstance(exc, sqlite3.Error):
+            code = getattr(exc, "sqlite_errorcode", None)
+            return _CODE_KINDS.get(code & 0xFF, "other") if isinstance(code, int) else "other"
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return _ERRNO_KINDS.get(exc.errno, "other")
+        return "other"
 
     async def close(self) -> None:
         if self._closed:
@@ -123,7 +176,13 @@ class SqliteStore:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
-            return self._conn
+            if self._identity is None or self._identity == self._stat():
+                return self._conn
+            self._disconnect()
+            message = f"session store file {self.path} was deleted or replaced; created a new one"
+            _log.warning("%s", message)
+            if self.on_fault is not None:
+                self.on_fault("file_gone", message)
         try:
             self._conn = self._connect()
         except sqlite3.DatabaseError as exc:
@@ -131,7 +190,27 @@ class SqliteStore:
                 raise
             self._move_aside()
             self._conn = self._connect()
+        self._identity = self._stat()
         return self._conn
+
+    def _stat(self) -> tuple[int, int] | None:
+        """`(st_dev, st_ino)` of the path now, `None` for `:memory:` or a missing file."""
+        if self.path == ":memory:":
+            return None
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            return (-1, -1)
+        return (found.st_dev, found.st_ino)
+
+    def _check(self) -> None:
+        conn = self._connection()
+        if self.path != ":memory:":
+            fs = os.statvfs(Path(self.path).parent)
+            free = fs.f_bavail * fs.f_frsize
+            if free < MIN_FREE_BYTES:
+                raise StoreFault("disk_full", f"{free} bytes free on the filesystem of {self.path}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _connect(self) -> sqlite3.Connection:
         if self.path != ":memory:":
@@ -177,6 +256,7 @@ class SqliteStore:
 
     def _disconnect(self) -> None:
         conn, self._conn = self._conn, None
+        self._identity = None
         if conn is not None:
             conn.close()
 

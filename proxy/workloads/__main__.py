@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     if command not in ("write", "check", "list"):
         print(__doc__, file=sys.stderr)
         return 2
-    bad = []
+    bad: list[str] = []
     for workload in SUITE:
         data = dumps_trace(generate(workload))
         path = COMMITTED_DIR / f"{workload.name}.jsonl"
@@ -38,8 +38,8 @@ def main(argv: list[str]) -> int:
                 print(f"wrote {path}")
         elif not path.exists() or path.read_bytes() != data:
             bad.append(str(path))
-    for path in bad:
-        print(f"differs from its generator: {path}", file=sys.stderr)
+    for name in bad:
+        print(f"differs from its generator: {name}", file=sys.stderr)
     return 1 if bad else 0
 
 

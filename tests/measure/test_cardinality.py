@@ -55,8 +55,8 @@ async def test_series_are_bounded() -> None:
                 "metadata": {"user_id": f"user-{n}"},
             }
             ex = Exchange(ANTHROPIC, "/v1/messages", "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(body))
-            ex.notes["previous"] = None if n % 7 == 0 else previous
-            ex.notes["diagnostics_requested"] = n % 3 == 0
+            ex.previous = None if n % 7 == 0 else previous
+            ex.is_diagnostics_requested = n % 3 == 0
         ex.body, ex.status, ex.session_id = body, 200, f"session-{n}"
         ex.usage = Usage(input_none=n, cache_read=n % 5, cache_write_5m=n % 3, output=1, seen=True)
         ex.usage.cache_miss_reason = reasons[n % len(reasons)]

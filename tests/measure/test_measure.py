@@ -1,4 +1,4 @@
-"""`measure(exchange, services)`: notes written, metrics updated, costs, `expired`.
+"""`measure(exchange, services)`: typed outputs written, metrics updated, costs, `expired`.
 
 Real `Exchange`, `Services`, `Metrics` (fresh registry) and `SessionRecord`s; no fakes.
 """
@@ -17,6 +17,7 @@ from proxy.exchange import Exchange
 from proxy.measure import Measurement, measure
 from proxy.metrics import Metrics
 from proxy.prefix import PrefixChain
+from proxy.pricing import Prices, PricingTable
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import Usage
 from proxy.rules import RuleSet, load_rules
@@ -46,7 +47,7 @@ def exchange_for(
     ex.body = body
     ex.status = status
     ex.usage = usage
-    ex.notes["previous"] = previous
+    ex.previous = previous
     return ex
 
 
@@ -72,7 +73,7 @@ def test_cause_counted_once(name: str, section: str, cause: str, usage: Usage) -
     svc = services()
     ex = exchange_for(variant(name), record_of(BASE), usage)
     measure(ex, svc)
-    result = ex.notes["measurement"]
+    result = ex.measurement
     assert isinstance(result, Measurement)
     assert (result.divergence.section, result.cause) == (section, cause)
     assert (
@@ -91,16 +92,16 @@ def test_cause_counted_once(name: str, section: str, cause: str, usage: Usage) -
     assert total == 1
 
 
-def test_first_request_and_history_rewritten_come_from_the_session_notes() -> None:
+def test_first_request_and_history_rewritten_come_from_the_session_stage() -> None:
     svc = services()
     first = exchange_for(BASE, None)
     measure(first, svc)
-    assert first.notes["measurement"].cause == "first_request"
+    assert first.measurement.cause == "first_request"
     rewritten = exchange_for(variant("history_rewritten"), record_of(BASE), READ_SYSTEM)
-    rewritten.notes["history_rewritten"] = 0
+    rewritten.history_rewritten = 0
     measure(rewritten, svc)
-    assert rewritten.notes["measurement"].cause == "history_rewritten"
-    assert rewritten.notes["measurement"].block_path == "messages[0].content"
+    assert rewritten.measurement.cause == "history_rewritten"
+    assert rewritten.measurement.block_path == "messages[0].content"
     # First requests are not a divergence position: the histograms only saw the rewrite.
     assert sample(svc, "promptcache_prefix_divergence_position_tokens_count", provider="anthropic") == 1
     assert sample(svc, "promptcache_prefix_divergence_position_tokens_sum", provider="anthropic") == 44
@@ -111,8 +112,8 @@ def test_append_measurement_and_metrics_exact() -> None:
     usage = Usage(input_none=20, cache_read=80, cache_write_5m=30, cache_write_1h=10, output=5, seen=True)
     ex = exchange_for(variant("none"), record_of(BASE), usage)
     measure(ex, svc)
-    m: Measurement = ex.notes["measurement"]
-    chain = ex.notes["sent_chain"]
+    m: Measurement = ex.measurement
+    chain = ex.sent_chain
     assert isinstance(chain, PrefixChain)
     assert chain.ends == (76, 129, 174, 188, 258, 320, 334, 365)
     assert (m.divergence.block_index, m.divergence.byte_offset, m.divergence.tokens) == (6, 320, 80)
@@ -140,12 +141,21 @@ def test_append_measurement_and_metrics_exact() -> None:
     )
 
 
+def test_costs_come_from_the_pricing_injected_in_services() -> None:
+    table = PricingTable("2026-12-01", (), (), (("anthropic", Prices(7.0, 0.0, 0.0, 0.0, 0.0)),))
+    svc = Services(settings=Settings(), metrics=Metrics(CollectorRegistry()), rules=NO_MINIMUM, pricing=table)
+    ex = exchange_for(BASE, None, Usage(input_none=1_000_000, seen=True))
+    measure(ex, svc)
+    assert (ex.measurement.family, ex.measurement.cost_usd) == ("other", 7.0)
+    assert sample(svc, "promptcache_cost_usd_total", provider="anthropic", family="other") == 7.0
+
+
 def test_unknown_model_is_priced_and_labelled_other() -> None:
     svc = services()
     body = {**BASE, "model": "claude-experimental-9"}
     ex = exchange_for(body, None, Usage(input_none=1_000_000, seen=True))
     measure(ex, svc)
-    assert ex.notes["measurement"].family == "other"
+    assert ex.measurement.family == "other"
     assert sample(svc, "promptcache_cost_usd_total", provider="anthropic", family="other") == 3.0
 
 
@@ -155,13 +165,13 @@ def test_sent_body_is_what_went_upstream() -> None:
     ex = exchange_for(BASE, record_of(BASE))
     ex.upstream_body = orjson.dumps(variant("tools_changed"))
     measure(ex, svc)
-    assert ex.notes["measurement"].cause == "tools_changed"
+    assert ex.measurement.cause == "tools_changed"
     # A stage failed: the client's original bytes went upstream, whatever `body` holds.
     failed = exchange_for(variant("tools_changed"), record_of(BASE), READ_SYSTEM)
     failed.raw = orjson.dumps(BASE)
     failed.failed_stage = "reorder"
     measure(failed, svc)
-    assert failed.notes["measurement"].cause == "none"
+    assert failed.measurement.cause == "none"
 
 
 @pytest.mark.parametrize("status", [400, 429, 500, 0])
@@ -169,7 +179,7 @@ def test_non_2xx_is_not_measured(status: int) -> None:
     svc = services()
     ex = exchange_for(BASE, None, status=status)
     measure(ex, svc)
-    assert "measurement" not in ex.notes and "sent_chain" not in ex.notes
+    assert ex.measurement is None and ex.sent_chain is None
 
 
 def test_upstream_reason_counted_next_to_own_cause_only_when_requested() -> None:
@@ -177,13 +187,13 @@ def test_upstream_reason_counted_next_to_own_cause_only_when_requested() -> None
     usage = Usage(input_none=10, cache_write_5m=300, seen=True, cache_miss_reason="system_changed")
     quiet = exchange_for(variant("system_changed"), record_of(BASE), usage)
     measure(quiet, svc)
-    assert quiet.notes["measurement"].upstream_reason is None
+    assert quiet.measurement.upstream_reason is None
     asked = exchange_for(variant("system_changed"), record_of(BASE), usage)
-    asked.notes["diagnostics_requested"] = True
+    asked.is_diagnostics_requested = True
     measure(asked, svc)
     unknown = Usage(seen=True, cache_miss_reason="brand_new_reason")
     odd = exchange_for(variant("system_changed"), record_of(BASE), unknown)
-    odd.notes["diagnostics_requested"] = True
+    odd.is_diagnostics_requested = True
     measure(odd, svc)
     name = "promptcache_upstream_cache_miss_reasons_total"
     assert sample(svc, name, reason="system_changed", cause="system_changed") == 1
@@ -200,7 +210,7 @@ def test_openai_chat_is_measured_too() -> None:
     ex.body, ex.status = body, 200
     ex.usage = Usage(input_none=128, cache_read=1920, output=5, seen=True)
     measure(ex, svc)
-    m = ex.notes["measurement"]
+    m = ex.measurement
     assert (m.family, m.cause, m.prompt_blocks) == ("gpt-5", "first_request", 2)
     assert m.cost_usd == pytest.approx((128 * 1.25 + 1920 * 0.125 + 5 * 10) / 1e6, rel=1e-12)
 
@@ -213,12 +223,12 @@ def test_packaged_rules_volatile_text_and_model_minimum() -> None:
     after["system"][1]["text"] = "Current time: 2026-11-29 10:20"
     ex = exchange_for(after, record_of(before), USAGE)
     measure(ex, svc)
-    assert ex.notes["measurement"].cause == "system_volatile_text"
+    assert ex.measurement.cause == "system_volatile_text"
     # claude-sonnet-4-6 caches nothing under 1,024 tokens (rules/models.yaml): no read predicted,
     # so a write after a pure append is not `expired`.
     append = exchange_for(variant("none"), record_of(BASE), USAGE)
     measure(append, svc)
-    assert (append.notes["measurement"].predicted_read_tokens, append.notes["measurement"].cause) == (
+    assert (append.measurement.predicted_read_tokens, append.measurement.cause) == (
         0,
         "none",
     )

@@ -85,7 +85,7 @@ def test_openai_response_ids() -> None:
 def _exchange(adapter, path: str, body: dict[str, Any], previous: Any) -> Exchange:
     ex = Exchange(adapter, path, "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(body))
     ex.body = body
-    ex.notes["previous"] = previous
+    ex.previous = previous
     return ex
 
 
@@ -103,7 +103,7 @@ async def test_stage_adds_previous_message_id_copy_on_write() -> None:
     await STAGE.run(ex, _services(True))
     assert ex.body == {**body, "diagnostics": {"previous_message_id": "msg_7"}}
     assert "diagnostics" not in body
-    assert ex.notes["dirty"] is True and ex.notes["diagnostics_requested"] is True
+    assert ex.is_body_dirty is True and ex.is_diagnostics_requested is True
     first = _exchange(ANTHROPIC, "/v1/messages", body, None)
     await STAGE.run(first, _services(True))
     assert first.body["diagnostics"] == {"previous_message_id": None}
@@ -119,4 +119,4 @@ async def test_stage_leaves_body_alone_when_off_openai_or_client_set() -> None:
     client = _exchange(ANTHROPIC, "/v1/messages", own, None)
     await STAGE.run(client, _services(True))
     for ex, original in ((off, body), (chat, chat.body), (client, own)):
-        assert ex.body is original and "dirty" not in ex.notes and "diagnostics_requested" not in ex.notes
+        assert ex.body is original and not ex.is_body_dirty and not ex.is_diagnostics_requested

@@ -1,4 +1,4 @@
-"""The rewriting stages on an `Exchange`: order, notes, metrics, observe mode, failing open."""
+"""The rewriting stages on an `Exchange`: order, typed outputs, metrics, observe mode, failing open."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.pipeline import REQUEST_STAGES, breakpoints, canonicalise, reorder, run_request_stages
-from proxy.pipeline.breakpoints import Plan
+from proxy.pipeline.breakpoints import Plan, PlanContext
 from proxy.providers import ANTHROPIC
 from proxy.services import Services
 from proxy.settings import Settings
@@ -48,7 +48,7 @@ def test_stage_order_is_written_once() -> None:
     assert all(stage.rewrites for stage in MINE)
 
 
-async def test_optimise_rewrites_counts_and_leaves_the_plan_in_notes() -> None:
+async def test_optimise_rewrites_counts_and_leaves_the_plan_on_the_exchange() -> None:
     services = _services()
     exchange = _exchange(_body())
     await run_request_stages(exchange, services)
@@ -65,10 +65,10 @@ async def test_optimise_rewrites_counts_and_leaves_the_plan_in_notes() -> None:
             ],
         }
     ]
-    plan = exchange.notes["plan"]
+    plan = exchange.plan
     assert isinstance(plan, Plan) and plan.positions == (2, 4)
-    assert exchange.notes["system_tiers"] == ("stable",)
-    assert exchange.notes["system_moved_to_user"] == 1
+    assert exchange.system_tiers == ("stable",)
+    assert exchange.system_moved_to_user == 1
     registry = services.metrics.registry
     assert (
         registry.get_sample_value(
@@ -78,28 +78,28 @@ async def test_optimise_rewrites_counts_and_leaves_the_plan_in_notes() -> None:
     )
 
 
-async def test_session_pins_and_plan_context_from_notes_are_used() -> None:
+async def test_session_pins_and_plan_context_from_the_session_are_used() -> None:
     exchange = _exchange(_body())
     exchange.body = orjson.loads(exchange.raw)
-    exchange.notes["session_pins"] = {
+    exchange.session_pins = {
         "pinned_tool_order": ["a", "b"],
         "pinned_schemas": {},
         "pinned_inputs": {},
     }
-    exchange.notes["plan_context"] = {"previous_breakpoints": [], "shared_ttl": "1h", "session_ttl": "5m"}
+    exchange.plan_context = PlanContext((), "1h", "5m")
     services = _services()
     for stage in MINE:
         await stage.run(exchange, services)
     assert [t["name"] for t in exchange.body["tools"]] == ["a", "b"]
-    assert [m.ttl for m in exchange.notes["plan"].markers] == ["1h", "5m"]
-    assert exchange.notes["dirty"] is True
+    assert [m.ttl for m in exchange.plan.markers] == ["1h", "5m"]
+    assert exchange.is_body_dirty is True
 
 
 async def test_observe_mode_sends_the_client_bytes() -> None:
     exchange = _exchange(_body())
     await run_request_stages(exchange, _services(mode="observe"))
     assert exchange.upstream_body is None and exchange.outgoing == exchange.raw
-    assert "plan" not in exchange.notes
+    assert exchange.plan is None
 
 
 async def test_a_failing_stage_forwards_the_original_bytes(tmp_path: Path) -> None:

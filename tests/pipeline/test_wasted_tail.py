@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.pacing import Forecast
 from proxy.pipeline import breakpoints
-from proxy.pipeline.breakpoints import PlanContext, place_breakpoints
+from proxy.pipeline.breakpoints import PacingInput, PlanContext, place_breakpoints
 from proxy.pipeline.replay import Masker, stripped_bytes, tail_rewritten, view_messages
 from proxy.providers import ANTHROPIC
 from proxy.store.record import MAGIC, SessionRecord, Sidecar, decode_record, encode_record
@@ -109,9 +110,44 @@ def test_planner_marks_the_end_of_the_previous_turn_after_a_wasted_tail() -> Non
     assert (5, "client", "client") in [(m.index, m.origin, m.reason) for m in kept.markers]
 
 
+def test_first_request_leaves_the_newest_message_to_a_client_that_marked_earlier_ones() -> None:
+    body = _aider(0)  # blocks: system 0, messages 1 (question), 2 (`Ok.`, client), 3 (newest)
+    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(first=True))
+    assert [(m.index, m.origin, m.reason) for m in plan.markers] == [(0, "injected", "shared"), (2, "client", "client")]
+    # with a record behind it the session's own evidence decides (nothing rewritten yet: marked)
+    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext())
+    assert [(m.index, m.reason) for m in plan.markers] == [(0, "shared"), (2, "client"), (3, "last")]
+    # a client that marks nothing in its messages, or marks its newest message, is not affected
+    bare = copy.deepcopy(body)
+    del bare["messages"][1]["content"][0]["cache_control"]
+    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, bare, context=PlanContext(first=True))
+    assert [(m.index, m.reason) for m in plan.markers] == [(0, "shared"), (2, "turn"), (3, "last")]
+    newest = copy.deepcopy(body)
+    newest["messages"][-1]["content"][0]["cache_control"] = EPH
+    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, newest, context=PlanContext(first=True))
+    assert [(m.index, m.origin) for m in plan.markers] == [(0, "injected"), (2, "client"), (3, "client")]
+
+
+def test_no_tail_when_the_conversation_is_predicted_to_end() -> None:
+    body = _aider(1)  # blocks: system 0, messages 1..5; the previous request's last marker was 4
+    ending = Forecast(p_end=1.0, human_soon=0.0, human_hour=0.0, tool_soon=1.0, tool_hour=0.0)
+    alive = PlanContext(previous_breakpoints=(4,), pacing=PacingInput(ending))
+    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=alive)
+    # the shared prefix and the anchor (read, refreshed at the read price); no tail, no turn
+    assert [(m.index, m.ttl, m.reason) for m in plan.markers] == [
+        (0, "1h", "shared"),
+        (2, "1h", "client"),
+        (4, "1h", "anchor"),
+    ]
+    gone = PlanContext(previous_breakpoints=(4,), pacing=PacingInput(ending, expired=True))
+    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=gone)
+    assert [(m.index, m.ttl, m.reason) for m in plan.markers] == [(0, "5m", "shared"), (2, "5m", "client")]
+    coming = Forecast(p_end=1.0, human_soon=1.0, human_hour=0.0, tool_soon=1.0, tool_hour=0.0)
+    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext((4,), pacing=PacingInput(coming)))
+    assert [(m.index, m.reason) for m in plan.markers] == [(0, "shared"), (2, "client"), (4, "anchor"), (5, "last")]
+
+
 def test_plan_context_and_record_carry_the_count() -> None:
-    assert PlanContext.coerce({"tail_misses": 2}) == PlanContext(tail_misses=2)
-    assert PlanContext.coerce({"tail_misses": True}) == PlanContext()
     assert not PlanContext().skips_tail and PlanContext(tail_misses=1).skips_tail
     record = SessionRecord(chain=b"\x01" * 16, ends=(3,), model=SONNET, params_digest=b"", tail_misses=3)
     assert decode_record(encode_record(record)) == record
@@ -151,10 +187,11 @@ async def test_aider_like_trace_spends_no_write_on_a_tail_it_never_reads(
                 usage["cache_creation_input_tokens"],
                 usage["input_tokens"],
             )
-            if turn == 0 or not learning:  # the tail is marked and written
+            if turn > 0 and not learning:  # the tail is marked and written
                 assert newest_marked, turn
                 assert got == (read, total - read, 0), turn
             else:  # the end of the previous turn is written, the newest question sent uncached
+                # (on the first turn too: the client marked its `Ok.` and not its newest message)
                 assert not newest_marked, turn
                 assert got == (read, before_newest - read, total - before_newest), turn
         # the client alone: its `Ok.` marker only

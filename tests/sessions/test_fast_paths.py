@@ -266,16 +266,16 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
             sent = orjson.loads(ex.outgoing)
             blocks = adapter.prefix_blocks(path, sent)
             chain = ref_chain(blocks)
-            assert ex.notes["sent_chain"] == chain
+            assert ex.sent_chain == chain
             # the measurement, from the reference chain and blocks of the bytes sent
-            got = ex.notes["measurement"]
+            got = ex.measurement
             expected = find_divergence(
                 previous,
                 chain,
                 blocks,
                 request_model(sent),
                 params_digest(adapter, path, sent),
-                history_rewritten=ex.notes.get("history_rewritten") is not None,
+                history_rewritten=ex.history_rewritten is not None,
                 is_volatile=None,
             )
             assert (got.divergence.block_index, got.divergence.byte_offset) == (
@@ -299,10 +299,10 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
             assert record is not None
             assert (record.chain, record.ends) == (chain.chain, chain.ends)
             assert (record.breakpoints, record.ttls) == sent_markers(blocks, sent)
-            pins = update_pins(ex.notes.get("session_pins"), blocks, adapter.tool_shape(path))
+            pins = update_pins(ex.session_pins, blocks, adapter.tool_shape(path))
             segments = record.pins.get("pinned_segments")  # the pin stage's (proxy.pipeline.pins)
             assert {k: v for k, v in record.pins.items() if k != "pinned_segments"} == pins
-            assert segments == (ex.notes.get("pinned_segments") or None)
+            assert segments == (ex.pinned_segments or None)
             if segments:
                 client_text = orjson.dumps(first).decode()  # first-seen: the client's own text
                 assert mode == "optimise"

@@ -13,7 +13,10 @@ import pytest
 from proxy.keepwarm import MARGIN, ping_pays, return_chance
 from proxy.pacing import FIVE_MINUTES
 from proxy.pricing import default_pricing
+from proxy.providers.anthropic_request import PING_TEXT, prefix_request
 from proxy.providers.base import Usage
+from proxy.sim.app import start_sim
+from proxy.sim.clock import Clock
 from tests.sessions.conftest import Client, Sim
 from tests.sessions.test_simulator import MODEL, body, first_message, usage
 
@@ -133,3 +136,80 @@ async def test_no_ping_when_the_next_request_comes_first_nor_in_observe_mode_nor
     assert pings == [] and observing.services.keep_warm.windows == {}
     off = await warm_proxy(start_proxy, sim, keep_warm="off")
     assert off.services.keep_warm is None
+
+
+EPH = {"type": "ephemeral"}
+
+
+def test_a_ping_carries_the_prefix_up_to_the_last_marker_and_nothing_after() -> None:
+    question = {"role": "user", "content": [{"type": "text", "text": "q0"}]}
+    done = {"role": "assistant", "content": [{"type": "text", "text": "Ok.", "cache_control": EPH}]}
+    newest = {"role": "user", "content": [{"type": "text", "text": "q1"}, {"type": "text", "text": "reminder"}]}
+    sent = {"model": MODEL, "max_tokens": 32, "system": "s", "messages": [question, done, newest]}
+    # blocks: system 0, q0 1, Ok. 2, q1 3, reminder 4
+    cut = prefix_request(sent, 2)
+    assert cut == {**sent, "messages": [question, done, {"role": "user", "content": PING_TEXT}]}
+    assert cut is not None and cut["messages"][1] is done  # the very blocks sent: the same bytes
+    assert prefix_request(sent, 3) == {
+        **sent,
+        "messages": [question, done, {**newest, "content": newest["content"][:1]}],
+    }
+    assert prefix_request(sent, 4) is sent
+    assert prefix_request(sent, 0) is None  # not in the messages: the body goes whole
+    call = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "t", "name": "ls", "input": {}, "cache_control": EPH}],
+    }
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}
+    assert prefix_request({**sent, "messages": [question, call, result]}, 2) is None  # a call without its result
+    results = {
+        "role": "user",
+        "content": [{**result["content"][0], "cache_control": EPH}, {**result["content"][0], "tool_use_id": "u"}],
+    }
+    assert prefix_request({**sent, "messages": [question, call, results]}, 3) is None  # a result dropped
+
+
+async def test_a_ping_after_a_client_marked_turn_reads_the_marked_prefix_and_sends_nothing_else_uncached(
+    start_proxy: Any, sim: Sim, client: Client
+) -> None:
+    proxy = await warm_proxy(start_proxy, sim)
+    question = first_message("2026-11-29T20:00:00Z")
+    done = {"role": "assistant", "content": [{"type": "text", "text": "Ok.", "cache_control": EPH}]}
+    newest = {"role": "user", "content": "Rebuilt every turn. " * 200}
+    status, response = await client.messages(proxy, body([question, done, newest]), headers=SESSION)
+    assert status == 200, response
+    await client.settle(proxy)
+    first = usage(response)
+    # the proxy leaves the newest message unmarked (the client marked an earlier one)
+    assert first["cache_creation_input_tokens"] > 0 and first["input_tokens"] > 800
+    assert await pause(proxy, sim, FIVE_MINUTES + 60) == [sim.clock.now() - 60 - MARGIN]
+    ((_, _, ping),) = proxy.services.keep_warm.sent
+    # the marked prefix read; only the one-token user turn and its message overhead uncached
+    # (the simulator counts 3 tokens per message, proxy/sim/anthropic.py MESSAGE_OVERHEAD)
+    assert (ping.cache_read, ping.cache_write, ping.input_none) == (first["cache_creation_input_tokens"], 0, 1 + 3)
+
+
+async def test_a_failing_ping_opens_the_tenant_s_breaker_and_drops_every_credential(
+    start_proxy: Any, client: Client
+) -> None:
+    clock = Clock.manual_at()
+    runner, url = await start_sim("127.0.0.1", 0, clock=clock)
+    proxy = await start_proxy(upstream=url, keep_warm="on")
+    proxy.services.sessions.clock = clock.now
+    kw = proxy.services.keep_warm
+    kw.stop_loop()
+    for session in ("one", "two"):
+        history = [first_message(f"2026-11-29T20:00:00Z {session}")]
+        status, response = await client.messages(proxy, body(history), headers={"x-session-id": session})
+        assert status == 200, response
+        await client.settle(proxy)
+    held = list(kw.windows.values())
+    assert len(held) == 2 and all(w.headers for w in held)
+    await runner.cleanup()  # the upstream is gone: the first ping fails
+    due = kw.next_due()
+    assert due is not None and await kw.fire_due(due) == 0
+    # the failing window dropped, the other refused by the open breaker: no credential kept
+    assert kw.windows == {} and all(w.headers == {} for w in held)
+    assert proxy.sample("promptcache_keepwarm_pings_total", provider="anthropic", outcome="error") == 1
+    assert proxy.sample("promptcache_keepwarm_pings_total", provider="anthropic", outcome="ok") == 0
+    assert kw.breaker[held[0].tenant] == due + 3600

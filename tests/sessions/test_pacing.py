@@ -17,6 +17,7 @@ from proxy.pacing import (
     Pacing,
     choose_ttls,
     forecast,
+    tail_pays,
 )
 
 
@@ -103,3 +104,28 @@ def test_a_subagent_tail_is_5m_whatever_the_pacing() -> None:
     six = Pacing(human=(360.0,) * 3, tool=(360.0,) * 3, ends=3, responses=6)
     choice = choose_ttls(forecast(six, Pacing()), agent=True)
     assert (choice.tail, choice.anchor) == ("5m", "1h")
+
+
+def test_cost_guard_no_tail_when_the_conversation_is_predicted_to_end() -> None:
+    # against sending the new tokens uncached: a 5m tail costs 0.25 more and saves 1.15 when read
+    # within 5 minutes, a 1h tail 1.0 more and saves 1.15 when read within the hour
+    def at(soon: float, hour: float) -> Forecast:
+        return Forecast(p_end=1.0, human_soon=soon, human_hour=hour, tool_soon=1.0, tool_hour=0.0)
+
+    assert at(0.2, 0.1).next_soon == 0.2
+    assert not tail_pays(at(0.21, 0.0), "5m") and tail_pays(at(0.22, 0.0), "5m")  # 0.25 / 1.15 = 0.217
+    assert not tail_pays(at(0.0, 0.86), "1h") and tail_pays(at(0.0, 0.87), "1h")  # 1.0 / 1.15 = 0.870
+    # people who come back the next day: nothing written past the anchor
+    gone = Pacing(human=(7200.0,) * 3, ends=3, responses=3)
+    choice = choose_ttls(forecast(gone, Pacing()))
+    assert (choice.tail, choice.next_hour, choice.write_tail) == ("5m", 0.0, False)
+    # a 1h tail that would be read too rarely to repay its 1.0 either
+    rare = choose_ttls(at(0.0, 0.7))
+    assert (rare.tail, rare.write_tail) == ("1h", False)
+    # the prior, six-minute and thirty-second people all write their tails
+    assert choose_ttls(forecast(Pacing(), Pacing())).write_tail
+    assert forecast(Pacing(), Pacing()).next_soon == pytest.approx(0.3 * 0.55 + 0.7 * 0.98)
+    six = Pacing(human=(360.0,) * 3, tool=(360.0,) * 3, ends=3, responses=6)
+    assert choose_ttls(forecast(six, Pacing())).write_tail
+    # a subagent is machine-paced whatever its tenant's people do
+    assert choose_ttls(forecast(gone, Pacing()), agent=True).write_tail

@@ -174,3 +174,17 @@ async def test_a_gateway_that_strips_ttl_shows_as_downgrades(start_proxy: Any, s
         assert proxy.sample("promptcache_ttl_downgrades_total", provider="anthropic") == 3
     finally:
         await runner.cleanup()
+
+
+async def test_people_who_come_back_the_next_day_get_no_tail_written(
+    start_proxy: Any, sim: Sim, client: Client
+) -> None:
+    proxy = await start_proxy(upstream=sim.url)
+    proxy.services.sessions.clock = sim.clock.now
+    usages = await conversation(proxy, sim, client, "a", 3, 2 * 3600.0)
+    # the prior writes the first tail (5m); after a two-hour pause seen (the turn ended, the
+    # person came back after the hour) nothing predicts a read: every token goes uncached
+    assert split(usages)[0][1] == usages[0]["input_tokens"] + usages[0]["cache_creation_input_tokens"]
+    for u in usages[1:]:
+        assert (u["cache_read_input_tokens"], u["cache_creation_input_tokens"]) == (0, 0)
+        assert u["input_tokens"] > usages[0]["cache_creation_input_tokens"]

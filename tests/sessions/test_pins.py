@@ -50,7 +50,7 @@ def test_first_seen_wins_and_new_tools_append() -> None:
     assert later["pinned_tool_order"] == ["read", "grep", "edit"]
     assert list(later["pinned_schemas"]["read"]) == ["type", "properties"]
     assert pins["pinned_tool_order"] == ["read", "grep"]  # input untouched
-    assert SessionPins.coerce(later).pinned_tool_order == ("read", "grep", "edit")
+    assert SessionPins.of(later).pinned_tool_order == ("read", "grep", "edit")
 
 
 def test_openai_chat_tool_names() -> None:

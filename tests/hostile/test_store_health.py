@@ -1,0 +1,208 @@
+"""Store health (issue 11, item 7): the SQLite file deleted mid-run, a full disk and a read-only
+mount are seen (`promptcache_session_store_faults_total{kind}`, `..._healthy`, `/readyz` 503
+naming the cause) and recovered from, and requests keep flowing meanwhile (200, no replay).
+Redis frozen with SIGSTOP reads as `unresponsive` the same way.
+
+A full disk and a read-only mount are real: a small tmpfs mounted for the test (root in a
+container that allows `mount`; skipped, saying so, where it does not). The deleted file needs
+no privilege."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.appkeys import SERVICES
+from tests.fakes.upstream import FakeUpstream
+from tests.store.redis_server import RedisServer
+
+HEADERS = {"x-api-key": "key-h", "anthropic-version": "2023-06-01"}
+FAULTS = "promptcache_session_store_faults_total"
+HEALTHY = "promptcache_session_store_healthy"
+
+
+def body(n: int, size: int = 100) -> dict[str, Any]:
+    return {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": f"turn {n} " + "x" * size}],
+    }
+
+
+async def post(http: aiohttp.ClientSession, proxy: Any, n: int, session: str, size: int = 100) -> int:
+    headers = {**HEADERS, "x-session-id": session}
+    async with http.post(proxy.url + "/v1/messages", json=body(n, size), headers=headers) as r:
+        await r.read()
+        return r.status
+
+
+async def readyz(http: aiohttp.ClientSession, proxy: Any) -> tuple[int, dict[str, Any]]:
+    async with http.get(proxy.url + "/readyz") as r:
+        return r.status, await r.json()
+
+
+def store_of(proxy: Any) -> Any:
+    return proxy.runner.app[SERVICES].store
+
+
+def rows(db: Path) -> int:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return conn.execute("SELECT count(*) FROM sessions").fetchone()[0]
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A fresh 4 MiB tmpfs (a real filesystem that fills up and can be remounted read-only)."""
+    mount = tmp_path / "volume"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}): disk full / read-only untested")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(directory: Path) -> Path:
+    """Write a file until the filesystem is full; returns it (delete it to free the space)."""
+    filler = directory / "filler"
+    chunk = b"\0" * 65536
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+async def test_a_deleted_file_is_recreated_counted_and_written_again(
+    fake_upstream: FakeUpstream, make_proxy: Any, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    proxy = await make_proxy(upstream=fake_upstream.url, store="", state_dir=state)
+    db = state / "sessions.db"
+    async with aiohttp.ClientSession() as http:
+        assert await post(http, proxy, 1, "s-1") == 200
+        await store_of(proxy).flush()
+        assert rows(db) == 2  # the record and the tenant's pacing
+        db.unlink()  # e.g. `rm sessions.db` while it runs: writes would go to the unlinked file
+        status, ready = await readyz(http, proxy)
+        assert (status, ready["status"], ready["store"]) == (200, "ready", {"backend": "sqlite", "healthy": True})
+        assert proxy.sample(FAULTS, backend="sqlite", kind="file_gone") == 1
+        assert db.exists() and stat.S_IMODE(db.stat().st_mode) == 0o600
+        assert rows(db) == 0  # what was deleted stays deleted
+        assert await post(http, proxy, 2, "s-2") == 200
+        await store_of(proxy).flush()
+    assert rows(db) == 1  # the new record is in the file at the path
+    assert proxy.sample(FAULTS, backend="sqlite", kind="file_gone") == 1
+    assert proxy.sample(HEALTHY, backend="sqlite") == 1
+
+
+async def test_a_full_disk_is_unready_naming_it_requests_flow_and_it_recovers(
+    fake_upstream: FakeUpstream, make_proxy: Any, tmpfs: Path
+) -> None:
+    state = tmpfs / "state"
+    proxy = await make_proxy(upstream=fake_upstream.url, store="", state_dir=state)
+    store = store_of(proxy)
+    async with aiohttp.ClientSession() as http:
+        assert await post(http, proxy, 1, "s-1") == 200
+        await store.flush()
+        filler = fill(tmpfs)
+        assert await post(http, proxy, 2, "s-2", size=300_000) == 200  # fail open
+        await store.flush()
+        assert proxy.sample("promptcache_session_store_errors_total", backend="sqlite", operation="put") == 1
+        assert proxy.sample(FAULTS, backend="sqlite", kind="disk_full") == 1
+        assert proxy.sample(HEALTHY, backend="sqlite") == 0
+        status, ready = await readyz(http, proxy)
+        assert status == 503
+        assert ready["status"] == "store_unhealthy"
+        assert {k: v for k, v in ready["store"].items() if k != "detail"} == {
+            "backend": "sqlite",
+            "healthy": False,
+            "problem": "disk_full",
+        }
+        assert "bytes free on the filesystem of" in ready["store"]["detail"]
+        assert proxy.sample(FAULTS, backend="sqlite", kind="disk_full") == 2  # the check saw it too
+        assert await post(http, proxy, 3, "s-3") == 200  # requests keep flowing
+        await store.flush()
+        filler.unlink()
+        status, ready = await readyz(http, proxy)
+        assert (status, ready["status"], ready["store"]) == (200, "ready", {"backend": "sqlite", "healthy": True})
+        assert proxy.sample(HEALTHY, backend="sqlite") == 1
+        assert await post(http, proxy, 4, "s-4", size=300_000) == 200
+        await store.flush()
+    # s-1, its pacing and s-4; s-3's write met the full disk (a WAL frame could not be appended)
+    assert rows(state / "sessions.db") == 3
+    assert proxy.sample("promptcache_session_store_errors_total", backend="sqlite", operation="put") == 2
+
+
+async def test_a_read_only_mount_is_unready_naming_it_and_recovers_when_writable(
+    fake_upstream: FakeUpstream, make_proxy: Any, tmpfs: Path
+) -> None:
+    state = tmpfs / "state"
+    state.mkdir(mode=0o700)
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    proxy = await make_proxy(upstream=fake_upstream.url, store="", state_dir=state)
+    async with aiohttp.ClientSession() as http:
+        status, ready = await readyz(http, proxy)
+        assert status == 503
+        assert ready["status"] == "store_unhealthy"
+        assert ready["store"]["problem"] == "read_only"
+        assert "Read-only file system" in ready["store"]["detail"]
+        assert proxy.sample(FAULTS, backend="sqlite", kind="read_only") == 2  # at start, at /readyz
+        assert proxy.sample(HEALTHY, backend="sqlite") == 0
+        assert await post(http, proxy, 1, "s-1") == 200  # fail open: no replay, no failed request
+        await store_of(proxy).flush()
+        subprocess.run(["mount", "-o", "remount,rw", str(tmpfs)], check=True)
+        status, ready = await readyz(http, proxy)
+        assert (status, ready["store"]) == (200, {"backend": "sqlite", "healthy": True})
+        assert await post(http, proxy, 2, "s-2") == 200
+        await store_of(proxy).flush()
+    assert rows(state / "sessions.db") == 1  # s-2 (s-1 and its pacing met the read-only mount)
+    assert proxy.sample(HEALTHY, backend="sqlite") == 1
+
+
+async def test_frozen_redis_is_unresponsive_in_readyz_and_recovers(
+    fake_upstream: FakeUpstream, make_proxy: Any, redis_server: RedisServer
+) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url, store=redis_server.url, secret="s" * 32)
+    async with aiohttp.ClientSession() as http:
+        status, ready = await readyz(http, proxy)
+        assert (status, ready["store"]) == (200, {"backend": "redis", "healthy": True})
+        assert redis_server.process is not None
+        os.kill(redis_server.process.pid, signal.SIGSTOP)
+        try:
+            assert await post(http, proxy, 1, "s-1") == 200  # the reads time out: no replay
+            await store_of(proxy).flush()
+            # record and pacing, read and written: each call timed out, none is a verdict
+            assert proxy.sample(FAULTS, backend="redis", kind="timeout") == 4
+            assert proxy.sample(HEALTHY, backend="redis") == 1
+            status, ready = await readyz(http, proxy)  # the check's PING is: unresponsive
+            assert status == 503
+            assert ready["store"]["problem"] == "unresponsive"
+            assert proxy.sample(FAULTS, backend="redis", kind="unresponsive") == 1
+            assert proxy.sample(HEALTHY, backend="redis") == 0
+        finally:
+            os.kill(redis_server.process.pid, signal.SIGCONT)
+        status, ready = await readyz(http, proxy)
+        assert (status, ready["store"]) == (200, {"backend": "redis", "healthy": True})
+        assert proxy.sample(HEALTHY, backend="redis") == 1
