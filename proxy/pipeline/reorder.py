@@ -91,6 +91,16 @@ def _worst(tiers: Sequence[str]) -> str:
     return max(tiers, key=TIER_RANK.__getitem__)
 
 
+def _text_tier(classifier: Classifier, text: str) -> str:
+    """The tier of a unit kept as one block: the latest tier its own text classifies as. The
+    sorted text is classified again, not its pieces: a section can take in a line sorted after
+    it (`# Memory` runs on over the volatile line behind it), and the next pass must see the
+    tier this one gave (idempotence)."""
+    segments = classifier.segments(text)
+    tiers = section_tiers(segments, [False] * len(segments))
+    return _worst([t for t, s in zip(tiers, segments, strict=True) if not s.wrap] or ["stable"])
+
+
 def _join_lines(pieces: Sequence[str]) -> str | None:
     """Concatenate reordered pieces of one string without joining two lines.
 
@@ -138,11 +148,11 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
             continue
         tiers = sorted(texts, key=TIER_RANK.__getitem__)
         if not unit.splittable:
-            tier = _worst(tiers)
             pieces = [texts[t] for t in tiers]
             text = _join_lines(pieces)
             if text is None:  # more than one unterminated piece: keep the order
                 text = render(segments, ["" if g != _MOVED else g for g in groups])[""]
+            tier = _text_tier(classifier, text)
             is_whole = text == unit.text
             changed = changed or not is_whole
             ranked.append((TIER_RANK[tier], tier, SystemPart(source, text, unit.marker, whole=is_whole)))
