@@ -24,13 +24,14 @@ from proxy.admin import add_admin_routes
 from proxy.affinity import Affinity, base_urls
 from proxy.aio import create_task
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
+from proxy.connections import LimitedRunner, limits_for
 from proxy.debug import LastMeasurements
 from proxy.handlers import healthz, not_found, proxy_handler, readyz
 from proxy.keepwarm import KeepWarm, parse_setting
 from proxy.ledger import TenantLedger
 from proxy.metrics import PROVIDERS, Metrics
 from proxy.pacing import Pacing
-from proxy.pricing import default_pricing
+from proxy.pricing import pricing_for
 from proxy.profiles import load_profiles
 from proxy.providers import Router
 from proxy.rules import load_rules
@@ -177,7 +178,8 @@ def create_app(
     `TracerProvider`; default `proxy.otel.default_provider()`); otherwise nothing of
     OpenTelemetry is imported. Raises `proxy.rules.RuleError` (naming file, key path and line)
     when the rules are invalid, `proxy.teams.TeamFileError` when `teams_file` is,
-    `proxy.profiles.ProfileError` for an invalid profiles file or an unknown profile name.
+    `proxy.profiles.ProfileError` for an invalid profiles file or an unknown profile name,
+    `proxy.pricing.PricingError` for an invalid `pricing.yaml` in `settings.rules_dir`.
     """
     app = web.Application(client_max_size=settings.max_body_bytes)
     if settings.tracing:
@@ -189,7 +191,7 @@ def create_app(
         settings.teams,
         load_team_file(settings.teams_file) if settings.teams_file is not None else {},
     )
-    pricing = default_pricing()
+    pricing = pricing_for(settings.rules_dir)
     metrics = Metrics(registry, {p: pricing.family_names(p) for p in PROVIDERS})
     metrics.prepare_teams(teams.labels)
     app[SERVICES] = Services(
@@ -238,8 +240,16 @@ async def start_proxy(
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
     app = create_app(settings, registry, tracer_provider)
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.client_idle_timeout
+    services = app[SERVICES]
+    runner = LimitedRunner(
+        app,
+        limits=limits_for(settings, services.metrics, services.router),
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=settings.client_idle_timeout,
+        # aiohttp's per-line limits at ours, so the whole-head limit answers first (431)
+        max_line_size=settings.max_header_bytes,
+        max_field_size=settings.max_header_bytes,
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)

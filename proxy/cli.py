@@ -57,6 +57,7 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "record": args.record,
         "rules_dir": args.rules_dir,
     }
+    from proxy.pricing import PricingError
     from proxy.profiles import ProfileError
     from proxy.rules import RuleError
     from proxy.teams import TeamFileError
@@ -79,6 +80,9 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         return 2
     except TeamFileError as exc:
         print(f"promptcache: invalid teams_file: {exc}", file=sys.stderr)
+        return 2
+    except PricingError as exc:
+        print(f"promptcache: invalid pricing:\n{exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"promptcache: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)

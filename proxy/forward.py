@@ -30,10 +30,11 @@ import yarl
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.connections import ClientBodyTimeout
 from proxy.eventstream import EventStreamDecoder, Message, bedrock_chunk
 from proxy.exchange import Exchange
 from proxy.metrics import ProviderMetrics
-from proxy.providers.base import BAD_GATEWAY, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
+from proxy.providers.base import BAD_GATEWAY, CLIENT_TIMEOUT, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
 from proxy.sse import SSEDecoder
 from proxy.tracing import CURRENT as CURRENT_TRACE
 from proxy.upstreams import host_of
@@ -153,6 +154,44 @@ def local_error(adapter: ProviderAdapter, kind: ErrorKind, message: str) -> web.
     return web.Response(
         status=kind.status, body=adapter.error_body(kind, message), content_type="application/json"
     )
+
+
+def closing(response: web.Response) -> web.Response:
+    """`response` with `Connection: close` (the connection ends after it)."""
+    response.force_close()
+    return response
+
+
+def _upstream_failure(exchange: Exchange, base_url: str, read_timeout: float, exc: BaseException) -> web.Response:
+    """The local 502/504 for an upstream request that raised `exc` before any response."""
+    adapter = exchange.adapter
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)):
+        exchange.status = BAD_GATEWAY.status
+        _log.warning("upstream %s unreachable: %s", base_url, type(exc).__name__)
+        return local_error(
+            adapter, BAD_GATEWAY, f"promptcache could not reach the upstream {host_of(base_url)} ({type(exc).__name__})"
+        )
+    if isinstance(exc, (TimeoutError, aiohttp.ServerTimeoutError)):
+        exchange.status = GATEWAY_TIMEOUT.status
+        _log.warning("upstream %s timed out after %.1f s", base_url, read_timeout)
+        return local_error(
+            adapter, GATEWAY_TIMEOUT, f"the upstream {host_of(base_url)} did not answer within {read_timeout:g} s"
+        )
+    exchange.status = BAD_GATEWAY.status
+    _log.warning("upstream %s failed: %s", base_url, type(exc).__name__)
+    return local_error(
+        adapter, BAD_GATEWAY, f"the request to the upstream {host_of(base_url)} failed ({type(exc).__name__})"
+    )
+
+
+def _client_body_failure(request: web.Request, exchange: Exchange) -> web.Response | None:
+    """The 408 for a streamed client body that stalled (`proxy.connections.ClientBodyTimeout`
+    set on the request payload), surfacing as whatever the upstream request raised."""
+    failure = request.content.exception()
+    if not isinstance(failure, ClientBodyTimeout):
+        return None
+    exchange.status = CLIENT_TIMEOUT.status
+    return closing(local_error(exchange.adapter, CLIENT_TIMEOUT, str(failure)))
 
 
 class UsageTee:
@@ -305,24 +344,11 @@ async def _send(
     try:
         async with asyncio.timeout(read_timeout):
             upstream = await session.request(request.method, url, headers=headers, data=data)
-    except (aiohttp.ClientConnectorError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
-        exchange.status = BAD_GATEWAY.status
-        _log.warning("upstream %s unreachable: %s", base_url, type(exc).__name__)
-        return local_error(
-            adapter, BAD_GATEWAY, f"promptcache could not reach the upstream {host_of(base_url)} ({type(exc).__name__})"
-        )
-    except (TimeoutError, aiohttp.ServerTimeoutError):
-        exchange.status = GATEWAY_TIMEOUT.status
-        _log.warning("upstream %s timed out after %.1f s", base_url, read_timeout)
-        return local_error(
-            adapter, GATEWAY_TIMEOUT, f"the upstream {host_of(base_url)} did not answer within {read_timeout:g} s"
-        )
-    except aiohttp.ClientError as exc:
-        exchange.status = BAD_GATEWAY.status
-        _log.warning("upstream %s failed: %s", base_url, type(exc).__name__)
-        return local_error(
-            adapter, BAD_GATEWAY, f"the request to the upstream {host_of(base_url)} failed ({type(exc).__name__})"
-        )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        stalled = _client_body_failure(request, exchange)
+        if stalled is not None:
+            return stalled
+        return _upstream_failure(exchange, base_url, read_timeout, exc)
     is_complete = False
     try:
         metrics.first_byte.observe(time.perf_counter() - exchange.sent_at)

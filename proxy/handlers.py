@@ -22,8 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.affinity import is_failure
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
+from proxy.connections import ClientBodyTimeout
 from proxy.exchange import Exchange
-from proxy.forward import forward, local_error
+from proxy.forward import closing, forward, local_error
 from proxy.logs import ACCESS_LOGGER, access_fields, log_access
 from proxy.metrics import ProviderMetrics
 from proxy.pipeline import run_request_stages
@@ -31,7 +32,7 @@ from proxy.pipeline.observe import observe, record_usage
 from proxy.pipeline.parse import invalid_utf8_message
 from proxy.profiles import Profile, load_profiles
 from proxy.providers import Route, Router, route
-from proxy.providers.base import BAD_REQUEST, NOT_FOUND, TOO_LARGE
+from proxy.providers.base import BAD_REQUEST, CLIENT_TIMEOUT, NOT_FOUND, TOO_LARGE
 from proxy.services import Services
 from proxy.tenant import credential_of
 from proxy.upstreams import host_of
@@ -88,6 +89,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 status = TOO_LARGE.status
                 limit = services.settings.max_body_bytes
                 return local_error(adapter, TOO_LARGE, f"request body exceeds the limit of {limit} bytes")
+            except ClientBodyTimeout as exc:
+                status = CLIENT_TIMEOUT.status
+                return closing(local_error(adapter, CLIENT_TIMEOUT, str(exc)))
             if services.recorder is not None:
                 services.recorder.record(path, request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)

@@ -25,6 +25,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
 from proxy import __version__
+from proxy.malformed import KINDS as MALFORMED_KINDS
 from proxy.pricing import OTHER as OTHER_FAMILY
 from proxy.pricing import default_pricing
 from proxy.store.base import FAULT_KINDS
@@ -45,6 +46,8 @@ STAGES: Final = (
     "serialise",
     "observe",
 )
+CLOSE_REASONS: Final = ("idle", "header_timeout", "body_timeout", "header_too_large", "too_many_connections")
+"""Why promptcache closed a client connection (`promptcache_connections_closed_total{reason}`)."""
 SECTIONS: Final = ("tools", "system", "messages", "none")
 CAUSES: Final = (
     "none",
@@ -488,6 +491,28 @@ class Metrics:
             "rest was not masked for replay (proxy.pipeline.session).",
             registry=r,
         )
+        self.malformed_parts = Counter(
+            "promptcache_malformed_parts_total",
+            "Parts of request bodies skipped by a stage because a structural field has the wrong "
+            "type (block_type, role, tool_name, call_name); the rest of the request was still "
+            "optimised (proxy.malformed).",
+            ["stage", "kind"],
+            registry=r,
+        )
+        for stage in STAGES:
+            for kind in MALFORMED_KINDS:
+                self.malformed_parts.labels(stage, kind)
+        self.connections_closed = Counter(
+            "promptcache_connections_closed_total",
+            "Client connections promptcache closed because a limit was exceeded: idle, "
+            "header_timeout, body_timeout, header_too_large, too_many_connections "
+            "(proxy.connections).",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_closed_by_reason: dict[str, Counter] = {
+            reason: self.connections_closed.labels(reason) for reason in CLOSE_REASONS
+        }
         self.build = Info("promptcache_build", "Version of the running promptcache.", registry=r)
         self.build.info({"version": __version__})
 

@@ -245,6 +245,15 @@ def load_pricing(path: str | Path = DEFAULT_PATH) -> PricingTable:
     return parse_pricing(raw, path)
 
 
+def pricing_for(dir: str | Path | None) -> PricingTable:
+    """`pricing.yaml` of the rules folder `dir` when it has one, else the packaged table (as
+    `proxy.profiles.load_profiles` does for `profiles.yaml`). Raises `PricingError`."""
+    path = Path(dir) / DEFAULT_PATH.name if dir is not None else None
+    if path is None or not path.is_file():
+        return default_pricing()
+    return load_pricing(path)
+
+
 @functools.cache
 def default_pricing() -> PricingTable:
     """The packaged `rules/pricing.yaml`, loaded once per process."""

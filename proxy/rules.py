@@ -328,9 +328,15 @@ def cached_rules(dir: Path | None = None) -> RuleSet:
 
 
 def check_rules(dir: Path | str | None = None) -> list[str]:
-    """Every problem in the rule files of `dir` (default: the packaged `rules/`); empty when
-    they load."""
-    return _load(Path(dir) if dir is not None else PACKAGED_DIR)[1]
+    """Every problem in the rule files of `dir` (default: the packaged `rules/`) and in the
+    other files `serve` reads from it (`pricing.yaml`, `profiles.yaml`, `simulator.yaml`, each
+    by its own loader); empty when they all load."""
+    folder = Path(dir) if dir is not None else PACKAGED_DIR
+    errors = _load(folder)[1]
+    for name in _OTHER_FILES:
+        if (folder / name).is_file():
+            errors.extend(check_rule_file(folder / name)[1])
+    return errors
 
 
 def _check_pricing(path: Path) -> None:

@@ -123,6 +123,17 @@ class Settings(BaseModel):
     client_idle_timeout: float = Field(75.0, gt=0)
     """Seconds a client connection may stay open without a complete request: idle keep-alive
     connections, and connections that never finish sending their headers, are then closed."""
+    client_header_timeout: float = Field(30.0, gt=0)
+    """Seconds from the first byte of a request head to its end; exceeded: 408 in the provider's
+    error shape and the connection closed (`proxy.connections`)."""
+    client_body_timeout: float = Field(60.0, gt=0)
+    """Longest pause, in seconds, between two reads of a request body; exceeded: 408 and the
+    connection closed."""
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    """Bytes of a request line and headers together; more: 431 and the connection closed."""
+    max_connections: int = Field(512, ge=1)
+    """Client connections open at once; the one over it gets 503 (`Retry-After: 1`) and is
+    closed. Each may also hold an upstream connection: keep it under the open-file limit."""
     classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in

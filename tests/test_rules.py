@@ -220,3 +220,46 @@ def test_packaged_pins_are_session_context_rules() -> None:
     rules = load_rules()
     assert [r.name for r in rules.rules if r.pin] == ["env-block", "date", "cwd-host-home"]
     assert all(r.tier == "session" and not r.pin_changes_to_user for r in rules.rules if r.pin)
+
+
+def test_check_rules_folder_checks_the_other_files_serve_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _folder(tmp_path, (PACKAGED_DIR / "default.yaml").read_text(encoding="utf-8"))
+    (folder / "profiles.yaml").write_text("version: 2\n", encoding="utf-8")
+    (folder / "pricing.yaml").write_text("version: 1\n", encoding="utf-8")
+    assert check_rules_command(str(folder)) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in err] == [str(folder / "pricing.yaml"), str(folder / "profiles.yaml")]
+    (folder / "profiles.yaml").write_text((PACKAGED_DIR / "profiles.yaml").read_text(encoding="utf-8"))
+    (folder / "pricing.yaml").write_text((PACKAGED_DIR / "pricing.yaml").read_text(encoding="utf-8"))
+    assert check_rules_command(str(folder)) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+
+
+def test_serve_prices_from_the_rules_folder(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.app import create_app
+    from proxy.appkeys import SERVICES
+    from proxy.pricing import PricingError, default_pricing
+    from proxy.settings import Settings
+
+    packaged = (PACKAGED_DIR / "pricing.yaml").read_text(encoding="utf-8")
+    # Fable 5.1 input at 11.00 instead of 10.00 USD per million tokens.
+    row = "prefixes: [claude-fable-5-1, claude-mythos-5-1]\n    input: "
+    edited = packaged.replace(row + "10.00", row + "11.00")
+    assert edited != packaged
+    (tmp_path / "pricing.yaml").write_text(edited, encoding="utf-8")
+    (tmp_path / "default.yaml").write_text(GOOD_RULE, encoding="utf-8")
+    app = create_app(Settings(rules_dir=tmp_path), CollectorRegistry())
+    assert app[SERVICES].pricing.prices("anthropic", "claude-fable-5-1").input == 11.0
+    assert default_pricing().prices("anthropic", "claude-fable-5-1").input == 10.0
+    no_pricing = tmp_path / "bare"
+    no_pricing.mkdir()
+    (no_pricing / "default.yaml").write_text(GOOD_RULE, encoding="utf-8")
+    app = create_app(Settings(rules_dir=no_pricing), CollectorRegistry())
+    assert app[SERVICES].pricing is default_pricing()
+    (tmp_path / "pricing.yaml").write_text("version: 1\n", encoding="utf-8")
+    with pytest.raises(PricingError):
+        create_app(Settings(rules_dir=tmp_path), CollectorRegistry())

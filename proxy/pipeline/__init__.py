@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import orjson
 
+from proxy import malformed
 from proxy.exchange import Exchange
 from proxy.pipeline import (
     breakpoints,
@@ -89,15 +90,35 @@ def _client_body(raw: bytes) -> JSONObject | None:
 async def run_request_stages(
     exchange: Exchange, services: Services, stages: tuple[Stage, ...] = REQUEST_STAGES
 ) -> None:
-    """Run `stages` in order on `exchange`; never raises (fail open)."""
-    timers = services.metrics.stage_timers
+    """Run `stages` in order on `exchange`; never raises (fail open). Malformed parts the
+    stages skip are counted (`proxy.malformed`)."""
     # No credential, no state (`Exchange.is_anonymous`): forwarded as sent, the upstream
     # answers 401 as it would, and the session stage neither reads nor writes the store.
     is_observe = services.settings.mode == "observe" or exchange.is_signed or exchange.is_anonymous
     trace = CURRENT_TRACE.get()
+    tally = malformed.Tally()
+    token = malformed.CURRENT.set(tally)
+    try:
+        await _run(exchange, services, stages, is_observe, trace, tally)
+    finally:
+        malformed.CURRENT.reset(token)
+        for (stage_name, kind), count in tally.counts.items():
+            services.metrics.malformed_parts.labels(stage_name, kind).inc(count)
+
+
+async def _run(
+    exchange: Exchange,
+    services: Services,
+    stages: tuple[Stage, ...],
+    is_observe: bool,
+    trace: Any,
+    tally: malformed.Tally,
+) -> None:
+    timers = services.metrics.stage_timers
     for stage in stages:
         if is_observe and stage.rewrites:
             continue
+        tally.stage = stage.name
         started = time.perf_counter()
         span = trace.stage(stage.name) if trace is not None else None
         try:

@@ -34,6 +34,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.exchange import Exchange
+from proxy.malformed import skipped
 from proxy.pipeline.blocks import BlockView, Editor, Legality, order_top_keys, stronger, write_marker
 from proxy.pipeline.layout import LayoutCache, Scan, scan, view_of
 from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, layout_cache, model_for
@@ -150,6 +151,11 @@ def _order_like(value: Any, reference: Any) -> Any:
 def _pin_tools(shape: ToolShape, tools: list[Any], pins: SessionPins, report: CanonicalReport) -> list[Any]:
     rank = {name: i for i, name in enumerate(pins.pinned_tool_order)}
     names = [_dig(tool, shape.name_path) for tool in tools]
+    for i, name in enumerate(names):
+        if type(name) is not str:  # unnamed or malformed: unranked, keeps its place among them
+            if name is not None:
+                skipped("tool_name")
+            names[i] = None
     order = sorted(range(len(tools)), key=lambda i: (0, rank[names[i]]) if names[i] in rank else (1, i))
     new = [tools[i] for i in order]
     report.tools_reordered = order != list(range(len(tools)))
@@ -263,6 +269,8 @@ def _clean_run(
         if not isinstance(value, dict):
             continue
         kind = run.kind or value.get("type")
+        if type(kind) is not str:  # malformed (counted by the scan): a block of no known kind
+            kind = None
         # `_clean_block` changes nothing on a block without the marker key that nests none
         new = _clean_block(value, kind, key, nested, report) if key in value or kind in nested else value
         if kind in call_kinds:
@@ -277,7 +285,7 @@ def _pinned(
     """`new` (tool call `value`, maybe cleaned) with its input's keys in pinned order."""
     name: Any = value.get(shape.call_name_key)
     call_input = new.get(shape.call_input_key)
-    if name in inputs and isinstance(call_input, dict):
+    if type(name) is str and name in inputs and isinstance(call_input, dict):
         # inputs are small and mostly differ in values from the pinned one: walk, no dumps
         ordered = _order_like(call_input, inputs[name])
         if ordered is not call_input:
@@ -303,6 +311,10 @@ def _pin_inputs(
         value = runs[r].value[pos]
         name = value.get(name_key)
         call_input = value.get(input_key)
+        if type(name) is not str:  # malformed call name: no pinned input (proxy.malformed)
+            if name is not None:
+                skipped("call_name")
+            continue
         if name not in inputs or not isinstance(call_input, dict):
             continue
         keys = pinned_keys.get(name, _UNSET)

@@ -27,6 +27,7 @@ from itertools import compress, count
 from operator import is_not
 from typing import Any, Final
 
+from proxy.malformed import skipped
 from proxy.pipeline.blocks import BlockView
 from proxy.providers.base import JSONObject, MarkerPolicy, ProviderAdapter, Run
 
@@ -184,7 +185,17 @@ def _scan(runs: list[Run], key: str, action: dict[Any, int], previous: Scan | No
                             last_null = r
                     else:
                         markers.append((at, marker))
-                todo = get_action(fixed or block.get("type"))
+                kind = fixed or block.get("type")
+                try:
+                    todo = get_action(kind)
+                except TypeError:  # an unhashable `type`
+                    todo = None
+                if todo is None and type(kind) is not str and kind is not None:
+                    skipped("block_type")  # a block of no known kind (proxy.malformed)
+                    content = block.get("content")
+                    if type(content) is list:  # its nested markers still count (moved out)
+                        _scan_content(out, content, key, r, at)
+                        last_null = nulls[-1] if nulls else -1
                 if todo is not None:
                     if todo == _TEXT:
                         if block.get("text") == "" and block.keys() <= removable:

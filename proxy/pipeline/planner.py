@@ -28,8 +28,8 @@ def _block_bytes(value: Any, key: str, text_kinds: frozenset[str]) -> int:
     if isinstance(value, str):
         return len(value.encode())
     if isinstance(value, dict):
-        text = value.get("text")
-        if isinstance(text, str) and value.get("type") in text_kinds:
+        text, kind = value.get("text"), value.get("type")
+        if isinstance(text, str) and type(kind) is str and kind in text_kinds:
             return len(text.encode())
         if key in value:
             value = {k: v for k, v in value.items() if k != key}

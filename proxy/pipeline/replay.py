@@ -62,6 +62,7 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
+from proxy.malformed import skipped
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
@@ -326,7 +327,12 @@ class Masker:
             exacts.append(exact)
             keys.append(key)
             if optional and type(stripped) is dict:
-                dropped = optional.get(stripped.get("role"))  # type: ignore[arg-type]
+                role = stripped.get("role")
+                if type(role) is str or role is None:
+                    dropped = optional.get(role)  # type: ignore[arg-type]
+                else:  # a non-string role: no identity-optional fields (proxy.malformed)
+                    skipped("role")
+                    dropped = None
                 if dropped and not dropped.isdisjoint(stripped):
                     maskeds.append(self._projected(exact, {k: v for k, v in stripped.items() if k not in dropped}))
                     continue

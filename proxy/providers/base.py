@@ -123,12 +123,20 @@ GATEWAY_TIMEOUT = ErrorKind(504, "timeout_error", "server_error")
 TOO_LARGE = ErrorKind(413, "request_too_large", "invalid_request_error")
 BAD_REQUEST = ErrorKind(400, "invalid_request_error", "invalid_request_error")
 NOT_FOUND = ErrorKind(404, "not_found_error", "invalid_request_error")
+CLIENT_TIMEOUT = ErrorKind(408, "timeout_error", "invalid_request_error")
+"""The client did not send its request head or body in time (`proxy.connections`)."""
+HEADERS_TOO_LARGE = ErrorKind(431, "request_too_large", "invalid_request_error")
+OVERLOADED = ErrorKind(503, "overloaded_error", "server_error")
+"""Over `max_connections`; the Anthropic type is the API's own for "try again"."""
 
 _GOOGLE_STATUS = {
     400: "INVALID_ARGUMENT",
     404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
     413: "INVALID_ARGUMENT",
+    431: "INVALID_ARGUMENT",
     502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
 }
 

@@ -25,6 +25,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
+from proxy.malformed import skipped
 from proxy.providers.base import JSONObject, MarkerPolicy, Run, Section, SystemPart, SystemUnit, ToolShape
 
 CHAT_PATH: Final = "/v1/chat/completions"
@@ -169,7 +170,12 @@ def _head(items: Any) -> int | None:
     for m, item in enumerate(items):
         if not isinstance(item, dict):
             return None
-        if item.get("role") not in SYSTEM_ROLES:
+        role = item.get("role")
+        if type(role) is not str:  # no role, or a malformed one: not a system message
+            if role is not None:
+                skipped("role")
+            return m
+        if role not in SYSTEM_ROLES:
             return m
     return len(items)
 

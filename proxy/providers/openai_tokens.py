@@ -93,6 +93,8 @@ class _Walk:
 
     def part(self, part: dict[str, Any]) -> None:
         kind = part.get("type")
+        if type(kind) is not str:  # a malformed part type: counted as its JSON
+            kind = None
         if kind in _TEXT_PARTS:
             self.at += self.count(str(part.get("text", "")))
         elif kind == "refusal":

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from tests.sessions.conftest import redis_server, sim, start_proxy
+from tests.sessions.conftest import client, redis_server, sim, start_proxy
 
-__all__ = ["redis_server", "sim", "start_proxy"]
+__all__ = ["client", "redis_server", "sim", "start_proxy"]
 
 
 @dataclass

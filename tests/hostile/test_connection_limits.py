@@ -1,18 +1,35 @@
-"""Connection limits (issue 11, item 4, in part): an idle keep-alive connection, one that never
-sends a byte and one that never finishes its headers are closed after `client_idle_timeout`."""
+"""Connection limits (issue 11, item 4) over real loopback sockets: idle and half-sent
+connections are closed, a stalled head or body is answered 408, an oversized head 431, the
+connection over `max_connections` 503, each in the provider's error shape and counted in
+`promptcache_connections_closed_total{reason}`.
+
+No sleeps: each test waits on the socket (a response, or EOF) under a generous outer bound."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import orjson
+
 from tests.hostile.conftest import host_port, read_response
+
+CLOSED = "promptcache_connections_closed_total"
+OUTER = 20  # seconds: generous bound on anything the server does in a fraction of that
 
 
 async def closed_by_server(reader: asyncio.StreamReader) -> bool:
-    """True when the server closes the connection (EOF) within 20 s."""
-    async with asyncio.timeout(20):
+    """True when the server closes the connection (EOF) within `OUTER` seconds."""
+    async with asyncio.timeout(OUTER):
         return await reader.read() == b""
+
+
+async def response_then_eof(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], Any]:
+    """The one response the server sends, and proof that it then closed the connection."""
+    async with asyncio.timeout(OUTER):
+        response = await read_response(reader)
+        assert await reader.read() == b""
+    return response.status, response.headers, orjson.loads(response.body)
 
 
 async def test_idle_and_half_sent_connections_are_closed(make_proxy: Any) -> None:
@@ -31,3 +48,197 @@ async def test_idle_and_half_sent_connections_are_closed(make_proxy: Any) -> Non
     finally:
         for _, writer in (silent, half, idle):
             writer.close()
+    assert proxy.sample(CLOSED, reason="idle") == 3
+
+
+async def test_half_sent_headers_get_408_in_the_provider_shape(make_proxy: Any) -> None:
+    proxy = await make_proxy(upstream="http://127.0.0.1:9", client_header_timeout=0.3)
+    host, port = host_port(proxy.url)
+    anthropic = await asyncio.open_connection(host, port)
+    anthropic[1].write(b"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nx-api-key: k\r\n")
+    openai = await asyncio.open_connection(host, port)
+    openai[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer k\r\n")
+    no_line = await asyncio.open_connection(host, port)
+    no_line[1].write(b"POST /v1/chat/compl")
+    try:
+        status, headers, body = await response_then_eof(anthropic[0])
+        assert (status, headers["connection"], headers["content-type"]) == (408, "close", "application/json")
+        assert body == {
+            "type": "error",
+            "error": {"type": "timeout_error", "message": "request headers not received within 0.3 s"},
+        }
+        status, _, body = await response_then_eof(openai[0])
+        assert status == 408
+        assert body == {
+            "error": {
+                "message": "request headers not received within 0.3 s",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        status, _, body = await response_then_eof(no_line[0])  # no path yet: the Anthropic shape
+        assert (status, body["type"], body["error"]["type"]) == (408, "error", "timeout_error")
+    finally:
+        for _, writer in (anthropic, openai, no_line):
+            writer.close()
+    assert proxy.sample(CLOSED, reason="header_timeout") == 3
+    assert proxy.sample(CLOSED, reason="idle") == 0
+
+
+async def test_half_sent_body_gets_408_and_the_upstream_sees_nothing(make_proxy: Any, fake_upstream: Any) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url, client_body_timeout=0.3)
+    host, port = host_port(proxy.url)
+    pipeline = await asyncio.open_connection(host, port)
+    pipeline[1].write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer k\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n" + b'{"model": "gpt-5", "mess'
+    )
+    passthrough = await asyncio.open_connection(host, port)
+    passthrough[1].write(
+        b"POST /v1/files HTTP/1.1\r\nHost: proxy\r\nx-api-key: k\r\nanthropic-version: 2023-06-01\r\n"
+        b"Content-Length: 100\r\n\r\n" + b"partial"
+    )
+    try:
+        status, headers, body = await response_then_eof(pipeline[0])
+        assert (status, headers["connection"]) == (408, "close")
+        assert body == {
+            "error": {
+                "message": "no request body byte received for 0.3 s",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        status, _, body = await response_then_eof(passthrough[0])
+        assert status == 408
+        assert body == {
+            "type": "error",
+            "error": {"type": "timeout_error", "message": "no request body byte received for 0.3 s"},
+        }
+    finally:
+        for _, writer in (pipeline, passthrough):
+            writer.close()
+    assert proxy.sample(CLOSED, reason="body_timeout") == 2
+    assert [r.path for r in fake_upstream.received if r.path == "/v1/chat/completions"] == []
+    assert proxy.sample("promptcache_requests_total", provider="openai", outcome="client_error") == 1
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="client_error") == 1
+
+
+async def test_a_body_that_keeps_arriving_is_not_timed_out(make_proxy: Any, fake_upstream: Any) -> None:
+    """A body written in many small parts is served (the body timer re-arms on every read)."""
+    proxy = await make_proxy(upstream=fake_upstream.url, client_body_timeout=5)
+    host, port = host_port(proxy.url)
+    reader, writer = await asyncio.open_connection(host, port)
+    body = orjson.dumps({"model": "claude-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    writer.write(
+        b"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nx-api-key: k\r\nanthropic-version: 2023-06-01\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    for i in range(0, len(body), 7):
+        writer.write(body[i : i + 7])
+        await writer.drain()
+    try:
+        async with asyncio.timeout(OUTER):
+            response = await read_response(reader)
+    finally:
+        writer.close()
+    assert response.status == 200
+    assert proxy.sample(CLOSED, reason="body_timeout") == 0
+
+
+async def test_oversized_headers_get_431_with_the_exact_body(make_proxy: Any) -> None:
+    proxy = await make_proxy(upstream="http://127.0.0.1:9", max_header_bytes=2048)
+    host, port = host_port(proxy.url)
+    in_one = await asyncio.open_connection(host, port)  # the whole head in one write
+    in_one[1].write(b"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nx-big: " + b"a" * 3000 + b"\r\n\r\n{}")
+    many = await asyncio.open_connection(host, port)  # many small headers, none too long alone
+    many[1].write(
+        b"POST /v1/responses HTTP/1.1\r\nAuthorization: Bearer k\r\n"
+        + b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 90) for i in range(30))
+    )
+    try:
+        status, headers, body = await response_then_eof(in_one[0])
+        assert (status, headers["connection"]) == (431, "close")
+        assert body == {
+            "type": "error",
+            "error": {"type": "request_too_large", "message": "request headers exceed the limit of 2048 bytes"},
+        }
+        status, _, body = await response_then_eof(many[0])
+        assert status == 431
+        assert body == {
+            "error": {
+                "message": "request headers exceed the limit of 2048 bytes",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    finally:
+        for _, writer in (in_one, many):
+            writer.close()
+    assert proxy.sample(CLOSED, reason="header_too_large") == 2
+
+
+async def test_headers_just_under_the_limit_pass(make_proxy: Any) -> None:
+    """A 6 KB header line over aiohttp's 8190-byte default field limit passes when under ours."""
+    proxy = await make_proxy(upstream="http://127.0.0.1:9", max_header_bytes=16384)
+    reader, writer = await asyncio.open_connection(*host_port(proxy.url))
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\nx-big: " + b"a" * 10000 + b"\r\n\r\n")
+    try:
+        async with asyncio.timeout(OUTER):
+            assert (await read_response(reader)).status == 200
+    finally:
+        writer.close()
+    assert proxy.sample(CLOSED, reason="header_too_large") == 0
+
+
+async def test_connection_over_max_connections_gets_503_and_is_closed(make_proxy: Any) -> None:
+    proxy = await make_proxy(upstream="http://127.0.0.1:9", max_connections=2)
+    host, port = host_port(proxy.url)
+    first = await asyncio.open_connection(host, port)
+    second = await asyncio.open_connection(host, port)
+    for reader, writer in (first, second):  # both accepted and served: the server holds them
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        assert (await read_response(reader)).status == 200
+    third = await asyncio.open_connection(host, port)
+    third[1].write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer k\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    try:
+        status, headers, body = await response_then_eof(third[0])
+        assert (status, headers["retry-after"], headers["connection"]) == (503, "1", "close")
+        assert body == {
+            "error": {
+                "message": "promptcache has 2 connections open (max_connections); retry",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        # the first two still work; once one has closed, a new connection is served again
+        first[1].write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        assert (await read_response(first[0])).status == 200
+        second[1].write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n")
+        assert (await read_response(second[0])).status == 200
+        assert await closed_by_server(second[0])
+        fourth = await asyncio.open_connection(host, port)
+        fourth[1].write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        assert (await read_response(fourth[0])).status == 200
+        fourth[1].close()
+    finally:
+        for _, writer in (first, second, third):
+            writer.close()
+    assert proxy.sample(CLOSED, reason="too_many_connections") == 1
+
+
+def test_defaults() -> None:
+    from proxy.settings import Settings
+
+    s = Settings()
+    assert (s.client_header_timeout, s.client_body_timeout, s.max_header_bytes, s.max_connections) == (
+        30.0,
+        60.0,
+        32768,
+        512,
+    )

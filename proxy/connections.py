@@ -1,0 +1,321 @@
+"""Client connection limits on the proxy listener (issue 11, item 4).
+
+aiohttp's server bounds a header line (`max_line_size`, `max_field_size`) and the header count
+(`max_headers`, 128) and closes idle keep-alive connections (`keepalive_timeout`, our
+`client_idle_timeout`), but has no timeout for a request head or body that is sent half-way and
+then stalls, no bound on a head's total size and none on the number of connections. This
+module adds them as a subclass of aiohttp's connection protocol (`LimitedRequestHandler`),
+installed by `LimitedRunner`:
+
+- `client_header_timeout`: from the first byte of a request head to its blank line. Exceeded:
+  408, connection closed.
+- `client_body_timeout`: the longest pause between two reads of a request body (nginx's
+  meaning: a large body over a slow link is fine, a stalled one is not). Exceeded: the body
+  read fails with `ClientBodyTimeout`; the handler answers 408 and closes the connection.
+- `max_header_bytes`: the request line and headers together. Exceeded: 431, closed.
+- `max_connections`: connections open at once. The connection over the limit is accepted, its
+  first request answered 503 (`Retry-After: 1`) and the connection closed (never queued: an
+  SDK retries at once on its own, and a queued connection would hold a socket with no
+  deadline). `/healthz` is answered 503 too on such a connection.
+
+Every local answer is in the provider's error shape, chosen from the request line's path as the
+handler would route it (and from the credential headers already received, for shared paths);
+with no request line yet, the Anthropic shape (the `route("/")` default). Each close is counted
+in `promptcache_connections_closed_total{reason}` (`proxy.metrics.CLOSE_REASONS`), including idle
+closes.
+
+Pipelined requests sent in one packet with the end of an earlier body are not under the header
+timeout (the idle timeout still closes such a connection once it waits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Final
+from urllib.parse import unquote
+
+from aiohttp import web
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
+from prometheus_client import Counter
+
+from proxy.providers import route
+from proxy.providers.base import CLIENT_TIMEOUT, HEADERS_TOO_LARGE, OVERLOADED, ErrorKind, ProviderAdapter
+
+LINGER_SECONDS: Final = 2.0
+"""After a local error answer the connection is half-closed (FIN after the answer) and closed
+for good when the client closes or after this long, so the client reads the answer instead of a
+reset."""
+
+
+class ClientBodyTimeout(TimeoutError):
+    """The client sent no body byte for `client_body_timeout` seconds (set on the request's
+    payload, raised by `request.read()` / `request.content`)."""
+
+
+@dataclass
+class ConnectionLimits:
+    """The limits of one listener and its count of open connections."""
+
+    header_timeout: float
+    body_timeout: float
+    max_header_bytes: int
+    max_connections: int
+    closed: dict[str, Counter]
+    """`promptcache_connections_closed_total` children by `reason` (`CLOSE_REASONS`)."""
+    route_error: Callable[[str, str, bool], ProviderAdapter]
+    """`(path, raw path, openai credential shape) -> adapter` whose `error_body` renders."""
+    open: int = 0
+    """Connections open now on this listener."""
+
+    def count(self, reason: str) -> None:
+        self.closed[reason].inc()
+
+
+def _default_adapter(path: str, raw: str, openai: bool) -> ProviderAdapter:
+    return route(path, openai)[0]
+
+
+def limits_for(settings: Any, metrics: Any, router: Any = None) -> ConnectionLimits:
+    """`ConnectionLimits` from `Settings` (`client_header_timeout`, `client_body_timeout`,
+    `max_header_bytes`, `max_connections`) and the app's `Metrics`."""
+
+    def route_error(path: str, raw: str, openai: bool) -> ProviderAdapter:
+        if router is not None:
+            try:
+                return router.route(path, raw, openai).adapter
+            except Exception:  # noqa: BLE001 - a bad path falls back to the default shape
+                pass
+        return _default_adapter(path, raw, openai)
+
+    return ConnectionLimits(
+        header_timeout=settings.client_header_timeout,
+        body_timeout=settings.client_body_timeout,
+        max_header_bytes=settings.max_header_bytes,
+        max_connections=settings.max_connections,
+        closed=metrics.connections_closed_by_reason,
+        route_error=route_error,
+    )
+
+
+def _head_facts(head: bytes) -> tuple[str, str, bool]:
+    """`(path, raw path, openai credential shape)` from a request head received so far."""
+    line, complete, rest = head.partition(b"\r\n")
+    parts = line.split(b" ")
+    raw = parts[1].decode("latin-1").partition("?")[0] if complete and len(parts) >= 2 else ""
+    if not raw.startswith("/"):
+        raw = "/"
+    names = {header.partition(b":")[0].strip().lower() for header in rest.split(b"\r\n") if b":" in header}
+    openai = b"authorization" in names and b"x-api-key" not in names and b"anthropic-version" not in names
+    return unquote(raw), raw, openai
+
+
+def error_response_bytes(adapter: ProviderAdapter, kind: ErrorKind, message: str) -> bytes:
+    """A whole HTTP/1.1 response (`Connection: close`) carrying `adapter`'s error body."""
+    body = adapter.error_body(kind, message)
+    head = (
+        f"HTTP/1.1 {kind.status} {HTTPStatus(kind.status).phrase}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class LimitedRequestHandler(RequestHandler):
+    """aiohttp's connection protocol with the limits of the module docstring."""
+
+    def __init__(self, manager: web.Server, *, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._limits = limits
+        self._head = bytearray()
+        """The request head received so far (header phase only; bounded by `max_header_bytes`)."""
+        self._body: StreamReader | None = None
+        """The payload still being received (body phase)."""
+        self._body_deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._is_counted_open = False
+        self._is_lingering = False
+
+    # connection lifecycle -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        limits = self._limits
+        limits.open += 1
+        self._is_counted_open = True
+        if limits.open > limits.max_connections:
+            limits.count("too_many_connections")
+            self._request_handler = self._answer_overloaded
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._is_counted_open:
+            self._is_counted_open = False
+            self._limits.open -= 1
+        self._cancel_timer()
+        super().connection_lost(exc)
+
+    def eof_received(self) -> None:
+        if self._is_lingering:
+            self.force_close()
+
+    def _process_keepalive(self) -> None:
+        was_closed = self._force_close
+        super()._process_keepalive()
+        if self._force_close and not was_closed:
+            self._limits.count("idle")
+
+    # incoming bytes -------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._is_lingering:
+            return
+        if self._force_close or self._close or self._upgraded or self._payload_parser is not None:
+            super().data_received(data)
+            return
+        if self._body is not None:
+            if not self._body.is_eof():
+                self._body_deadline = self._loop.time() + self._limits.body_timeout
+                super().data_received(data)
+                self._after_body_data()
+                return
+            self._body = None
+        self._on_head_data(data)
+
+    def _on_head_data(self, data: bytes) -> None:
+        limits = self._limits
+        if not self._head:
+            self._arm(limits.header_timeout, self._header_timed_out)
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        size = len(self._head) if end < 0 else end + 4
+        if size > limits.max_header_bytes:
+            limits.count("header_too_large")
+            self._answer_locally(
+                HEADERS_TOO_LARGE, f"request headers exceed the limit of {limits.max_header_bytes} bytes"
+            )
+            return
+        if end < 0:
+            super().data_received(data)
+            return
+        self._cancel_timer()
+        self._head.clear()
+        before = self._request_count
+        super().data_received(data)
+        if self._request_count > before and self._messages:
+            payload = self._messages[-1][1]
+            if isinstance(payload, StreamReader) and not payload.is_eof():
+                self._body = payload
+                self._body_deadline = self._loop.time() + limits.body_timeout
+                self._arm(limits.body_timeout, self._body_timer)
+
+    def _after_body_data(self) -> None:
+        if self._body is not None and self._body.is_eof():
+            self._body = None
+            self._cancel_timer()
+
+    # timers ---------------------------------------------------------------------------
+
+    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
+        self._cancel_timer()
+        self._timer = self._loop.call_later(delay, callback)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _header_timed_out(self) -> None:
+        self._timer = None
+        if not self._head or self._force_close or self.transport is None:
+            return
+        if self._request_in_progress:  # a pipelined head: its time starts after this response
+            self._arm(self._limits.header_timeout, self._header_timed_out)
+            return
+        self._limits.count("header_timeout")
+        self._answer_locally(CLIENT_TIMEOUT, f"request headers not received within {self._limits.header_timeout:g} s")
+
+    def _body_timer(self) -> None:
+        self._timer = None
+        body = self._body
+        if body is None or body.is_eof() or self._force_close:
+            return
+        now = self._loop.time()
+        if now < self._body_deadline:
+            self._timer = self._loop.call_at(self._body_deadline, self._body_timer)
+            return
+        self._limits.count("body_timeout")
+        self._body = None
+        body.set_exception(ClientBodyTimeout(f"no request body byte received for {self._limits.body_timeout:g} s"))
+
+    # local answers --------------------------------------------------------------------
+
+    def _answer_locally(self, kind: ErrorKind, message: str) -> None:
+        """Write `kind` in the shape the head's path routes to, then half-close and linger."""
+        path, raw, openai = _head_facts(bytes(self._head))
+        self._head.clear()
+        self._cancel_timer()
+        transport = self.transport
+        if transport is None:
+            return
+        adapter = self._limits.route_error(path, raw, openai)
+        transport.write(error_response_bytes(adapter, kind, message))
+        self._is_lingering = True
+        self.keep_alive(False)
+        self.close()
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = self._loop.call_later(LINGER_SECONDS, self.force_close)
+
+    async def _answer_overloaded(self, request: web.BaseRequest) -> web.StreamResponse:
+        raw = request.raw_path.partition("?")[0]
+        headers = request.headers
+        openai = "authorization" in headers and "x-api-key" not in headers and "anthropic-version" not in headers
+        adapter = self._limits.route_error(request.path, raw, openai)
+        message = f"promptcache has {self._limits.max_connections} connections open (max_connections); retry"
+        response = web.Response(
+            status=OVERLOADED.status,
+            body=adapter.error_body(OVERLOADED, message),
+            content_type="application/json",
+            headers={"Retry-After": "1"},
+        )
+        response.force_close()
+        return response
+
+
+class LimitedServer(web.Server):
+    """`web.Server` whose connections are `LimitedRequestHandler`s."""
+
+    def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._handler_kwargs = {
+            k: v for k, v in kwargs.items() if k not in ("loop", "request_factory", "handler_cancellation")
+        }
+
+    def __call__(self) -> RequestHandler:
+        return LimitedRequestHandler(self, loop=self._loop, limits=self.limits, **self._handler_kwargs)
+
+
+class LimitedRunner(web.AppRunner):
+    """`web.AppRunner` serving through `LimitedServer` (aiohttp builds its server in
+    `_make_server`; this keeps aiohttp's and swaps only the connection protocol)."""
+
+    def __init__(self, app: web.Application, *, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._limits = limits
+        self._server_kwargs = kwargs
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        kwargs = {k: v for k, v in self._server_kwargs.items() if k != "handler_cancellation"}
+        return LimitedServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            limits=self._limits,
+            **kwargs,
+        )
