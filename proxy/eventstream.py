@@ -1,7 +1,7 @@
 """AWS event-stream framing (`application/vnd.amazon.eventstream`), decoded incrementally.
 
 Bedrock's `invoke-with-response-stream` and `converse-stream` answer with binary frames, not SSE
-(PROVIDERS.md 9). One message (AWS "Event stream encoding" in the Transcribe / S3 Select docs,
+(docs/provider-rules.md 9). One message (AWS "Event stream encoding" in the Transcribe / S3 Select docs,
 the same format botocore's `eventstream.py` parses):
 
     prelude   total length (uint32 BE, whole message) | headers length (uint32 BE)

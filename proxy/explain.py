@@ -21,7 +21,7 @@ and `developer`, `function` tools, OpenAI-only content parts (`image_url`, `inpu
 `prompt_cache_breakpoint`, `prompt_cache_key` / `_retention` / `_options`, `response_format`,
 `stream_options`, `max_completion_tokens`, `reasoning_effort`, and, weakly, a `gpt-`/`o`-series
 model. A `system`-role message inside `messages` is only a weak OpenAI signal: Anthropic accepts
-it too (PROVIDERS.md 1.8; Claude Code sends one). The side with more weight wins; a tie is
+it too (docs/provider-rules.md 1.8; Claude Code sends one). The side with more weight wins; a tie is
 Anthropic. `--provider openai` picks Responses when a Responses signal is present, else Chat.
 
 `--html FILE` also writes the forensic map of the pair (`pair_view`, `proxy.ui.page.session_page`):

@@ -7,7 +7,7 @@ traffic (`find_divergence`, `predict_read`) and adds what only an offline diff c
   inside it (`system[2].text`, `first_difference`) and, for strings, the character offset;
 - the byte offset of the first differing byte in the canonical stream (`proxy.prefix` block
   bytes, markers removed) and the estimated tokens before it (bytes / 4, rounded up);
-- the cause (DESIGN.md section 6); offline, `history_rewritten` means an earlier message of A
+- the cause (`proxy.measure`); offline, `history_rewritten` means an earlier message of A
   (not its last one) changed, and `expired` needs B's response usage;
 - a short one-line before/after excerpt around the difference (`excerpt`, `EXCERPT_CHARS` of
   context on each side);

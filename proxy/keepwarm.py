@@ -1,5 +1,5 @@
 """Keep-warm: ping the upstream shortly before a 5-minute entry expires while a person is
-likely to come back (DESIGN.md 10, PROVIDERS.md 9). Off unless `keep_warm` is `on` or a cap.
+likely to come back (docs/provider-rules.md 9). Off unless `keep_warm` is `on` or a cap.
 
 Contract:
 - `arm(exchange, services, base_url)` after a 2xx pipeline response (`optimise` mode only) that
@@ -9,7 +9,7 @@ Contract:
   after its last marker (`ProviderAdapter.prefix_request`: the same prefix bytes, nothing
   uncached after them; the whole body where the adapter cannot cut), with `max_tokens: 1` and
   without `stream` (neither field is part of the cached prefix). The entry lives from the
-  request's start (PROVIDERS.md 1.7), so the first ping is due `MARGIN` seconds before 5
+  request's start (docs/provider-rules.md 1.7), so the first ping is due `MARGIN` seconds before 5
   minutes after it.
 - `fire_due(now)` sends every due ping, one at a time: a ping goes out only if the window has
   not ended (an hour after the last real request: then it is dropped with its credential),

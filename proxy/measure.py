@@ -1,5 +1,5 @@
 """measure: per request, where the prefix diverged from the session's previous request, why, what
-the cache should have read, what it did read, and what that cost (DESIGN.md section 6).
+the cache should have read, what it did read, and what that cost.
 
 Pure core (plain data in, plain data out, no I/O), used by `measure()` and by `proxy.explain`:
 - `find_divergence(previous, current, ...)` compares chain digests (`proxy.prefix`) and returns
@@ -15,7 +15,7 @@ Pure core (plain data in, plain data out, no I/O), used by `measure()` and by `p
 - `predict_read(...)` is the expected cache read in estimated tokens: the furthest previous
   breakpoint inside the shared prefix that one of the current breakpoints reaches within the
   lookback window (20 positions counting itself; a run of `tool_use` or of `tool_result` blocks
-  is one position: PROVIDERS.md 1.5, platform.claude.com/docs/en/build-with-claude/prompt-caching).
+  is one position: docs/provider-rules.md 1.5, platform.claude.com/docs/en/build-with-claude/prompt-caching).
   TTLs are deliberately ignored: a predicted read that comes back as a write is `expired`.
   An adapter that can count its provider's tokens offline replaces the estimate with its own
   rule (`predict_read_tokens`: OpenAI in `o200k_base`, `proxy.providers.openai_tokens`, so the
@@ -56,9 +56,9 @@ _log = logging.getLogger("promptcache.measure")
 
 
 LOOKBACK_POSITIONS: Final = 20
-"""Positions a breakpoint checks for an earlier entry, counting itself (PROVIDERS.md 1.5)."""
+"""Positions a breakpoint checks for an earlier entry, counting itself (docs/provider-rules.md 1.5)."""
 RUN_KINDS: Final = frozenset({"tool_use", "tool_result"})
-"""Block kinds whose consecutive runs count as one lookback position (PROVIDERS.md 1.5)."""
+"""Block kinds whose consecutive runs count as one lookback position (docs/provider-rules.md 1.5)."""
 EXPIRED_READ_SHARE: Final = 0.5
 """A read below this share of the predicted read, with a write, counts as `expired`."""
 _SECTION_CAUSE: Final = {"tools": "tools_changed", "system": "system_changed", "messages": "messages_changed"}

@@ -1,7 +1,7 @@
 """Pacing: predict the next gap from the response, and the TTLs that pay for it. Pure.
 
 A provider cache entry lives from the start of the request that wrote or last read it
-(PROVIDERS.md 1.7), so what decides a read is the gap before the request that needs it. That
+(docs/provider-rules.md 1.7), so what decides a read is the gap before the request that needs it. That
 gap depends on who acts next, which the previous response says (`Usage.turn`, read by the
 provider adapters): a response that ends the turn (`human`) hands control to a person, whose
 gap is minutes; a tool call (`tool`) comes back in seconds. So pacing keeps two gap
@@ -24,10 +24,10 @@ Forecast (`forecast(session, tenant)`), with a documented prior for a new tenant
   request comes after a 5-minute entry expired but while a 1-hour one still lives.
 
 TTL rule (`choose_ttls`), costs per prefix token in multiples of the base input price
-(PROVIDERS.md 1.9 and 9: 5m write 1.25, 1h write 2.0, read 0.1), three markers:
+(docs/provider-rules.md 1.9 and 9: 5m write 1.25, 1h write 2.0, read 0.1), three markers:
 - the **anchor**, the previous request's last marker (the entry this request reads): while
   that entry lives (`expired` false) a 1h marker on it costs nothing more than the read, and
-  a read refreshes the entry for the marker's TTL (the simulator's rule, PROVIDERS.md 1.7:
+  a read refreshes the entry for the marker's TTL (the simulator's rule, docs/provider-rules.md 1.7:
   "refreshed on read"), so the anchor is `1h` whenever it is alive. After a human pause the
   next request still reads everything up to it;
 - the **tail** (the newest block) writes the request's new tokens `d` (per prefix token: with

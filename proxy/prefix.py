@@ -11,7 +11,7 @@ Pure functions over the adapter's `prefix_blocks` (the provider's render order).
   replay matching and `history_rewritten`): a string `system` or string message content is
   shorthand for one text block (Messages API: `content: "x"` means
   `[{"type": "text", "text": "x"}]`), and the provider renders both forms identically; a hit
-  needs identical rendered content, not identical JSON (PROVIDERS.md 1.5). So a string block
+  needs identical rendered content, not identical JSON (docs/provider-rules.md 1.5). So a string block
   is digested as the bytes of `{"type":"text","text":...}` (`digest_bytes`), equal to a
   one-text-block list whose block has exactly those two keys in that order, markers aside.
   Any other key (`citations`) or another block type is a real difference. OpenAI's
@@ -19,7 +19,7 @@ Pure functions over the adapter's `prefix_blocks` (the provider's render order).
   folded (no client seen switching them; a missed equality costs a prediction, never a
   wrong byte). Byte offsets keep counting the block as sent (a string's own JSON).
 - Block digest `d_i = xxh3_128(section, role, message boundary, digest_bytes)`; chain digest
-  `c_i = xxh3_128(c_{i-1} || d_i)` (DESIGN.md section 2). Two requests share a prefix up to
+  `c_i = xxh3_128(c_{i-1} || d_i)`. Two requests share a prefix up to
   block `i` exactly when their chain digests at `i` are equal.
 - Offsets are cumulative canonical byte lengths; tokens are estimated as bytes / 4, rounded up
   (`estimate_tokens`), a deliberately simple proxy-side estimate, independent of the simulator.

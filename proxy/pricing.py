@@ -13,7 +13,7 @@ Contract:
   `gpt-5.6`); the longest matching prefix wins.
 - `Prices.cost(usage)` is the actual cost of one response and `Prices.uncached_cost(usage)` the
   counterfactual cost with every prompt token billed as uncached input (USD). Savings are their
-  difference and may be negative (writes cost more than input: PROVIDERS.md 1.9).
+  difference and may be negative (writes cost more than input: docs/provider-rules.md 1.9).
 - `default_pricing()` loads the packaged file once per process (memoised).
 """
 

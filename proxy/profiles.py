@@ -89,7 +89,7 @@ class Profile:
     session_field: str | None = None
     cache_diagnostics: bool = True
     """False: the platform rejects Anthropic's `diagnostics` request field (Claude API only,
-    PROVIDERS.md 1.12), so the `cache_diagnostics` setting asks nothing there."""
+    docs/provider-rules.md 1.12), so the `cache_diagnostics` setting asks nothing there."""
     error_shape: ErrorShape | None = None
     """`None`: the family's own shape."""
 

@@ -29,7 +29,7 @@ from prometheus_client import Counter
 _log = logging.getLogger("promptcache.record")
 
 PROMPT_HEADERS: Final = ("anthropic-beta", "anthropic-version")
-"""Headers that are part of what the provider caches (PROVIDERS.md 1.8, 1.13)."""
+"""Headers that are part of what the provider caches (docs/provider-rules.md 1.8, 1.13)."""
 
 
 class TraceRecorder:

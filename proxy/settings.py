@@ -31,7 +31,7 @@ def default_state_dir() -> Path:
 
 
 class UpstreamCapabilities(BaseModel):
-    """What an upstream accepts in `cache_control` markers (PROVIDERS.md 1.2, 1.7).
+    """What an upstream accepts in `cache_control` markers (docs/provider-rules.md 1.2, 1.7).
 
     The upstream profile (`anthropic_profile`, `openai_profile`) sets these; the settings
     `anthropic_capabilities` / `openai_capabilities` add to the profile's (overrides)."""

@@ -1,11 +1,11 @@
-"""breakpoints: plan at most `MarkerPolicy.max_markers` cache markers (DESIGN.md section 4).
+"""breakpoints: plan at most `MarkerPolicy.max_markers` cache markers.
 
 Pure core `place_breakpoints(adapter, path, body, ...)` -> `(body, Plan)` (its planning parts
 live in `proxy.pipeline.planner`); `STAGE` adapts it to the `Exchange`.
 
 Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
 - Client markers that are legal stay. Illegal ones move to the nearest block that may carry a
-  marker (ties: the earlier block): from thinking blocks and empty text (PROVIDERS.md 1.3), from
+  marker (ties: the earlier block): from thinking blocks and empty text (docs/provider-rules.md 1.3), from
   tool messages when the upstream has `no_tool_message_markers`; markers inside
   `tool_result.content` move onto the `tool_result` (section 7). A top-level automatic marker
   (1.1) becomes an explicit one on the last eligible block. Two markers on one block merge
@@ -23,7 +23,11 @@ Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
   (reason `survivor`: the last block that survived the previous turn, the prefix the next turn
   is known to keep); the end of the session-stable system; the end of the tools (reason
   `tools`, TTL `ttl_shared`: a conversation that shares the tools but not the system prompt
-  still reads them). A candidate whose prefix is under the model's minimum
+  still reads them). When the newest block is marked with a 1h TTL the order is last, shared,
+  bridge, session, anchor, turn, survivor, tools (`planner.ONE_HOUR_TAIL_ORDER`: a 1h tail
+  keeps everything an anchor would, and the session system's end is what the tenant's next
+  conversation reads: Claude Code marks three blocks itself and leaves one slot). A
+  candidate whose prefix is under the model's minimum
   (`rules/models.yaml`, 1.6) is skipped. The estimate is the proxy's own: UTF-8 bytes of the
   blocks up to it / 4, rounded up (text blocks count their text, other blocks their JSON
   without markers), deliberately independent of the simulator's tokenizer.

@@ -1,4 +1,4 @@
-"""canonicalise: make what the provider renders deterministic (DESIGN.md section 4).
+"""canonicalise: make what the provider renders deterministic.
 
 Pure core `canonicalise_body(adapter, path, body, pins, caps)`; `STAGE` adapts it to the
 `Exchange`.
@@ -11,7 +11,7 @@ Contract:
   first-seen values per tool name (`pinned_schemas`, `pinned_inputs`): keys of the pinned value
   come in its order, recursively; new keys follow in client order. Keys are never sorted: the
   model reads schemas and its own earlier calls in key order, and the first-seen order is the
-  one it already saw, so pinning cannot change behaviour while sorting could (PROVIDERS.md 1.8:
+  one it already saw, so pinning cannot change behaviour while sorting could (docs/provider-rules.md 1.8:
   `tool_use.input` key order must be stable). Without pins the client's order is kept.
   OpenAI tool-call arguments are JSON strings and are never edited.
 - An empty text block is removed when that loses nothing: no keys but `type`, `text` and a

@@ -3,9 +3,9 @@
 With `settings.cache_diagnostics` on, each pipeline request gets the provider's request-level
 diagnostics field pointing at the session's previous response: on Anthropic
 `diagnostics: {"previous_message_id": <id or null>}` (null opts in on a first turn;
-platform.claude.com/docs/en/build-with-claude/cache-diagnostics, PROVIDERS.md 1.12); on OpenAI
+platform.claude.com/docs/en/build-with-claude/cache-diagnostics, docs/provider-rules.md 1.12); on OpenAI
 Responses for GPT-5.6+ `prompt_cache_options.comparison_response_id` (from the second turn:
-there is no opt-in without a baseline; PROVIDERS.md 9). The response's reason is read by the
+there is no opt-in without a baseline; docs/provider-rules.md 9). The response's reason is read by the
 usage reader and reconciled with promptcache's own cause by `proxy.measure`
 (`promptcache_diagnostics_agreement_total{provider,result}`).
 

@@ -49,7 +49,7 @@ def record_usage(exchange: Exchange, services: Services) -> None:
 
 def is_ttl_downgrade(plan: Any, usage: Usage) -> bool:
     """True when every marker sent asked for 1h and the usage still reports 5-minute writes
-    (`cache_creation.ephemeral_5m_input_tokens`, PROVIDERS.md 1.7, 9): with only 1h markers every
+    (`cache_creation.ephemeral_5m_input_tokens`, docs/provider-rules.md 1.7, 9): with only 1h markers every
     write is a 1h one, so the upstream (or a gateway before it) dropped the `ttl`. A plan with a
     5m marker is never counted (its writes may rightly be 5m)."""
     if not isinstance(plan, Plan) or not plan.markers:

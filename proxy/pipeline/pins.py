@@ -4,7 +4,7 @@ A system-prompt segment that a rule marks `pin` (a session-context block: `<env>
 cwd line) is sent with the bytes it had when the session first sent it, for as long as its
 fields are unchanged; a client that re-renders it with other whitespace or formatting (an
 indent, a bullet, a blank line, fields in another order) then keeps the system prompt byte for
-byte what the provider cached (PROVIDERS.md 1.5: a read needs identical content up to the
+byte what the provider cached (docs/provider-rules.md 1.5: a read needs identical content up to the
 breakpoint; any changed byte in the system prompt costs a write of everything after it).
 When its fields really change:
 - by default the new bytes are sent (one system change, one cache write) and become the

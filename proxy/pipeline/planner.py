@@ -66,11 +66,11 @@ def system_ends(view: BlockView, tiers: Sequence[str] | None) -> tuple[int, int]
 
 KEY_PREFIX_BYTES: Final = 1024 * BYTES_PER_TOKEN
 """Bytes of the prefix a derived `prompt_cache_key` digests: about 1,024 tokens (the planner's
-estimate), OpenAI's minimum cacheable prefix (PROVIDERS.md 2.1)."""
+estimate), OpenAI's minimum cacheable prefix (docs/provider-rules.md 2.1)."""
 
 
 def prefix_cache_key(view: BlockView, key: str, end: int) -> str | None:
-    """`pc-` + xxh3-128 (35 characters; the API allows 64, PROVIDERS.md 9) of the first
+    """`pc-` + xxh3-128 (35 characters; the API allows 64, docs/provider-rules.md 9) of the first
     `KEY_PREFIX_BYTES` of blocks 0..`end` (markers removed, each block's orjson bytes in prefix
     order); `None` for an empty prefix.
 
@@ -92,6 +92,12 @@ def prefix_cache_key(view: BlockView, key: str, end: int) -> str | None:
         if left <= 0:
             break
     return "pc-" + digest.hexdigest()
+
+
+ONE_HOUR_TAIL_ORDER: Final = ("last", "shared", "bridge", "session", "anchor", "turn", "survivor", "tools")
+"""Candidate priority when the newest block is written with a 1h TTL: the anchor keeps nothing
+the tail does not (the tail's read reaches it, through a bridge beyond the lookback), so the
+end of the session system, which the tenant's next conversation reads, goes before it."""
 
 
 class Planner:
@@ -190,6 +196,8 @@ class Planner:
             ("session", session),
             ("tools", shared),
         ]
+        if self.ttl_session == "1h" and self.write_tail and first == "last":
+            steps = sorted(steps, key=lambda step: ONE_HOUR_TAIL_ORDER.index(step[0]))
         if not self.write_tail:  # only what other conversations or this one already read
             alive = ctx.pacing is None or not ctx.pacing.expired
             keep = ("shared", "tools", "anchor") if alive else ("shared", "tools")
@@ -289,7 +297,7 @@ class Planner:
         """Pacing, capabilities, scope and TTL order applied to the final markers.
 
         Pacing: with `ttl_session` 1h (the session's next read is expected more than 5 minutes
-        away and the expected reads repay the 2x write: `proxy.pacing`, PROVIDERS.md 1.7, 1.9)
+        away and the expected reads repay the 2x write: `proxy.pacing`, docs/provider-rules.md 1.7, 1.9)
         every 5m marker, the client's included, becomes 1h. A 5m tail would be written again
         on every turn after a long gap; a client marker keeps its place and only lives longer
         (its TTL is never shortened)."""

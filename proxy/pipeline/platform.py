@@ -10,10 +10,10 @@ through `Profile.capabilities`.
 Rules (data in `rules/profiles.yaml`):
 - `anthropic-beta` values the platform rejects (`rejected_betas`, prefixes) are dropped from the
   header and from the platform's body field (`beta_body_field`, Bedrock's `anthropic_beta`); an
-  empty header is removed. Vertex and Bedrock reject `prompt-caching-scope-*` (PROVIDERS.md 1.2,
+  empty header is removed. Vertex and Bedrock reject `prompt-caching-scope-*` (docs/provider-rules.md 1.2,
   1.13: "Unexpected value(s) ... for the `anthropic-beta` header"). The kept set is stable per
   conversation since it depends on the client's set only.
-- `session_field` (OpenRouter `session_id`, PROVIDERS.md 6) is set from the promptcache session
+- `session_field` (OpenRouter `session_id`, docs/provider-rules.md 6) is set from the promptcache session
   when the body has none (at most 256 characters, OpenRouter's limit).
 """
 

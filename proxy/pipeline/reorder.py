@@ -1,4 +1,4 @@
-"""reorder: durable-first system prompt (DESIGN.md section 4).
+"""reorder: durable-first system prompt.
 
 Pure core `reorder_body(adapter, path, body, rules)`; `STAGE` adapts it to the `Exchange`.
 

@@ -4,7 +4,7 @@ Pure core:
 - `Masker.digest(value)`: xxh3-128 of orjson(value, OPT_SORT_KEYS) after removing cache
   markers (`cache_control`, `prompt_cache_breakpoint`: not part of the provider's cache key),
   writing string content as its one text block (`proxy.prefix.canonical_value`: the string is
-  shorthand for that block and renders identically, PROVIDERS.md 1.5; the same normalisation
+  shorthand for that block and renders identically, docs/provider-rules.md 1.5; the same normalisation
   as the prefix chain's block bytes, so inference, replay and divergence agree: a client that
   re-sends a message as a string after a one-block list, or back, sends "the same" message),
   and replacing by `MASK` the text the rules' volatile patterns match inside string values,
@@ -36,8 +36,8 @@ Pure core:
   provider cached); a message whose bytes already equal the stored value is left as is.
   Copy-on-write: returns a new list, never edits the input.
 
-DESIGN.md section 4 says `orjson.Fragment`; spliced values are parsed instead, so the
-breakpoints stage can still place markers on replayed messages (a Fragment is opaque).
+Spliced values are parsed stored bytes, not `orjson.Fragment`s, so the breakpoints stage can
+still place markers on replayed messages (a Fragment is opaque).
 
 Stage (`STAGE`, after `reorder`, before `breakpoints`): applies `splice` to `exchange.body`
 using `Exchange.previous` (a `SessionRecord`) and `Exchange.message_view` (both from the
@@ -523,7 +523,7 @@ def tail_rewritten(digests: Sequence[bytes], sidecars: Sequence[Sidecar], skip: 
     """Whether this request rewrote the previous request's newest message (its last sidecar)
     and nothing before it: the client re-sends its newest message changed every turn (aider
     drops the reminder it appended), so a cache write on that message is never read
-    (PROVIDERS.md 1.5: a read needs the prefix byte for byte up to the marked block).
+    (docs/provider-rules.md 1.5: a read needs the prefix byte for byte up to the marked block).
 
     False without sidecars, when the request holds fewer messages (a fork or a truncation: not
     this pattern), or when an earlier message changed first (compaction, an edit)."""

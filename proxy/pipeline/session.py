@@ -83,7 +83,7 @@ from proxy.store.record import SessionRecord, Sidecar
 _log = logging.getLogger("promptcache.session")
 MAX_PINNED_TOOLS: Final = 512
 AGENT_HEADER: Final = "x-claude-code-agent-id"
-"""Claude Code names a subagent's requests with this header (PROVIDERS.md 9)."""
+"""Claude Code names a subagent's requests with this header (docs/provider-rules.md 9)."""
 
 
 def masker_for(state: SessionState, services: Services) -> Masker:
@@ -171,7 +171,7 @@ def newest_position(record: SessionRecord) -> int:
 
 
 def is_subagent(headers: Mapping[str, str]) -> bool:
-    """A request that names a subagent (machine-paced: PROVIDERS.md 9)."""
+    """A request that names a subagent (machine-paced: docs/provider-rules.md 9)."""
     return any(k.lower() == AGENT_HEADER for k in headers)
 
 
@@ -197,7 +197,7 @@ async def pacing_input(
         gap = now - previous.arrivals[-1]
         tail = previous.ttls[-1] if previous.ttls else "5m"
         expired = gap >= ONE_HOUR or (gap >= FIVE_MINUTES and tail != "1h")
-        # another model reads none of the previous entries (PROVIDERS.md 1.8: the cache is per model)
+        # another model reads none of the previous entries (docs/provider-rules.md 1.8: the cache is per model)
         expired = expired or (exchange.body is not None and request_model(exchange.body) != previous.model)
         if not agent and previous.turn is not None:
             session_pacing = session_pacing.with_gap(previous.turn, gap)

@@ -1,7 +1,7 @@
 """Anthropic Messages adapter: routes, error shape, usage, prefix order.
 
 Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-caching and
-/streaming; PROVIDERS.md sections 1.5 and 1.10):
+/streaming; docs/provider-rules.md sections 1.5 and 1.10):
 
 - prefix order is `tools` -> `system` -> `messages`;
 - non-streaming usage is `usage` on the message; streaming usage arrives on `message_start`
@@ -12,7 +12,7 @@ Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-cachi
 - who acts next comes from `stop_reason` (the message, or `message_delta.delta` when streaming):
   `tool_use` / `pause_turn` hand back to the client at once, the others to a person;
 - the response id is the message's `id` (on `message_start` when streaming) and cache
-  diagnostics are the message's `diagnostics` object (cache-diagnostics guide, PROVIDERS.md 1.12).
+  diagnostics are the message's `diagnostics` object (cache-diagnostics guide, docs/provider-rules.md 1.12).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ _TURN_BY_STOP: Final = {
 server-tool loop)."""
 
 #: Top-level request fields that change what the provider caches without being blocks
-#: (PROVIDERS.md 1.8). `model` is reported separately as `model_changed`.
+#: (docs/provider-rules.md 1.8). `model` is reported separately as `model_changed`.
 PARAM_KEYS: Final = (
     "tool_choice",
     "thinking",
@@ -80,7 +80,7 @@ DIAGNOSTIC_CAUSES: Final[dict[str | None, frozenset[str]]] = {
 }
 """Cache-diagnostics reason (`None` = no divergence: `diagnostics: null`) -> promptcache causes
 that agree with it (an `expired` read had an unchanged prefix: the entry was gone). `pending`,
-`previous_message_not_found`, `unavailable` and unknown types are inconclusive (PROVIDERS.md 1.12)."""
+`previous_message_not_found`, `unavailable` and unknown types are inconclusive (docs/provider-rules.md 1.12)."""
 
 
 class AnthropicUsage:
@@ -211,7 +211,7 @@ class AnthropicAdapter:
         return list(RunBlocks(self.layout(path, body)))
 
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
-        """Prompt-affecting parameters outside the blocks (PROVIDERS.md 1.8)."""
+        """Prompt-affecting parameters outside the blocks (docs/provider-rules.md 1.8)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
 
     def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
@@ -231,7 +231,7 @@ class AnthropicAdapter:
         """A copy of `body` asking for cache diagnostics against response `previous_id`.
 
         Sends `diagnostics: {"previous_message_id": <id or null>}` (null opts in on a first turn;
-        platform.claude.com/docs/en/build-with-claude/cache-diagnostics, PROVIDERS.md 1.12).
+        platform.claude.com/docs/en/build-with-claude/cache-diagnostics, docs/provider-rules.md 1.12).
         `None` (leave the body alone) when the client already sent a `diagnostics` field, or when
         the profile's platform has no diagnostics (Vertex, Bedrock: `cache_diagnostics: false`).
         """
@@ -242,7 +242,7 @@ class AnthropicAdapter:
     # Request side (pipeline stages); implemented in proxy.providers.anthropic_request.
 
     def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy:
-        """`cache_control` rules (PROVIDERS.md 1.2-1.5); the same for every model."""
+        """`cache_control` rules (docs/provider-rules.md 1.2-1.5); the same for every model."""
         return anthropic_request.POLICY
 
     def layout(self, path: str, body: JSONObject) -> list[Run]:

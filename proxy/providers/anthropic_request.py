@@ -4,7 +4,7 @@ The pure functions behind `AnthropicAdapter`'s request-side methods (the adapter
 here). Every rewriter is copy-on-write: new containers along the changed path, the caller's
 objects untouched.
 
-Provider rules (platform.claude.com/docs/en/build-with-claude/prompt-caching; PROVIDERS.md):
+Provider rules (platform.claude.com/docs/en/build-with-claude/prompt-caching; docs/provider-rules.md):
 
 - a marker is `cache_control: {"type": "ephemeral"}`, optionally with `ttl` `5m` | `1h`; a bare
   marker is 5m (1.2). At most 4 per request, the top-level automatic one included (1.1, 1.4);

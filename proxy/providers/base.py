@@ -31,7 +31,7 @@ Section = Literal["tools", "system", "messages"]
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """One unit of the provider's prefix order (DESIGN.md section 2).
+    """One unit of the provider's prefix order (`proxy.prefix` digests and chains them).
 
     A tool definition, a system text block, or one content block of a message. A string
     `system` or a string message content is one block.
@@ -84,7 +84,7 @@ class Usage:
     call: the client answers in seconds), `None` when the response did not say."""
     cache_discount: float | None = None
     """OpenRouter's `usage.cache_discount` (USD the cache saved; negative when writes cost more
-    than they saved), when reported (PROVIDERS.md 6)."""
+    than they saved), when reported (docs/provider-rules.md 6)."""
 
     @property
     def cache_write(self) -> int:
@@ -161,7 +161,7 @@ def platform_error_body(shape: str | None, kind: ErrorKind, message: str) -> byt
 class HiddenCalls:
     """Tool calls a server-side caller makes that the model never sees (Anthropic programmatic
     tool calling: a `tool_use` whose `caller.type` is the code-execution tool, and its
-    `tool_result`): the API rejects a marker on either (PROVIDERS.md 1.3)."""
+    `tool_result`): the API rejects a marker on either (docs/provider-rules.md 1.3)."""
 
     caller_prefix: str
     """A call is hidden when `caller.type` starts with this (`code_execution`)."""

@@ -1,6 +1,6 @@
 """Bedrock Converse adapter (`POST /model/{modelId}/converse`, `/converse-stream`).
 
-Provider rules (AWS Bedrock prompt-caching and Converse API docs; PROVIDERS.md 4, 9):
+Provider rules (AWS Bedrock prompt-caching and Converse API docs; docs/provider-rules.md 4, 9):
 
 - prefix order `toolConfig.tools` -> `system` -> `messages`; blocks are single-key objects
   (`{"text": ...}`, `{"toolUse": ...}`, `{"toolResult": ...}`, `{"cachePoint": ...}`);

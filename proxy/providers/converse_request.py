@@ -2,7 +2,7 @@
 
 Converse marks a cache checkpoint with a block of its own, `{"cachePoint": {"type": "default"}}`,
 placed after the content to cache in `toolConfig.tools[]`, `system[]` or a message's
-`content[]` (AWS prompt-caching guide; PROVIDERS.md 4, 7):
+`content[]` (AWS prompt-caching guide; docs/provider-rules.md 4, 7):
 
 - at most 4 checkpoints per request (Claude models);
 - a checkpoint is a sibling after a `toolResult`, never inside `toolResult.content`;

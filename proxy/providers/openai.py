@@ -1,7 +1,7 @@
 """OpenAI adapter (Chat Completions and Responses): routes, error shape, usage, prefix order.
 
 Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK types
-`completion_usage.py`, `response_usage.py`; PROVIDERS.md sections 2.1 and 2.4):
+`completion_usage.py`, `response_usage.py`; docs/provider-rules.md sections 2.1 and 2.4):
 
 - the cached prefix covers tool definitions and then the message (Chat) or input (Responses)
   array in order; leading `system` / `developer` messages and Responses `instructions` form the
@@ -14,14 +14,14 @@ Provider rules (docs: developers.openai.com/api/docs/guides/prompt-caching; SDK 
   person), Responses `output` (a `function_call` / `custom_tool_call` item: a tool call);
 - the response id is `id` (Chat: the body or any chunk; Responses: the body or `response.id` on
   any streamed event);
-- cache diagnostics (GPT-5.6+ Responses, PROVIDERS.md 9,
+- cache diagnostics (GPT-5.6+ Responses, docs/provider-rules.md 9,
   developers.openai.com/api/docs/guides/prompt-caching/diagnostics): the request names a
   baseline in `prompt_cache_options.comparison_response_id`; the response (JSON body, or the
   streamed `response.completed` object) carries `prompt_cache_diagnostics` of type `cache_hit`,
   `cache_miss` (`reason`, `cache_missed_tokens`, `comparison_reusable_tokens`),
   `comparison_response_not_found` or `unavailable`. `DIAGNOSTIC_CAUSES` says which of
   promptcache's own causes each reason agrees with;
-- OpenAI-compatible variants (PROVIDERS.md 5, 6, 9): DeepSeek `prompt_cache_hit_tokens` /
+- OpenAI-compatible variants (docs/provider-rules.md 5, 6, 9): DeepSeek `prompt_cache_hit_tokens` /
   `prompt_cache_miss_tokens` (their sum is `prompt_tokens`: the hits are the cached part, never
   added on top), Kimi's top-level `usage.cached_tokens`, LiteLLM's Anthropic-style
   `cache_creation_input_tokens` for a Claude model (written tokens, inside `prompt_tokens`), and
@@ -238,7 +238,7 @@ class OpenAIAdapter:
         return list(RunBlocks(self.layout(path, body)))
 
     def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
-        """Prompt-affecting parameters outside the messages (PROVIDERS.md 2.1)."""
+        """Prompt-affecting parameters outside the messages (docs/provider-rules.md 2.1)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
 
     def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
@@ -292,7 +292,7 @@ class OpenAIAdapter:
 
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` with `prompt_cache_options.comparison_response_id = previous_id`
-        (other `prompt_cache_options` kept), on Responses for GPT-5.6+ only (PROVIDERS.md 9).
+        (other `prompt_cache_options` kept), on Responses for GPT-5.6+ only (docs/provider-rules.md 9).
 
         `None` (body unchanged) on Chat, for older models, without a previous response (there
         is no opt-in without a baseline), or when the client named a baseline itself."""
@@ -309,9 +309,9 @@ class OpenAIAdapter:
     # Request side (pipeline stages); implemented in proxy.providers.openai_request.
 
     def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy:
-        """`prompt_cache_breakpoint` on GPT-5.6+, none before (PROVIDERS.md 2.3); Anthropic
+        """`prompt_cache_breakpoint` on GPT-5.6+, none before (docs/provider-rules.md 2.3); Anthropic
         `cache_control` on Chat content parts when the profile's gateway serves the model with
-        Claude (`claude_models`: LiteLLM, OpenRouter; PROVIDERS.md 6, 7)."""
+        Claude (`claude_models`: LiteLLM, OpenRouter; docs/provider-rules.md 6, 7)."""
         if path == CHAT_PATH and self.profile.is_claude(body.get("model")):
             return openai_request.CLAUDE_CHAT_POLICY
         return openai_request.marker_policy(path, body)

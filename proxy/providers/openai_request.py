@@ -4,7 +4,7 @@ The pure functions behind `OpenAIAdapter`'s request-side methods (the adapter de
 Copy-on-write like every rewriter: the caller's objects are never changed.
 
 Provider rules (developers.openai.com/api/docs/guides/prompt-caching; SDK types
-`chat_completion_content_part_text_param.py`, `response_create_params.py`; PROVIDERS.md 2.1-2.3):
+`chat_completion_content_part_text_param.py`, `response_create_params.py`; docs/provider-rules.md 2.1-2.3):
 
 - caching is automatic and prefix based; `prompt_cache_key` is combined with the routing hash of
   the first ~256 tokens (2.1), so requests sharing a prefix should share a key;
@@ -33,7 +33,7 @@ RESPONSES_PATH: Final = "/v1/responses"
 MARKER_KEY: Final = "prompt_cache_breakpoint"
 SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 ITEM_ID_KEY: Final = "id"
-"""A Responses input item's id: unique within `input` (PROVIDERS.md 9: a duplicate is a 400)."""
+"""A Responses input item's id: unique within `input` (docs/provider-rules.md 9: a duplicate is a 400)."""
 _MODEL_VERSION: Final = re.compile(r"gpt-(\d+)(?:\.(\d+))?")
 _BREAKPOINTS_SINCE: Final = (5, 6)
 
@@ -64,11 +64,11 @@ CLAUDE_CHAT_POLICY: Final = MarkerPolicy(
 """Chat Completions to a Claude model behind an OpenAI-wire gateway (LiteLLM, OpenRouter):
 Anthropic `cache_control` on content parts (a string content becomes one text part), at most 4,
 never on a `role: tool` message (LiteLLM copies those parts into `tool_result.content`, which
-the Messages API rejects: PROVIDERS.md 6, 7), with Anthropic's 20-position lookback (1.5)."""
+the Messages API rejects: docs/provider-rules.md 6, 7), with Anthropic's 20-position lookback (1.5)."""
 
 
 def has_breakpoints(model: Any) -> bool:
-    """True for GPT-5.6 and later (`gpt-5.6`, `gpt-5.6-mini`, `gpt-6` ...), PROVIDERS.md 2.3."""
+    """True for GPT-5.6 and later (`gpt-5.6`, `gpt-5.6-mini`, `gpt-6` ...), docs/provider-rules.md 2.3."""
     if not isinstance(model, str):
         return False
     match = _MODEL_VERSION.match(model)
@@ -242,7 +242,7 @@ def _part(path: str, items: list[Any], source: tuple[int, int | None], part: Sys
 def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
     """Head messages rebuilt from `parts`: consecutive parts of one message form one message
     (string content stays a string when it stays one unmarked part); a message split into
-    several keeps its `id` on its first part only (item ids are unique, PROVIDERS.md 9); parts of
+    several keeps its `id` on its first part only (item ids are unique, docs/provider-rules.md 9); parts of
     `instructions` are joined back into it; head items with no text units keep their place
     (`_merge_head`)."""
     sources = _unit_sources(path, body)
@@ -295,7 +295,7 @@ def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSO
 
 def _merge_head(original: list[Any], rebuilt: list[Any], with_units: set[int]) -> list[Any]:
     """The head: items without system units (Codex's `additional_tools` item, a message with no
-    content) stay as they are at their index (DESIGN.md section 3: unknown items pass through in
+    content) stay as they are at their index (unknown items pass through in
     place); the rebuilt messages fill the other positions in order, any left over follow."""
     out: list[Any] = []
     fill = iter(rebuilt)

@@ -15,7 +15,7 @@ a system message; `function_call` / `custom_tool_call` items are `<call> name ar
 the reply priming; `None` when the body holds a shape this rule does not cover (the caller
 falls back to the bytes/4 estimate).
 
-`predict_read(...)` is OpenAI's cache rule (PROVIDERS.md 2.1, 2.3) applied to those offsets:
+`predict_read(...)` is OpenAI's cache rule (docs/provider-rules.md 2.1, 2.3) applied to those offsets:
 - automatic caching (before GPT-5.6): the longest `min + k * 128` tokens within the prefix the
   previous request shares (its prompt, reply priming included, on a pure append);
 - GPT-5.6+ breakpoints: the furthest previous breakpoint inside the shared prefix, explicit
@@ -33,7 +33,7 @@ import orjson
 
 IMAGE_TOKENS: Final = 765
 STEP_TOKENS: Final = 128
-"""Automatic caching hits grow in 128-token steps past the minimum (PROVIDERS.md 2.1)."""
+"""Automatic caching hits grow in 128-token steps past the minimum (docs/provider-rules.md 2.1)."""
 MESSAGE_OVERHEAD: Final = 3
 """`<|start|>`, `<|message|>`, `<|end|>` around every message (role tokens counted apart)."""
 PRIMING: Final = 3

@@ -1,6 +1,6 @@
 """Anthropic Messages: request validation, prefix rendering and cache accounting (pure core).
 
-Contract (PROVIDERS.md section 1; each rule names its subsection):
+Contract (docs/provider-rules.md section 1; each rule names its subsection):
 - `parse_request(body, betas, counter, settings)` validates a `/v1/messages` body and returns a
   `Prompt`: the blocks in prefix order tools -> system -> messages (1.5), each with its token count,
   cumulative count, chained digest, lookback position and marker; or raises `Rejected` (400) with
@@ -41,7 +41,7 @@ from proxy.sim.tokens import DOCUMENT_TOKENS, IMAGE_TOKENS, TokenCounter
 MESSAGE_OVERHEAD: Final = 3
 """Tokens added to the first block of each message (role and turn delimiters)."""
 TTL_SECONDS: Final = {"5m": 300.0, "1h": 3600.0}
-"""Marker TTLs (PROVIDERS.md 1.2, 1.7)."""
+"""Marker TTLs (docs/provider-rules.md 1.2, 1.7)."""
 
 _NO_MARKER_TYPES: Final = frozenset({"thinking", "redacted_thinking"})
 _RUN_TYPES: Final = frozenset({"tool_use", "tool_result"})
@@ -100,7 +100,7 @@ class Prompt:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Input-side usage exactly as the API reports it (PROVIDERS.md 1.10)."""
+    """Input-side usage exactly as the API reports it (docs/provider-rules.md 1.10)."""
 
     input_tokens: int
     cache_creation_input_tokens: int

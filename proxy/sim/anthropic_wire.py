@@ -1,6 +1,6 @@
 """Anthropic Messages response shapes: the JSON body and the SSE event sequence.
 
-Contract (PROVIDERS.md 1.10; platform.claude.com/docs/en/build-with-claude/streaming):
+Contract (docs/provider-rules.md 1.10; platform.claude.com/docs/en/build-with-claude/streaming):
 - `message_body` is a `Message` as the official SDK parses it: `id`, `type`, `role`, `model`,
   `content`, `stop_reason`, `stop_sequence`, `usage` (input side from the cache plan).
 - `sse_events` yields `event: NAME` / `data: JSON` frames in the standard order: `message_start`
@@ -26,7 +26,7 @@ def conversation(body: Mapping[str, Any]) -> Conversation:
     """Reply-relevant facts of a Messages request.
 
     The last user-authored text is read from the last message after skipping trailing
-    `role: system` messages: a mid-conversation system instruction (PROVIDERS.md 1.8; Claude Code
+    `role: system` messages: a mid-conversation system instruction (docs/provider-rules.md 1.8; Claude Code
     appends its environment this way on a session's first turn) is not the user speaking and
     carries no tool results. A user message with `tool_result` blocks, or an assistant message
     last (prefill), gives no text, so the marker rules do not fire.

@@ -18,7 +18,7 @@ Contract:
 - Admin: `GET /_sim/clock`, `POST /_sim/clock {"advance": s} | {"set": epoch_s}` (manual clock
   only), `GET /_sim/cache` (live entries; tenant as a 12-hex-digit hash prefix, never the key),
   `DELETE /_sim/cache` (flush entries and OpenAI routing windows).
-- Each request reads the clock once at its start (TTLs count from there, PROVIDERS.md 1.7), and
+- Each request reads the clock once at its start (TTLs count from there, docs/provider-rules.md 1.7), and
   its cache writes are committed just before its response starts (1.5). Handlers never await
   between planning and committing, and nothing blocks the loop except CPU work on the body.
 """
@@ -287,7 +287,7 @@ def _betas(request: web.Request) -> frozenset[str]:
 
 
 def _check_prewarm(body: Mapping[str, Any], stream: bool) -> None:
-    """`max_tokens: 0` pre-warming refusals (PROVIDERS.md 1.12)."""
+    """`max_tokens: 0` pre-warming refusals (docs/provider-rules.md 1.12)."""
     thinking = body.get("thinking")
     output_config = body.get("output_config")
     tool_choice = body.get("tool_choice")

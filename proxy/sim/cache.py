@@ -5,9 +5,9 @@ Contract:
   is never stored), `namespace` names provider + model (+ machine for OpenAI), `digest` is the
   16-byte prefix digest the provider module computed. A tenant can only ever look up its own keys.
 - An entry is live while `now < expires_at`. `lookup` drops expired entries; `touch` refreshes
-  a hit (`expires_at = now + ttl`, PROVIDERS.md 1.7 "refreshed on read", 2.2 idle retention).
+  a hit (`expires_at = now + ttl`, docs/provider-rules.md 1.7 "refreshed on read", 2.2 idle retention).
 - Writes are staged by the caller and `commit`ted when the writer's response starts, so an entry
-  is readable only after that (PROVIDERS.md 1.5); nothing here awaits.
+  is readable only after that (docs/provider-rules.md 1.5); nothing here awaits.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Contract:
 - Unknown keys, wrong types and a missing `version` are errors (`ConfigError`) naming the file and
   the key path; YAML syntax errors name the line.
 - `SimConfig` is frozen; `anthropic_model(id)` / `openai_model(id)` resolve (and memoise) the
-  settings for a model id. Numbers come from PROVIDERS.md 1.6 (minimums), 1.4/1.5 (4 breakpoints,
+  settings for a model id. Numbers come from docs/provider-rules.md 1.6 (minimums), 1.4/1.5 (4 breakpoints,
   20-position lookback), 1.7 (TTLs), 2.1-2.3 (OpenAI threshold, 128-token steps, routing, overflow,
   retention, GPT-5.6+ breakpoints).
 """
@@ -54,7 +54,7 @@ class AnthropicModel:
     """Cache numbers of one Anthropic model."""
 
     min_cache_tokens: int = 1024
-    """Minimum cumulative prefix (tokens) at a breakpoint for a write (PROVIDERS.md 1.6)."""
+    """Minimum cumulative prefix (tokens) at a breakpoint for a write (docs/provider-rules.md 1.6)."""
     ttls: tuple[str, ...] = ("5m", "1h")
     """TTLs the model offers; a marker with another offered-by-the-API TTL is refused (1.7)."""
     lookback_positions: int = 20

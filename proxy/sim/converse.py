@@ -1,6 +1,6 @@
 """Bedrock Converse as the simulator judges it: `cachePoint` rules, then Anthropic accounting.
 
-A Converse body is checked against Bedrock's checkpoint rules (PROVIDERS.md 4, 7; AWS
+A Converse body is checked against Bedrock's checkpoint rules (docs/provider-rules.md 4, 7; AWS
 prompt-caching guide) and rendered as a Messages body for the simulator's own cache model:
 
 - at most 4 `cachePoint` blocks ("...exceeded the maximum of 4 cache points");

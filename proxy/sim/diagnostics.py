@@ -1,4 +1,4 @@
-"""OpenAI prompt-cache diagnostics for the simulator's Responses API (PROVIDERS.md section 9).
+"""OpenAI prompt-cache diagnostics for the simulator's Responses API (docs/provider-rules.md section 9).
 
 Contract (developers.openai.com/api/docs/guides/prompt-caching/diagnostics):
 - Every Responses request leaves a `Fingerprint` under its response id (per tenant, bounded

@@ -1,7 +1,7 @@
 """Rejections and the providers' error shapes.
 
 Contract: pure request code raises `Rejected(status, message, ...)`; `app.py` renders it with
-`anthropic_error_body` (`{"type":"error","error":{"type":...,"message":...}}`, PROVIDERS.md 1.4)
+`anthropic_error_body` (`{"type":"error","error":{"type":...,"message":...}}`, docs/provider-rules.md 1.4)
 or `openai_error_body` (`{"error":{"message","type","param","code"}}`) depending on the route.
 """
 

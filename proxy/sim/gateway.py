@@ -9,7 +9,7 @@ LiteLLM does it, then judged and accounted by the simulator's Anthropic rules:
   `tool_calls` become `tool_use` blocks, tools become `{name, description, input_schema}`;
 - a `role: tool` message becomes a `tool_result` block in a user turn whose `content` is a copy
   of the message's parts, markers included, so a marker there lands inside
-  `tool_result.content`, which the Messages API rejects (PROVIDERS.md 7);
+  `tool_result.content`, which the Messages API rejects (docs/provider-rules.md 7);
 - usage comes back in Chat shape plus LiteLLM's Anthropic fields: `prompt_tokens` = all input,
   `prompt_tokens_details.cached_tokens` = read, `cache_creation_input_tokens`,
   `cache_read_input_tokens`.

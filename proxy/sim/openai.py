@@ -1,6 +1,6 @@
 """OpenAI Chat Completions and Responses: prompt rendering and cache accounting (pure core).
 
-Contract (PROVIDERS.md section 2):
+Contract (docs/provider-rules.md section 2):
 - `render_chat(body, counter)` / `render_responses(body, counter)` turn a request into one token
   sequence (`Rendered`): tool definitions (JSON each), then the output schema, then each message
   as `<start> role [name | tool_call_id] <message> content [calls] <end>` (Responses:
@@ -260,7 +260,7 @@ def render_chat(body: Mapping[str, Any], counter: TokenCounter) -> Rendered:
 
 def _check_unique_ids(items: list[Any]) -> None:
     """Input item ids are unique within `input` (items may omit `id`); a duplicate is the API's
-    400 (PROVIDERS.md 9)."""
+    400 (docs/provider-rules.md 9)."""
     seen: set[str] = set()
     for item in items:
         item_id = item.get("id") if isinstance(item, dict) else None

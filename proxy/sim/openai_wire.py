@@ -1,6 +1,6 @@
 """OpenAI response shapes: Chat Completions and Responses, JSON and SSE.
 
-Contract (PROVIDERS.md 2.4; openai-python types `CompletionUsage`, `ResponseUsage`, stream events):
+Contract (docs/provider-rules.md 2.4; openai-python types `CompletionUsage`, `ResponseUsage`, stream events):
 - Chat: `prompt_tokens` includes cached tokens; `prompt_tokens_details.cached_tokens` is always
   present (0 on a miss); `cache_write_tokens` only on breakpoint (GPT-5.6+) models. Streaming
   sends `chat.completion.chunk` frames; with `stream_options.include_usage` every chunk carries

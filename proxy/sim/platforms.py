@@ -2,7 +2,7 @@
 
 The proxy reads its profiles from `rules/profiles.yaml`; the simulator must not share them
 (a wrong rule on both sides would hide a real rejection), so the platforms' rules are written
-again here, from PROVIDERS.md:
+again here, from docs/provider-rules.md:
 
 - `direct`: Anthropic's API; `cache_control` keys `type`, `ttl`, `scope` (1.2).
 - `strict-compatible`: an Anthropic-compatible server that rejects `ttl`

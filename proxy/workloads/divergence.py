@@ -1,7 +1,7 @@
 """Divergence causes of replayed requests, named as promptcache's measurement names them.
 
 `promptcache replay` prints, per trace and strategy, how many requests had each cause of
-`proxy.metrics.CAUSES` (DESIGN.md sections 1 and 6). Two sources:
+`proxy.metrics.CAUSES` (the causes `proxy.measure` assigns). Two sources:
 - `promptcache`: the proxy measures its own traffic; `cause_counts(registry)` sums its
   `promptcache_prefix_divergences_total{provider,section,cause}` by cause, and
   `new_cause(before, after)` names the one cause a single request added.

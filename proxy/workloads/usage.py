@@ -3,7 +3,7 @@
 Contract: `read_usage(path, content_type, data)` returns a `proxy.providers.base.Usage`
 (tokens): `cache_read`, `cache_write_5m`, `cache_write_1h`, `input_none` (neither read nor
 written) and `output`, with `seen` false when the response carried no usage. Fields as the APIs
-report them (PROVIDERS.md 1.10, 2.4):
+report them (docs/provider-rules.md 1.10, 2.4):
 - Anthropic: `cache_read_input_tokens`, `cache_creation.ephemeral_{5m,1h}_input_tokens` (else all
   of `cache_creation_input_tokens` as 5m), `input_tokens`; streamed: `message_start`'s usage
   overlaid field by field with each `message_delta`'s (cumulative, last value wins).

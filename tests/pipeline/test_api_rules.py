@@ -1,6 +1,6 @@
 """What the real APIs reject, kept out of what promptcache sends (issue 12, findings 1 and 2).
 
-1. Responses input item ids are unique (PROVIDERS.md 9): reorder splitting a developer item keeps
+1. Responses input item ids are unique (docs/provider-rules.md 9): reorder splitting a developer item keeps
    its `id` on one part only.
 2. Programmatic tool calling (1.3): no marker on a `tool_use` whose caller is the code-execution
    tool or on its `tool_result`; a client's marker there moves to the nearest legal block.

@@ -16,7 +16,8 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.pipeline.breakpoints import PlanContext, place_breakpoints
+from proxy.pacing import Forecast
+from proxy.pipeline.breakpoints import PacingInput, PlanContext, place_breakpoints
 from proxy.providers import ANTHROPIC
 from tests.pipeline.test_simulator import GUIDE, HEADERS, MODEL, PROBE, _tokens
 from tests.pipeline.test_simulator_turns import _both
@@ -131,3 +132,35 @@ async def test_aider_without_markers_reads_its_examples(make_proxy: Any, turns: 
         for k in range(2, turns):
             assert reads[k] == await _tokens(runs.sim, runs.sent[k], 2 * len(EXAMPLES) + 2 * (k - 2)), k
         assert all(u["cache_read_input_tokens"] == 0 for u in runs.direct)
+
+
+def test_with_a_1h_tail_the_session_system_end_outranks_the_anchor() -> None:
+    """Claude Code marks two system blocks and its newest message: one free slot. With the tail
+    written 1h, the anchor adds nothing the tail does not keep (the tail's read reaches it within
+    the lookback), so the slot goes to the end of the session system, which the tenant's next
+    conversation reads; with a 5m tail the anchor keeps its slot (it outlives the tail)."""
+    eph = {"type": "ephemeral"}
+    body = {
+        "model": MODEL,
+        "max_tokens": 32,
+        "system": [
+            {"type": "text", "text": "You are an agent.", "cache_control": eph},
+            {"type": "text", "text": GUIDE, "cache_control": eph},
+            {"type": "text", "text": "# Memory\n\nThe project keeps its notes here."},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "q0"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "a0"}]},
+            {"role": "user", "content": [{"type": "text", "text": "q1", "cache_control": eph}]},
+        ],
+    }
+    tiers = ("stable", "stable", "session")
+
+    def plan(next_hour: float) -> list[tuple[int, str | None, str]]:
+        forecast = Forecast(p_end=1.0, human_soon=1 - next_hour, human_hour=next_hour, tool_soon=1.0, tool_hour=0.0)
+        context = PlanContext((0, 1, 2, 3), pacing=PacingInput(forecast))
+        _, got = place_breakpoints(ANTHROPIC, MESSAGES, body, system_tiers=tiers, context=context)
+        return [(m.index, m.ttl, m.reason) for m in got.markers]
+
+    assert plan(1.0) == [(0, "1h", "client"), (1, "1h", "client"), (2, "1h", "session"), (5, "1h", "client")]
+    assert plan(0.0) == [(0, "1h", "client"), (1, "1h", "client"), (3, "1h", "anchor"), (5, "5m", "client")]

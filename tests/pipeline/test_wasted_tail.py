@@ -202,7 +202,7 @@ async def test_aider_like_trace_spends_no_write_on_a_tail_it_never_reads(
 
 
 async def test_learning_costs_less_for_the_same_reads(make_proxy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Input cost in base-price token units (PROVIDERS.md 1.9: read 0.1x, 5m write 1.25x)."""
+    """Input cost in base-price token units (docs/provider-rules.md 1.9: read 0.1x, 5m write 1.25x)."""
     bodies = [(MESSAGES, _aider(turn)) for turn in range(TURNS)]
 
     def cost(usages: list[dict[str, Any]]) -> float:

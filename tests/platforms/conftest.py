@@ -11,7 +11,7 @@ import pytest
 from proxy.sim.app import start_sim
 
 SYSTEM = " ".join(f"Rule {i}: keep the answer short and cite file {i}.py when relevant." for i in range(300))
-"""About 5,100 tokens: above every minimum (PROVIDERS.md 1.6)."""
+"""About 5,100 tokens: above every minimum (docs/provider-rules.md 1.6)."""
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ def test_capabilities_come_from_the_profile_and_old_flags_still_override() -> No
     assert DIRECT["anthropic"].capabilities("claude-sonnet-4-6") == UpstreamCapabilities()
     assert vertex.capabilities("claude-sonnet-4-6") == UpstreamCapabilities(strip_scope=True)
     assert strict.capabilities("claude-sonnet-4-6") == UpstreamCapabilities(strip_ttl=True, strip_scope=True)
-    # 1h only where the model allows it on Bedrock (PROVIDERS.md 4)
+    # 1h only where the model allows it on Bedrock (docs/provider-rules.md 4)
     assert bedrock.capabilities("claude-sonnet-4-6") == UpstreamCapabilities(strip_scope=True)
     assert bedrock.capabilities("claude-3-7-sonnet") == UpstreamCapabilities(strip_ttl=True, strip_scope=True)
     override = UpstreamCapabilities(no_tool_message_markers=True)

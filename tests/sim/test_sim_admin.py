@@ -21,7 +21,7 @@ from proxy.sim.config import ConfigError, SimConfig
 from proxy.sim.tokens import load_o200k
 
 CONFORMANCE = [
-    # (test name, PROVIDERS.md section / brief rule)
+    # (test name, docs/provider-rules.md section / brief rule)
     ("test_clock_endpoints", "brief: manual clock via POST /_sim/clock"),
     ("test_real_clock_refuses_moves", "brief: real clock"),
     ("test_cache_listing_and_flush", "brief: GET/DELETE /_sim/cache, tenant as short hash"),

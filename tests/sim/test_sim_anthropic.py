@@ -17,7 +17,7 @@ from proxy.sim.config import SimConfig
 from proxy.sim.tokens import IMAGE_TOKENS, TokenCounter
 
 CONFORMANCE = [
-    # (test name, PROVIDERS.md section behind the rule)
+    # (test name, docs/provider-rules.md section behind the rule)
     ("test_write_then_read", "1.5 writes at breakpoints, 1.10 usage fields"),
     ("test_below_minimum_caches_nothing", "1.6 silent no-op below the minimum"),
     ("test_minimum_is_per_model_and_cumulative", "1.6 per-model table, cumulative prefix"),

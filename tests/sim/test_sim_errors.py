@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 CONFORMANCE = [
-    # (test name, PROVIDERS.md section behind the rule)
+    # (test name, docs/provider-rules.md section behind the rule)
     ("test_anthropic_rejections[five-markers]", "1.4 at most 4 markers, exact text"),
     ("test_anthropic_rejections[1h-after-bare-5m]", "1.2 bare = 5m; 1.7 TTL order, exact text"),
     ("test_anthropic_rejections[1h-after-5m-in-messages]", "1.7 TTL order path messages.0.content.4"),

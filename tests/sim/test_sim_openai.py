@@ -12,7 +12,7 @@ from typing import Any
 from proxy.sim.tokens import TokenCounter
 
 CONFORMANCE = [
-    # (test name, PROVIDERS.md section behind the rule)
+    # (test name, docs/provider-rules.md section behind the rule)
     ("test_threshold_1024", "2.1 automatic for prompts >= 1,024 tokens; 2.4 cached_tokens 0 present"),
     ("test_hits_in_128_token_steps", "2.1 / 2.5 hits in 128-token increments"),
     ("test_include_usage_chunk", "2.4 final usage chunk only with include_usage, then [DONE]"),

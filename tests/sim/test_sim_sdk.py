@@ -9,7 +9,7 @@ import pytest
 from proxy.sim.tokens import TokenCounter
 
 CONFORMANCE = [
-    # (test name, PROVIDERS.md section behind the rule)
+    # (test name, docs/provider-rules.md section behind the rule)
     ("test_anthropic_sdk_usage", "1.10 usage fields parsed by the SDK, streamed and not"),
     ("test_anthropic_sdk_error", "1.4 error body parsed into BadRequestError"),
     ("test_anthropic_sdk_beta_and_tools", "1.13 ?beta=true + anthropic-beta; scripted tool_use"),
