@@ -11,15 +11,18 @@ Contract:
   positions are remembered per line shape (`Classifier`), results per text.
 - Structure, by precedence (rules/README.md):
   1. `block`: tests the first non-blank line; a match makes the whole text one segment;
-  1b. a markdown heading (`#` to `######` then a space, outside ``` / ~~~ fences) that any
-     rule matches starts a *heading section*: the heading and its body up to the next heading
+  1b. a markdown heading line (`#` to `######`, a space, text) that any rule matches starts a
+     *heading section*: the heading and its body up to the next heading
      of the same or higher level (fewer or as many `#`), to before a closing tag whose opening
      tag comes before the heading, or to the end of the text, are one segment (a section
      rule's own `end` / `until` ends it earlier). It takes the most volatile tier among the
      rules its heading line matches (ties: section, paragraph, line/block, then file order),
      so `## Todo (updated 2026-12-01T09:30Z)` carries its whole checklist along, and
      `## Memory` stays one session segment. Its body is not classified line by line. An
-     unclassified heading is ordinary text (its body's lines are classified as below);
+     unclassified heading is ordinary text (its body's lines are classified as below). Code
+     fences are not tracked: whether a line is a heading depends on that line alone, so a
+     sorted group of segments (a fence opened in one tier, closed in another) classifies the
+     same way again (reordering stays idempotent);
   2. `section`: starts at a matching line and runs to the first later line matching `end`
      (included), to just before the first later line matching `until`, or else to the next
      blank line; a section is one segment;
@@ -60,9 +63,6 @@ _TEXT_CACHE_LIMIT: Final = 256
 _OPEN_TAG: Final = re.compile(r"\s*<([A-Za-z_][\w.:-]*)(?:\s[^<>]*)?>\s*")
 _CLOSE_TAG: Final = re.compile(r"\s*</([A-Za-z_][\w.:-]*)\s*>\s*")
 _HEADING: Final = re.compile(r" {0,3}(#{1,6})[ \t]+\S")
-_FENCE: Final = re.compile(r" {0,3}(`{3,}|~{3,})")
-_FENCE_LINE: Final = {"`": -1, "~": -2}
-"""`_LineInfo` heading field of a fence line, by fence character (a fence closes only with its own)."""
 _WRAP_OPEN: Final = "open"
 _WRAP_CLOSE: Final = "close"
 _ABSENT: Any = object()
@@ -137,7 +137,7 @@ def section_tiers(segments: Sequence[Segment], leaving: Sequence[bool]) -> list[
 _LineInfo = tuple[int, bool, str | None, str | None, int]
 """What the rules, the wrapper pairing and the heading sections see of one line: `(rule mask,
 blank, opening tag name, closing tag name, heading)`; heading: the level (1-6) of a markdown
-heading line, a negative `_FENCE_LINE` value for a code-fence line, else 0."""
+heading line, else 0."""
 _BLANK: Final[_LineInfo] = (0, True, None, None, 0)
 
 
@@ -253,13 +253,9 @@ class Classifier:
                 if open_tag is not None and not line.rstrip().endswith("/>"):
                     opening = open_tag.group(1)
             heading = 0
-            if line.lstrip(" ")[:1] in ("#", "`", "~"):
+            if line.lstrip(" ")[:1] == "#":
                 found = _HEADING.match(line)
-                if found is not None:
-                    heading = len(found.group(1))
-                else:
-                    fence = _FENCE.match(line)
-                    heading = _FENCE_LINE[fence.group(1)[0]] if fence is not None else 0
+                heading = len(found.group(1)) if found is not None else 0
             info = (mask, False, opening, closing, heading)
         ident = self._info_ids.get(info)
         if ident is None:
@@ -335,7 +331,7 @@ class Classifier:
         for bit, rule in self._by_kind["block"]:
             if masks[first] & bit:
                 return ((0, rule),)
-        spans = self._spans(masks, blank, _heading_levels(infos), infos)
+        spans = self._spans(masks, blank, [info[4] for info in infos], infos)
         if len(spans) == 1 and spans[0][2] is None:
             return None
         spans = _split_wrappers(spans, infos, blank)
@@ -343,7 +339,7 @@ class Classifier:
 
     def _spans(self, masks: list[int], blank: list[bool], levels: list[int], infos: list[_LineInfo]) -> list[list[Any]]:
         """`[start, end, rule]` spans covering every non-blank line, in order (`levels`: heading
-        level per line, 0 for none or inside a fence)."""
+        level per line, 0 for none)."""
         spans: list[list[Any]] = []
         n = len(masks)
         section_mask, paragraph_mask, line_mask = self._section_mask, self._paragraph_mask, self._line_mask
@@ -430,21 +426,6 @@ class Classifier:
             elif masks[k] & stop:
                 return k + 1 if rule.end is not None else k
         return n
-
-
-def _heading_levels(infos: list[_LineInfo]) -> list[int]:
-    """Heading level per line (`_LineInfo`), 0 for a line inside a code fence (``` or ~~~ up to
-    the next fence line of the same character) and for every other line."""
-    levels = []
-    fence = 0
-    for info in infos:
-        heading = info[4]
-        if heading < 0:
-            fence = 0 if fence == heading else (fence or heading)
-            levels.append(0)
-        else:
-            levels.append(0 if fence else heading)
-    return levels
 
 
 def _wrappers(spans: list[list[Any]], infos: list[_LineInfo], blank: list[bool]) -> dict[int, str]:

@@ -41,7 +41,7 @@ LINES = [
     "- [ ] write the tests",
     "### Details",
     "```",
-    "# a comment, not a heading, inside a fence",
+    "# Current time: 2026-12-01T09:31:00Z",
     "",
     "   ",
 ]

@@ -375,3 +375,33 @@ def test_a_line_longer_than_the_rule_limit_is_content_and_never_scanned() -> Non
         (f"You are helpful.\n{long_line}\n", "stable"),
         (short + "\n", "volatile"),
     ]
+
+
+def test_heading_sections_reorder_idempotently() -> None:
+    """Texts the property tests found: a heading a section rule matches after a fence line, and a
+    volatile line sorted behind a heading section that then takes it in (instructions stay one
+    block and take the tier their sorted text classifies as)."""
+    for path, body in (
+        (
+            "/v1/chat/completions",
+            {
+                "model": "gpt-4o",
+                "messages": [
+                    {"role": "system", "content": "```\n# Memory\n</context>"},
+                    {"role": "user", "content": "hi"},
+                ],
+            },
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": "gpt-5.6",
+                "instructions": "Tokens used: 1234 of 200000\n# Memory",
+                "input": [{"role": "user", "content": "hi"}],
+            },
+        ),
+    ):
+        for rules in (RULES, STAYING_RULES):
+            out, plan = reorder_body(OPENAI, path, body, rules)
+            again, replan = reorder_body(OPENAI, path, out, rules)
+            assert again == out and replan.tiers == plan.tiers
