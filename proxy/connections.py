@@ -189,8 +189,9 @@ class LimitedRequestHandler(RequestHandler):
         limits = self._limits
         if not self._head:
             self._arm(limits.header_timeout, self._header_timed_out)
+        start = max(0, len(self._head) - 3)  # a head trickled byte by byte is searched once
         self._head += data
-        end = self._head.find(b"\r\n\r\n")
+        end = self._head.find(b"\r\n\r\n", start)
         size = len(self._head) if end < 0 else end + 4
         if size > limits.max_header_bytes:
             limits.count("header_too_large")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from multidict import CIMultiDictProxy
 
 from proxy.providers.base import JSONObject, ProviderAdapter, Usage
+from proxy.rules import Budget
 
 if TYPE_CHECKING:
     from proxy.measure import Measurement
@@ -72,6 +73,9 @@ class Exchange:
     """`usage` was added to the token counters (`proxy.pipeline.observe.record_usage`: once)."""
     sent_at: float | None = None
     """`time.perf_counter()` when the upstream request was sent."""
+    scan_budget: Budget | None = None
+    """What the segment rules may still classify for this request (`reorder_budget_chars`:
+    reorder, pins and the session map share it; `proxy.pipeline.support.scan_budget`)."""
     is_pipeline: bool = False
     """The handler ran the request stages on this exchange (`proxy.handlers`): the response side
     measures and records it."""

@@ -17,10 +17,11 @@ Contract:
   pings in the current clock hour), no newer request of the session was recorded in the store
   (another replica served it: only the replica that served the last request pings), and it
   pays: the chance that the person comes back within the next 5 minutes, given they have not
-  yet (the tenant's human gaps, the prior of `proxy.pacing` below `MIN_SAMPLES`), times the
+  yet (`return_chance`: the tenant's human gaps, the prior of `proxy.pacing` below
+  `MIN_SAMPLES`, and the chance they come back at all, `Pacing.return_share`), times the
   re-write it saves (1.25 - 0.1 per token of the part no 1h entry keeps: all of it without
-  a 1h marker, else what the request wrote at 5m) exceeds the ping's read (0.1 per prompt token). A
-  window that would not pay its first ping is not opened. A ping that fails (any error or
+  a 1h marker, else what the request wrote at 5m) exceeds the ping's read (0.1 per prompt
+  token). A window that would not pay its first ping is not opened. A ping that fails (any error or
   non-2xx) drops the window and opens the tenant's breaker for `BREAKER_SECONDS`. Each ping
   reschedules itself `TTL - MARGIN` later (a read refreshes the entry).
 - `cancel(tenant, session, now)` when the session's next real request starts: the window goes
@@ -79,21 +80,30 @@ def _lognormal_survival(seconds: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def return_chance(gaps: tuple[float, ...], waited: float, horizon: float = FIVE_MINUTES) -> float:
+def return_chance(
+    gaps: tuple[float, ...], waited: float, horizon: float = FIVE_MINUTES, returning: float = 1.0
+) -> float:
     """Chance that a person who has been away `waited` seconds comes back within `horizon`
-    more: from the observed human gaps longer than `waited` when there are `MIN_SAMPLES` of
-    them, else the prior lognormal."""
+    more. `returning` is the chance they come back at all (`Pacing.return_share`); the gap of
+    those who do follows the observed human gaps when `MIN_SAMPLES` of them are longer than
+    `waited`, else the prior lognormal. With S the survival of that gap:
+    `returning * (S(waited) - S(waited + horizon)) / (returning * S(waited) + 1 - returning)`
+    (the longer the silence, the likelier it is one that never ends)."""
     longer = [g for g in gaps if g > waited]
     if len(longer) >= MIN_SAMPLES:
-        return sum(1 for g in longer if g <= waited + horizon) / len(longer)
-    alive = _lognormal_survival(waited)
-    return (alive - _lognormal_survival(waited + horizon)) / alive if alive > 0 else 0.0
+        alive = len(longer) / len(gaps)
+        back = sum(1 for g in longer if g <= waited + horizon) / len(gaps)
+    else:
+        alive = _lognormal_survival(waited)
+        back = alive - _lognormal_survival(waited + horizon)
+    still = returning * alive + 1.0 - returning
+    return returning * back / still if still > 0 else 0.0
 
 
-def ping_pays(gaps: tuple[float, ...], waited: float, share: float = 1.0) -> bool:
+def ping_pays(gaps: tuple[float, ...], waited: float, share: float = 1.0, returning: float = 1.0) -> bool:
     """The saving (a re-write avoided, 1.25 - 0.1 per token, on the `share` of the prompt no
     1h entry keeps) times the chance beats the read of the whole prompt (0.1 per token)."""
-    return return_chance(gaps, waited) * (WRITE_5M - READ) * share > READ
+    return return_chance(gaps, waited, returning=returning) * (WRITE_5M - READ) * share > READ
 
 
 @dataclass(slots=True)
@@ -182,7 +192,8 @@ class KeepWarm:
         share = 1.0
         if any(m.ttl == "1h" for m in markers) and prefix:
             share = min(1.0, usage.cache_write_5m / prefix)  # a 1h entry keeps the rest
-        if not ping_pays(self.pacing(exchange.tenant).human if self.pacing else (), FIVE_MINUTES - MARGIN, share):
+        pacing = self.pacing(exchange.tenant) if self.pacing else Pacing()
+        if not ping_pays(pacing.human, FIVE_MINUTES - MARGIN, share, pacing.return_share):
             return False
         body["max_tokens"] = 1
         body.pop("stream", None)
@@ -247,7 +258,7 @@ class KeepWarm:
 
     async def _ping(self, window: Window, now: float) -> bool:
         tenant = window.tenant
-        gaps = self.pacing(tenant).human if self.pacing is not None else ()
+        pacing = self.pacing(tenant) if self.pacing is not None else Pacing()
         hour = int(now // ONE_HOUR)
         spent_hour, spent = self.spent.get(tenant, (hour, 0.0))
         if spent_hour != hour:
@@ -257,7 +268,7 @@ class KeepWarm:
             now >= window.arrival + ONE_HOUR
             or self.breaker.get(tenant, 0.0) > now
             or (self.cap is not None and spent + cost > self.cap)
-            or not ping_pays(gaps, now - window.arrival, window.share)
+            or not ping_pays(pacing.human, now - window.arrival, window.share, pacing.return_share)
             or await self._served_elsewhere(window)
         ):
             self._drop(window)

@@ -11,16 +11,17 @@ without a string name has no pinned input. The part itself still goes upstream a
 upstream answers it as it would).
 
 The cores report through `skipped(kind)`, a side channel that costs nothing on well-formed
-bodies; `run_request_stages` opens one `Tally` per request, labels each count with the stage
-running, and adds them to `promptcache_malformed_parts_total{stage,kind}`.
+bodies; a body nested deeper than orjson writes (`is_too_deep`) is forwarded as sent and
+counted as `too_deep`. `run_request_stages` opens one `Tally` per request, labels each count
+with the stage running, and adds them to `promptcache_malformed_parts_total{stage,kind}`.
 """
 
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import Any, Final
+from typing import Final
 
-KINDS: Final = ("block_type", "role", "tool_name", "call_name")
+KINDS: Final = ("block_type", "role", "tool_name", "call_name", "too_deep")
 """Label values of `promptcache_malformed_parts_total{kind}`."""
 
 
@@ -45,6 +46,8 @@ def skipped(kind: str) -> None:
         tally.counts[key] = tally.counts.get(key, 0) + 1
 
 
-def is_malformed_name(value: Any) -> bool:
-    """A present name that is not a string (`None`, a missing name, is not malformed)."""
-    return value is not None and not isinstance(value, str)
+def is_too_deep(exc: BaseException) -> bool:
+    """`exc` is orjson refusing a value nested deeper than it writes (254 levels): the body is
+    valid JSON the pipeline cannot re-serialise, so it goes upstream as sent, counted as
+    `too_deep` rather than as a stage error (the stage did nothing wrong)."""
+    return isinstance(exc, TypeError) and "Recursion limit reached" in str(exc)

@@ -9,7 +9,9 @@ distributions, human gaps and tool gaps, and how often a response ends the turn.
 
 `Pacing` holds them for one session (in its `SessionRecord`) or one tenant (its own store entry,
 `proxy.sessions.TenantPacing`): at most `MAX_GAPS` recent gaps of each kind (seconds) and
-counts of responses and turn-ending responses (both halved when they pass `MAX_RESPONSES`).
+counts of responses, turn-ending responses and of the human gaps that followed them (all
+halved when responses pass `MAX_RESPONSES`): `return_share`, the chance that a person comes
+back at all, is the last over the second (prior `RETURN_PRIOR`).
 
 Forecast (`forecast(session, tenant)`), with a documented prior for a new tenant:
 - shares of gaps under 5 minutes and between 5 minutes and an hour, over the session's and
@@ -79,6 +81,11 @@ TOOL_PRIOR: Final = (0.98, 0.02)
 """Prior tool gaps: shares under 5 minutes and within 5 minutes..1 hour."""
 END_PRIOR: Final = 0.3
 """Prior chance that a response ends the turn."""
+RETURN_PRIOR: Final = 0.8
+"""Prior chance that a person comes back after a turn ends (about one conversation in five
+ends after one or two requests, some are abandoned: the realistic workloads' shape)."""
+RETURN_WEIGHT: Final = 2.0
+"""Turn-ending responses the prior weighs as."""
 SHARED_MIN_CHANCE: Final = 0.01
 """`next_hour` above which a live shared prefix is refreshed with a 1h marker."""
 
@@ -98,27 +105,37 @@ class Pacing:
     """Responses that ended the turn."""
     responses: int = 0
     """Responses whose kind was known."""
+    returns: int = 0
+    """Human gaps seen (a person came back after a turn-ending response), at most `ends`."""
 
     def with_gap(self, kind: str | None, gap: float) -> Pacing:
         """Add the gap (seconds) that followed a response of `kind` (`human` / `tool`)."""
         gap = max(0.0, float(gap))
         if kind == HUMAN:
-            return Pacing((*self.human, gap)[-MAX_GAPS:], self.tool, self.ends, self.responses)
+            returns = min(self.returns + 1, self.ends) if self.ends else self.returns + 1
+            return Pacing((*self.human, gap)[-MAX_GAPS:], self.tool, self.ends, self.responses, returns)
         if kind == TOOL:
-            return Pacing(self.human, (*self.tool, gap)[-MAX_GAPS:], self.ends, self.responses)
+            return Pacing(self.human, (*self.tool, gap)[-MAX_GAPS:], self.ends, self.responses, self.returns)
         return self
 
     def with_response(self, turn: str | None) -> Pacing:
         """Count a response (`human` ended the turn, `tool` did not; `None` is not counted)."""
         if turn not in (HUMAN, TOOL):
             return self
-        ends, responses = self.ends + (turn == HUMAN), self.responses + 1
+        ends, responses, returns = self.ends + (turn == HUMAN), self.responses + 1, self.returns
         if responses > MAX_RESPONSES:
-            ends, responses = ends // 2, responses // 2
-        return Pacing(self.human, self.tool, ends, responses)
+            ends, responses, returns = ends // 2, responses // 2, returns // 2
+        return Pacing(self.human, self.tool, ends, responses, min(returns, ends))
+
+    @property
+    def return_share(self) -> float:
+        """Chance that a person comes back at all after a turn-ending response: human gaps seen
+        over turn-ending responses, with `RETURN_PRIOR` weighing as `RETURN_WEIGHT` responses
+        (a conversation's last answer, and one abandoned, is never followed)."""
+        return (self.returns + RETURN_PRIOR * RETURN_WEIGHT) / (self.ends + RETURN_WEIGHT)
 
     def to_json(self) -> dict[str, Any]:
-        return {"h": list(self.human), "t": list(self.tool), "e": self.ends, "n": self.responses}
+        return {"h": list(self.human), "t": list(self.tool), "e": self.ends, "n": self.responses, "r": self.returns}
 
     @classmethod
     def from_json(cls, value: Any) -> Pacing:
@@ -129,11 +146,12 @@ class Pacing:
             human = tuple(float(g) for g in value.get("h", ()))[-MAX_GAPS:]
             tool = tuple(float(g) for g in value.get("t", ()))[-MAX_GAPS:]
             ends, responses = int(value.get("e", 0)), int(value.get("n", 0))
+            returns = int(value.get("r", 0))
         except (TypeError, ValueError):
             return cls()
         if not 0 <= ends <= responses:
             return cls(human, tool)
-        return cls(human, tool, ends, responses)
+        return cls(human, tool, ends, responses, min(max(returns, 0), ends))
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,6 +130,10 @@ async def _run(
             exchange.upstream_body = None
             exchange.header_overrides = {}
             exchange.body = _client_body(exchange.raw)
+            if malformed.is_too_deep(exc):
+                malformed.skipped("too_deep")
+                _log.info("stage %s: body nested too deeply to rewrite; forwarded as sent", stage.name)
+                return
             services.metrics.stage_error_counters[stage.name].inc()
             _log.warning(
                 "stage %s failed (%s); forwarding the client's original bytes",

@@ -20,6 +20,7 @@ from typing import Any
 from proxy.debug import remember_measurement
 from proxy.exchange import Exchange
 from proxy.ledger import attribute_usage
+from proxy.malformed import is_too_deep
 from proxy.measure import measure
 from proxy.pipeline.breakpoints import Plan
 from proxy.pipeline.session import after_response
@@ -70,7 +71,10 @@ def observe(exchange: Exchange, services: Services) -> None:
         measure(exchange, services)
         remember_measurement(exchange, services)
     except Exception as exc:  # noqa: BLE001 - fail open
-        services.metrics.stage_error_counters["observe"].inc()
-        _log.warning("observe failed (%s)", type(exc).__name__)
+        if is_too_deep(exc):  # measured nothing of a body nested deeper than orjson writes
+            services.metrics.malformed_parts.labels("observe", "too_deep").inc()
+        else:
+            services.metrics.stage_error_counters["observe"].inc()
+            _log.warning("observe failed (%s)", type(exc).__name__)
     after_response(exchange, services)
     services.metrics.stage_timers["observe"].observe(time.perf_counter() - started)

@@ -35,6 +35,10 @@ Contract:
 - Text is never edited: every line is kept and only moved, exactly once, except a wrapper's
   tag lines, written once per place its content went. Same input, same output; reordering its
   own output changes nothing (idempotent).
+- Bounded work (issue 11): lines not classified before cost the request's scan budget
+  (`Exchange.scan_budget`, `reorder_budget_chars`); when it runs out the system prompt is
+  forwarded as sent, unclassified (`as_sent`), and counted
+  (`promptcache_rules_budget_exceeded_total{stage="reorder"}`).
 - Written on the `Exchange`: `system_tiers` (tuple of tier names, one per system block of the output, in
   prefix order: the planner's "stable system" and "session system" ends),
   `system_moved_to_user` (number of text blocks moved onto the user message), `head_dropped`
@@ -50,17 +54,19 @@ from typing import Final
 from proxy.exchange import Exchange
 from proxy.pipeline.canonicalise import canonicalise_body
 from proxy.pipeline.layout import LayoutCache
-from proxy.pipeline.segments import TIER_RANK, Classifier, classifier_for, render, section_tiers
+from proxy.pipeline.segments import TIER_RANK, BudgetSpent, Classifier, classifier_for, render, section_tiers
 from proxy.pipeline.support import (
     NO_CAPABILITY_LIMITS,
     capabilities_for,
+    count_budget_spent,
     count_markers,
     layout_cache,
     model_for,
     rules_for,
+    scan_budget,
 )
 from proxy.providers.base import JSONObject, ProviderAdapter, SystemPart, SystemUnit
-from proxy.rules import RuleSet
+from proxy.rules import Budget, RuleSet
 from proxy.services import Services
 from proxy.settings import UpstreamCapabilities
 
@@ -85,18 +91,26 @@ class SystemPlan:
     dropped_messages: int = 0
     """Leading system/developer messages of the message array that left entirely (OpenAI head
     messages whose every segment moved onto the newest user message)."""
+    is_budget_spent: bool = False
+    """The scan budget ran out: the system prompt is as sent (`as_sent`)."""
+
+
+def as_sent(units: Sequence[SystemUnit]) -> SystemPlan:
+    """The plan that keeps every unit as sent, unclassified (stable): the scan budget ran out."""
+    parts = tuple(SystemPart(i, unit.text or "", unit.marker, whole=True) for i, unit in enumerate(units))
+    return SystemPlan(parts=parts, tiers=("stable",) * len(parts), moved=(), changed=False, is_budget_spent=True)
 
 
 def _worst(tiers: Sequence[str]) -> str:
     return max(tiers, key=TIER_RANK.__getitem__)
 
 
-def _text_tier(classifier: Classifier, text: str) -> str:
+def _text_tier(classifier: Classifier, text: str, budget: Budget | None = None) -> str:
     """The tier of a unit kept as one block: the latest tier its own text classifies as. The
     sorted text is classified again, not its pieces: a section can take in a line sorted after
     it (`# Memory` runs on over the volatile line behind it), and the next pass must see the
     tier this one gave (idempotence)."""
-    segments = classifier.segments(text)
+    segments = classifier.segments(text, budget)
     tiers = section_tiers(segments, [False] * len(segments))
     return _worst([t for t, s in zip(tiers, segments, strict=True) if not s.wrap] or ["stable"])
 
@@ -118,8 +132,11 @@ def _join_lines(pieces: Sequence[str]) -> str | None:
     return "\n".join(p[:-1] if p.endswith("\n") else p for p in pieces)
 
 
-def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move: bool = True) -> SystemPlan:
-    """Split, classify and stable-sort `units` (pure)."""
+def plan_system(
+    units: Sequence[SystemUnit], classifier: Classifier, allow_move: bool = True, budget: Budget | None = None
+) -> SystemPlan:
+    """Split, classify and stable-sort `units` (pure). Raises `BudgetSpent` when `budget`
+    (characters of new lines to classify, `Classifier.segments`) runs out."""
     ranked: list[tuple[int, str, SystemPart]] = []
     moved: list[str] = []
     changed = emptied = False
@@ -128,7 +145,7 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         if unit.text is None:
             ranked.append((0, "stable", SystemPart(source, "", unit.marker, whole=True)))
             continue
-        segments = classifier.segments(unit.text)
+        segments = classifier.segments(unit.text, budget)
         leaving = [allow_move and s.move_to_user for s in segments]
         tiers_of = section_tiers(segments, leaving)
         groups = [_MOVED if out else tier for out, tier in zip(leaving, tiers_of, strict=True)]
@@ -152,7 +169,7 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
             text = _join_lines(pieces)
             if text is None:  # more than one unterminated piece: keep the order
                 text = render(segments, ["" if g != _MOVED else g for g in groups])[""]
-            tier = _text_tier(classifier, text)
+            tier = _text_tier(classifier, text, budget)
             is_whole = text == unit.text
             changed = changed or not is_whole
             ranked.append((TIER_RANK[tier], tier, SystemPart(source, text, unit.marker, whole=is_whole)))
@@ -186,8 +203,12 @@ def reorder_body(
     rules: RuleSet,
     caps: UpstreamCapabilities = NO_CAPABILITY_LIMITS,
     cache: LayoutCache | None = None,
+    budget: Budget | None = None,
 ) -> tuple[JSONObject, SystemPlan]:
     """`body` with its system prompt in durable-first order (pure; `body` is not mutated).
+
+    With a `budget` (`reorder_budget_chars`) that runs out before every line is classified,
+    `body` is returned as sent with `as_sent(units)` (`plan.is_budget_spent`).
 
     Text moved onto the user message can make an empty text block there removable, so the
     result is canonicalised again (`caps` as for canonicalise) to stay idempotent. When no
@@ -198,7 +219,10 @@ def reorder_body(
     shares layout and scan results with the other stages of the request."""
     units = adapter.system_units(path, body)
     classifier = classifier_for(rules)
-    plan = plan_system(units, classifier)
+    try:
+        plan = plan_system(units, classifier, budget=budget)
+    except BudgetSpent:
+        return body, as_sent(units)
     if not plan.changed:
         return body, plan
     new_body = adapter.with_system(path, body, plan.parts)
@@ -207,7 +231,7 @@ def reorder_body(
     with_text = adapter.with_user_text(path, new_body, plan.moved)
     cache = cache if cache is not None else LayoutCache()
     if with_text is None:
-        staying = plan_system(units, classifier, allow_move=False)
+        staying = plan_system(units, classifier, allow_move=False)  # classified above: no budget
         return (adapter.with_system(path, body, staying.parts) if staying.changed else body), staying
     out = canonicalise_body(adapter, path, with_text, caps=caps, cache=cache)[0]
     # a system prompt outside the message array cannot take a message with it: nothing to count
@@ -228,7 +252,10 @@ class ReorderStage:
             return
         caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
-        new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache)
+        budget = scan_budget(exchange, services)
+        new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache, budget)
+        if plan.is_budget_spent:
+            count_budget_spent(services, self.name)
         exchange.system_tiers = plan.tiers
         exchange.system_moved_to_user = len(plan.moved)
         exchange.head_dropped = plan.dropped_messages

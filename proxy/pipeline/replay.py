@@ -66,7 +66,7 @@ from proxy.malformed import skipped
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
-from proxy.rules import MAX_RULE_LINE_CHARS
+from proxy.rules import MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
 from proxy.store.record import Sidecar
 
@@ -215,27 +215,6 @@ def mask_strings(value: Any, spans: Patterns) -> Any:
     return mask_filtered(value, tuple((pattern, None) for pattern in spans))
 
 
-class Budget:
-    """Characters the rules may still scan for one request (`Masker.budget`): each pattern run
-    over a text costs its length. Once spent, the rest of the request is not masked (its
-    messages keep their exact digests: replay then needs identical text) and `is_spent` is
-    set, so the caller can count it."""
-
-    __slots__ = ("left", "is_spent")
-
-    def __init__(self, chars: int) -> None:
-        self.left = chars
-        self.is_spent = False
-
-    def take(self, chars: int) -> bool:
-        """Spend `chars`; `False` (and nothing spent) when not enough is left."""
-        if chars > self.left:
-            self.is_spent = True
-            return False
-        self.left -= chars
-        return True
-
-
 def mask_filtered(
     value: Any, filters: Sequence[tuple[re.Pattern[str], Needs | None]], budget: Budget | None = None
 ) -> Any:
@@ -277,12 +256,19 @@ class Masker:
     """
 
     def __init__(
-        self, patterns: Patterns = (), memo_size: int = MEMO_SIZE, system_text: Callable[[str], str] | None = None
+        self,
+        patterns: Patterns = (),
+        memo_size: int = MEMO_SIZE,
+        system_text: Callable[[str, Budget | None], str] | None = None,
     ) -> None:
         self.spans = tuple(span_pattern(p) for p in patterns)
         self.system_text = system_text
-        """System-prompt text as identity sees it (`head_form`): the session stage passes the
-        text without its volatile segments (`session.masker_for`); `None` keeps it whole."""
+        """System-prompt text as identity sees it (`head_form`), given the request's segment
+        budget: the session stage passes the text without its volatile segments
+        (`segments.without_volatile`); `None` keeps it whole."""
+        self.segment_budget: Budget | None = None
+        """The current request's segment classification budget (`Exchange.scan_budget`, set
+        by the session stage around `view_messages`); `None`: unlimited."""
         self.filters = tuple((span, needs(span)) for span in self.spans)
         self.memo_size = memo_size
         self.budget: Budget | None = None
@@ -379,7 +365,10 @@ class Masker:
     def head_digest(self, value: Any) -> bytes:
         """The masked digest of a system-prompt value (a string, a block, a system message) in
         its `head_form`: what is left of it for session identity."""
-        return self.digest(head_form(value, self.system_text) if self.system_text is not None else value)
+        system_text, budget = self.system_text, self.segment_budget
+        if system_text is None:
+            return self.digest(value)
+        return self.digest(head_form(value, lambda text: system_text(text, budget)))
 
     def seed(self, sidecars: Sequence[Sidecar]) -> None:
         """Remember the `(exact, masked)` pairs of stored sidecars (computed when they were sent).
@@ -438,15 +427,19 @@ def view_messages(
     masker: Masker,
     runs: Sequence[Run] | None = None,
     budget_chars: int | None = None,
+    segment_budget: Budget | None = None,
 ) -> MessageView:
     """Compute the `MessageView` of `body` (the client's parsed request); `runs` is
-    `adapter.layout(path, body)` when the caller has it. The rules scan at most `budget_chars`
+    `adapter.layout(path, body)` when the caller has it. Classifying the system prompt for its
+    identity form costs `segment_budget` (the request's, shared with reorder: a line is paid for
+    once). The rules scan at most `budget_chars`
     characters for it (`Budget`; `MessageView.is_budget_spent` says when that cut masking short)."""
     budget = masker.begin(budget_chars)
+    masker.segment_budget = segment_budget
     try:
         view = _view_messages(adapter, path, body, masker, runs)
     finally:
-        masker.budget = None
+        masker.budget = masker.segment_budget = None
     if budget is not None and budget.is_spent:
         view = replace(view, is_budget_spent=True)
     return view

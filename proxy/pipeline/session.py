@@ -71,7 +71,7 @@ from proxy.pipeline.replay import (
     view_messages,
 )
 from proxy.pipeline.segments import classifier_for, without_volatile
-from proxy.pipeline.support import layout_cache, rules_for
+from proxy.pipeline.support import layout_cache, rules_for, scan_budget
 from proxy.prefix import MARKER_KEYS
 from proxy.providers.base import Block, JSONObject, Run, ToolShape
 from proxy.rules import RuleSet, volatile_patterns
@@ -122,21 +122,22 @@ class SessionStage:
         previous: SessionRecord | None = None
         runs = client_runs(exchange, services, body)
         budget = services.settings.classify_budget_chars
+        segment_budget = scan_budget(exchange, services)
         if explicit is not None:
             sid = explicit_id(explicit[1])
             inference = Inference(sid, "explicit", sid)
             previous = await store.load(tenant, sid) if store is not None else None
             if previous is not None:
                 masker.seed(previous.sidecars)
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget)
         else:
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget)
             inference = state.index.infer(tenant, view.boundaries)
             source = inference.parent if inference.kind == "fork" else inference.session_id
             if source is not None and store is not None:
                 previous = await store.load(tenant, source)
         if view.is_budget_spent:
-            services.metrics.rules_budget_exceeded.inc()
+            services.metrics.rules_budget_exceeded.labels("session").inc()
         exchange.message_view = view
         exchange.session_inference = inference
         if inference.session_id is None:

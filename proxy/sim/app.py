@@ -239,6 +239,14 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raise Rejected(400, f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise Rejected(400, "The request body must be a JSON object")
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:
+        # orjson writes at most 254 levels, and the simulator re-serialises parts of every body
+        # (token counts, echoed fields, mid-stream): a body nested deeper is refused up front, an
+        # assumption (the APIs document no depth limit) that keeps it a 400, never a 500 or a
+        # stream cut after its headers.
+        raise Rejected(400, "The request body is nested too deeply.") from exc
     return body
 
 

@@ -159,7 +159,9 @@ class _Renderer:
     def json(self, value: Any) -> None:
         self.text(orjson.dumps(value).decode())
 
-    def tools(self, tools: Any, *, is_chat: bool = False) -> None:
+    def tools(self, tools: Any, *, is_chat: bool = False, param: str = "tools") -> None:
+        if tools is not None and not isinstance(tools, list):
+            raise _invalid_type(param, "an array", tools)
         if isinstance(tools, list):
             for i, tool in enumerate(tools):
                 _check_tool(tool, f"tools[{i}]", is_chat)
@@ -194,6 +196,9 @@ class _Renderer:
             for k, part in enumerate(content):
                 if not isinstance(part, dict):
                     raise bad(f"Invalid type for '{path}[{k}]': expected an object.", f"{path}[{k}]")
+                kind = part.get("type")
+                if kind is not None and not isinstance(kind, str):
+                    raise _invalid_type(f"{path}[{k}].type", "a string", kind)
                 self.part(part)
                 marker = part.get("prompt_cache_breakpoint")
                 if isinstance(marker, dict) and role in _BREAKPOINT_ROLES:
@@ -296,7 +301,9 @@ def render_responses(body: Mapping[str, Any], counter: TokenCounter) -> Rendered
     items = body.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
-    if not isinstance(items, list):
+    if items is not None and not isinstance(items, list):
+        raise _invalid_type("input", "a string or an array", items)
+    if items is None:
         items = []
     _check_unique_ids(items)
     for i, item in enumerate(items):
@@ -317,7 +324,7 @@ def render_responses(body: Mapping[str, Any], counter: TokenCounter) -> Rendered
         elif kind == "additional_tools":
             role = str(item.get("role") or "developer")
             r.open(role)
-            r.tools(item.get("tools"))
+            r.tools(item.get("tools"), param=f"input[{i}].tools")
             r.close(role)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             r.open("tool", str(item.get("call_id", "")))

@@ -79,10 +79,11 @@ def _last_user_text(items: list[dict[str, Any]]) -> str | None:
 def chat_conversation(body: Mapping[str, Any]) -> Conversation:
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     turns = sum(1 for m in messages if m.get("role") == "user")
+    offered = body.get("tools")
     tools = functions(
         *(
             str(t["function"]["name"])
-            for t in body.get("tools") or []
+            for t in (offered if isinstance(offered, list) else [])
             if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
         )
     )
@@ -112,7 +113,7 @@ def responses_conversation(body: Mapping[str, Any]) -> Conversation:
     items = body.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
-    items = [i for i in items or [] if isinstance(i, dict)]
+    items = [i for i in (items if isinstance(items, list) else []) if isinstance(i, dict)]
     turns = sum(1 for i in items if i.get("role") == "user" and i.get("type", "message") == "message")
     tools = responses_tools(body.get("tools"))
     for item in items:

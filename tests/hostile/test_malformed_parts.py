@@ -269,3 +269,30 @@ def test_cores_with_malformed_parts_openai(case: tuple[str, dict]) -> None:
     key = OPENAI_MARKER_KEY
     assert count_markers(OPENAI, path, out, key) <= 4
     assert content_fingerprint(OPENAI, path, out, key) == content_fingerprint(OPENAI, path, body, key)
+
+
+DEEP = b'{"a":' * 300 + b"1" + b"}" * 300
+
+
+async def test_a_body_nested_deeper_than_orjson_writes_is_forwarded_as_sent(
+    start_proxy: Any, fake_upstream: FakeUpstream
+) -> None:
+    """Found by the HTTP fuzz test: a value nested 300 levels deep (valid JSON the simulator
+    accepts) failed the session, serialise and observe stages (orjson writes at most 254
+    levels). Now it is forwarded byte for byte and counted as `too_deep`, not as a stage error."""
+    proxy = await start_proxy(upstream=fake_upstream.url)
+    bodies = {
+        "/v1/chat/completions": b'{"model":"gpt-5.1","messages":[{"role":"user","content":"hi"}],"metadata":'
+        + DEEP
+        + b"}",
+        "/v1/responses": b'{"model":"gpt-5.1","input":[{"role":"user","content":"hi"},{"role":"assistant",'
+        b'"content":[{"type":"output_text","text":' + DEEP + b'}]},{"role":"user","content":"x"}]}',
+    }
+    headers = {"authorization": "Bearer k", "content-type": "application/json"}
+    async with aiohttp.ClientSession() as session:
+        for path, body in bodies.items():
+            async with session.post(proxy.url + path, data=body, headers=headers) as r:
+                assert r.status == 200
+    assert [r.body for r in fake_upstream.received] == list(bodies.values())
+    assert stage_errors(proxy) == {}
+    assert malformed(proxy) == {("serialise", "too_deep"): 1, ("session", "too_deep"): 1, ("observe", "too_deep"): 1}

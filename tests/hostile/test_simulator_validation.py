@@ -92,6 +92,42 @@ async def test_anthropic_rejections(sim: Sim, body: dict[str, Any], message: str
             "tools[0]",
             "Invalid type for 'tools[0]': expected an object, but got a string instead.",
         ),
+        (  # found by the HTTP fuzz test: an unhashable part type crashed the simulator (500)
+            "/v1/responses",
+            {"model": "gpt-5.1", "input": [{"role": "user", "content": [{"type": {}, "text": "hi"}]}]},
+            "input[0].content[0].type",
+            "Invalid type for 'input[0].content[0].type': expected a string, but got an object instead.",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "gpt-5.1", "messages": [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]},
+            "messages[0].content[0].type",
+            "Invalid type for 'messages[0].content[0].type': expected a string, but got an array instead.",
+        ),
+        (  # found by the HTTP fuzz test (a duplicate "input" key): a number crashed it (500)
+            "/v1/responses",
+            {"model": "gpt-5.1", "stream": True, "input": -1},
+            "input",
+            "Invalid type for 'input': expected a string or an array, but got an integer instead.",
+        ),
+        (
+            "/v1/responses",
+            {"model": "gpt-5.1", "input": {"role": "user"}},
+            "input",
+            "Invalid type for 'input': expected a string or an array, but got an object instead.",
+        ),
+        (  # found by the HTTP fuzz test (a duplicate "tools" key): a boolean crashed it (500)
+            "/v1/chat/completions",
+            {"model": "gpt-5.1", "messages": USER, "tools": True},
+            "tools",
+            "Invalid type for 'tools': expected an array, but got a boolean instead.",
+        ),
+        (
+            "/v1/responses",
+            {"model": "gpt-5.1", "input": "hi", "tools": {"type": "function"}},
+            "tools",
+            "Invalid type for 'tools': expected an array, but got an object instead.",
+        ),
     ],
 )
 async def test_openai_rejections(sim: Sim, path: str, body: dict[str, Any], param: str, message: str) -> None:
@@ -106,3 +142,33 @@ async def test_well_formed_tools_are_accepted(sim: Sim) -> None:
     async with aiohttp.ClientSession() as http:
         async with http.post(sim.url + "/v1/messages", json=messages(tools=tools), headers=ANTHROPIC) as r:
             assert r.status == 200
+
+
+DEEP = b'{"a":' * 300 + b"1" + b"}" * 300
+
+
+async def test_a_body_nested_too_deeply_is_a_400_never_a_500(sim: Sim) -> None:
+    """Found by the HTTP fuzz test: a tool input nested 300 levels deep crashed the simulator's
+    token count (orjson writes at most 254 levels). Assumed limit: the APIs document none."""
+    body = (
+        b'{"model":"claude-sonnet-4-6","max_tokens":8,"messages":[{"role":"user","content":"hi"},'
+        b'{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"r","input":' + DEEP + b"}]},"
+        b'{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok"}]}]}'
+    )
+    headers = {**ANTHROPIC, "content-type": "application/json"}
+    async with sim.session.post(sim.url + "/v1/messages", data=body, headers=headers) as r:
+        assert r.status == 400
+        assert await r.json() == {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "The request body is nested too deeply."},
+        }
+
+
+async def test_a_deep_body_on_a_stream_is_refused_before_the_stream_starts(sim: Sim) -> None:
+    """Found by the HTTP fuzz test: a Responses stream whose `instructions` were nested 300
+    levels deep failed after its headers went out (a second response written into the stream)."""
+    body = b'{"model":"gpt-5.1","stream":true,"input":"hi","instructions":' + DEEP + b"}"
+    headers = {**OPENAI, "content-type": "application/json"}
+    async with sim.session.post(sim.url + "/v1/responses", data=body, headers=headers) as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["message"] == "The request body is nested too deeply."

@@ -227,3 +227,31 @@ async def test_learning_costs_less_for_the_same_reads(make_proxy: Any, monkeypat
     assert tails[0] == 0 and all(t == v["input_tokens"] > 700 for t, v in zip(tails[1:], learned[1:], strict=True))
     assert cost(unlearned) - cost(learned) == pytest.approx(0.25 * sum(tails))
     assert cost(learned) < cost(unlearned)
+
+
+def _rebuilt(turn: int) -> dict[str, Any]:
+    """`_aider(turn)` without the reminder (the newest question is sent again as it was) and
+    with every earlier answer re-rendered each turn (aider rebuilds the chat after its
+    examples): the first change is an earlier message, not the newest one."""
+    body = copy.deepcopy(_aider(turn))
+    body["messages"][-1]["content"][0]["text"] = f"Question {turn}?"
+    for message in body["messages"][2:-1]:
+        if message["role"] == "assistant":
+            message["content"][0]["text"] += f" (as of turn {turn})"
+    return body
+
+
+async def test_a_rewrite_before_the_previous_newest_message_counts_as_a_wasted_tail(make_proxy: Any) -> None:
+    bodies = [(MESSAGES, _rebuilt(turn)) for turn in range(TURNS)]
+    async with _both(make_proxy, bodies, HEADERS) as runs:
+        for turn, (usage, body) in enumerate(zip(runs.usages, runs.sent, strict=True)):
+            n = len(body["messages"])
+            total = await _tokens(runs.sim, body, n)
+            before_newest = await _tokens(runs.sim, body, n - 1)
+            # turn 0: the client marked `Ok.` and not its newest message (first request); turn 1
+            # appends (its newest is written); from turn 2 on the answer of turn 0 is
+            # re-rendered, so turn 1's newest message was never read: the newest goes uncached
+            newest_marked = "cache_control" in body["messages"][-1]["content"][-1]
+            assert newest_marked == (turn == 1), turn
+            if turn >= 2:
+                assert usage["input_tokens"] == total - before_newest, turn

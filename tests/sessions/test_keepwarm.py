@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from proxy.keepwarm import MARGIN, ping_pays, return_chance
-from proxy.pacing import FIVE_MINUTES
+from proxy.pacing import FIVE_MINUTES, RETURN_PRIOR, RETURN_WEIGHT, Pacing
 from proxy.pricing import default_pricing
 from proxy.providers.anthropic_request import PING_TEXT, prefix_request
 from proxy.providers.base import Usage
@@ -23,9 +23,16 @@ from tests.sessions.test_simulator import MODEL, body, first_message, usage
 SESSION = {"x-session-id": "warm"}
 
 
-async def warm_proxy(start_proxy: Any, sim: Sim, **settings: Any) -> Any:
+async def warm_proxy(start_proxy: Any, sim: Sim, *, returning: bool = True, **settings: Any) -> Any:
+    """A keep-warm proxy on the simulator's clock. `returning`: its tenant's people came back
+    after each of their last 98 turns (no gaps kept: the prior lognormal gives their timing),
+    so pings pay for most of the hour; else a new tenant (`Pacing.return_share` from the prior)."""
     proxy = await start_proxy(upstream=sim.url, **{"keep_warm": "on", **settings})
-    proxy.services.sessions.clock = sim.clock.now
+    state = proxy.services.sessions
+    state.clock = sim.clock.now
+    if returning:
+        tenant = state.tenant_of("anthropic", {"x-api-key": "key-a"})
+        state.pacing.put(tenant, Pacing(ends=98, responses=98, returns=98))
     if proxy.services.keep_warm is not None:
         proxy.services.keep_warm.stop_loop()
     return proxy
@@ -72,6 +79,15 @@ def test_a_ping_pays_while_the_person_is_likely_back_within_five_minutes() -> No
     assert return_chance(quick, 240.0) == return_chance((), 240.0)  # too few longer gaps: the prior
     assert return_chance((300.0, 310.0, 2000.0, 2500.0), 240.0) == 0.5
     assert not ping_pays((4000.0, 4000.0, 4000.0), 270.0)
+    # some never come back: r (S(w) - S(w + h)) / (r S(w) + 1 - r)
+    r = 0.5
+    assert return_chance((), 270.0, returning=r) == pytest.approx(
+        r * (survival(270) - survival(570)) / (r * survival(270) + 1 - r)
+    )
+    assert return_chance((300.0, 310.0, 2000.0, 2500.0), 240.0, returning=r) == pytest.approx(0.5 * 0.5 / 1.0)
+    assert return_chance((), 270.0, returning=0.0) == 0.0
+    assert ping_pays((), 270.0, returning=r) and not ping_pays((), 540.0, returning=r)
+    assert ping_pays((), 3000.0, returning=0.996) and not ping_pays((), 3000.0, returning=0.8)
 
 
 @pytest.mark.parametrize("minutes", [6, 25, 40])
@@ -213,3 +229,17 @@ async def test_a_failing_ping_opens_the_tenant_s_breaker_and_drops_every_credent
     assert proxy.sample("promptcache_keepwarm_pings_total", provider="anthropic", outcome="error") == 1
     assert proxy.sample("promptcache_keepwarm_pings_total", provider="anthropic", outcome="ok") == 0
     assert kw.breaker[held[0].tenant] == due + 3600
+
+
+async def test_a_new_tenant_s_pings_stop_once_the_silence_says_the_person_is_gone(
+    start_proxy: Any, sim: Sim, client: Client
+) -> None:
+    proxy = await warm_proxy(start_proxy, sim, returning=False)
+    # one turn ended, none followed yet: return_share = (0 + 0.8 * 2) / (1 + 2)
+    tenant = proxy.services.sessions.tenant_of("anthropic", {"x-api-key": "key-a"})
+    (first, second), pings, start = await two_turns(proxy, sim, client, 25 * 60)
+    share = proxy.services.sessions.pacing.peek(tenant).return_share
+    assert share == pytest.approx((1 + RETURN_PRIOR * RETURN_WEIGHT) / (2 + RETURN_WEIGHT))  # after the return
+    # the first ping pays (r = 0.533 at 4.5 minutes), the second would not (9 minutes away)
+    assert pings == [start + FIVE_MINUTES - MARGIN]
+    assert second["cache_read_input_tokens"] == 0  # the entry lapsed: written again

@@ -129,3 +129,17 @@ def test_cost_guard_no_tail_when_the_conversation_is_predicted_to_end() -> None:
     assert choose_ttls(forecast(six, Pacing())).write_tail
     # a subagent is machine-paced whatever its tenant's people do
     assert choose_ttls(forecast(gone, Pacing()), agent=True).write_tail
+
+
+def test_the_share_of_turns_a_person_came_back_after() -> None:
+    # prior 0.8 weighing as two turn-ending responses; human gaps seen over turns ended
+    assert Pacing().return_share == pytest.approx(0.8)
+    p = Pacing().with_response(HUMAN)
+    assert p.return_share == pytest.approx(1.6 / 3)
+    p = p.with_gap(HUMAN, 400.0).with_response(HUMAN)
+    assert (p.ends, p.returns, p.return_share) == (2, 1, pytest.approx(2.6 / 4))
+    p = p.with_gap(TOOL, 10.0)
+    assert p.returns == 1  # a tool step is not a person coming back
+    assert Pacing.from_json(p.to_json()) == p
+    assert Pacing.from_json({"e": 1, "n": 2, "r": 5}).returns == 1  # never more than the turns ended
+    assert Pacing.from_json({"e": 1, "n": 2}).returns == 0  # a record from before the field
