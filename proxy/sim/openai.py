@@ -106,12 +106,12 @@ def _invalid_type(param: str, expected: str, value: Any) -> Rejected:
 
 
 PROMPT_CACHE_KEY_MAX: Final = 64
-"""Longest `prompt_cache_key` the API accepts, characters (PROVIDERS.md 9)."""
+"""Longest `prompt_cache_key` the API accepts, characters (docs/provider-rules.md 9)."""
 
 
 def _check_cache_key(body: Mapping[str, Any]) -> None:
     """`prompt_cache_key`, when present and not null, is a string of at most
-    `PROMPT_CACHE_KEY_MAX` characters; the API's 400 otherwise (PROVIDERS.md 9: "Invalid
+    `PROMPT_CACHE_KEY_MAX` characters; the API's 400 otherwise (docs/provider-rules.md 9: "Invalid
     'prompt_cache_key': string too long. Expected a string with maximum length 64, ...")."""
     key = body.get("prompt_cache_key")
     if key is None:

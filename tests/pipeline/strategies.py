@@ -186,7 +186,7 @@ def openai_bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
         content = draw(st.one_of(texts, st.lists(openai_part(text_type, role), min_size=1, max_size=3)))
         item = {"role": role, "content": content}
         if is_responses and draw(st.booleans()):
-            item["id"] = f"msg_head_{len(items)}"  # item ids are unique (PROVIDERS.md 9)
+            item["id"] = f"msg_head_{len(items)}"  # item ids are unique (docs/provider-rules.md 9)
         items.append(item)
     for i in range(draw(st.integers(1, 4))):
         role = "user" if i % 2 == 0 else "assistant"
