@@ -105,7 +105,7 @@ async def sessions_handler(request: web.Request) -> web.Response:
 
 async def session_handler(request: web.Request) -> web.Response:
     """See the module docstring."""
-    from proxy.sessions import explicit_id
+    from proxy.session_identity import explicit_id
 
     services, provider, error = _scope(request)
     if error is not None:

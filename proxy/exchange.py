@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from proxy.pipeline.replay import MessageView
     from proxy.prefix import PrefixChain, PromptScan
     from proxy.providers.base import Run
-    from proxy.sessions import Inference
-    from proxy.store.record import SessionRecord
+    from proxy.session_identity import Inference
+    from proxy.store.codec import SessionRecord
 
 
 @dataclass(slots=True)
@@ -89,7 +89,7 @@ class Exchange:
     message_view: MessageView | None = None
     """Masked digests of the client's messages (`proxy.pipeline.replay.view_messages`)."""
     session_inference: Inference | None = None
-    """How the session was found: `explicit` / `append` / `fork` / `new` (`proxy.sessions`)."""
+    """How the session was found: `explicit` / `append` / `fork` / `new` (`proxy.session_identity`)."""
     client_runs: dict[str, tuple[Any, list[Run]]] | None = None
     """Prefix key -> `(the client's value, its layout runs)`, reused by
     `proxy.measure.sent_prompt` for a key sent unchanged (the same object)."""

@@ -18,7 +18,7 @@ Pure core:
   digest (top-level system, system-section messages and the tool SET: the tool digests sorted,
   schema keys sorted as in every digest here, so a client that shuffles its tools or their
   schema keys every turn still continues its session) and the identity boundaries
-  `c_k = xxh3(c_{k-1} || d_k)` with `c_{-1}` the head (session inference, `proxy.sessions`).
+  `c_k = xxh3(c_{k-1} || d_k)` with `c_{-1}` the head (session inference, `proxy.session_identity`).
   Computed once, by the `session` stage, on the client's body. It keeps the xxh3-128 of each
   element's marker-free orjson bytes (`keys`), which `splice` and the session record compare
   with a sidecar's (`Sidecar.sent_digest`) for an element that is still the same object (bodies
@@ -65,7 +65,7 @@ from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
 from proxy.rules import MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
-from proxy.store.record import Sidecar
+from proxy.store.codec import Sidecar
 
 MASK: Final = "\x00volatile\x00"
 """What a volatile span becomes before digesting (never sent anywhere)."""
