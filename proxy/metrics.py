@@ -46,7 +46,14 @@ STAGES: Final = (
     "serialise",
     "observe",
 )
-CLOSE_REASONS: Final = ("idle", "header_timeout", "body_timeout", "header_too_large", "too_many_connections")
+CLOSE_REASONS: Final = (
+    "idle",
+    "header_timeout",
+    "body_timeout",
+    "header_too_large",
+    "too_many_connections",
+    "bad_request",
+)
 """Why promptcache closed a client connection (`promptcache_connections_closed_total{reason}`)."""
 SECTIONS: Final = ("tools", "system", "messages", "none")
 CAUSES: Final = (
