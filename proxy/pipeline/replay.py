@@ -72,7 +72,7 @@ from proxy.store.codec import Sidecar
 
 MASK: Final = "\x00volatile\x00"
 """What a volatile span becomes before digesting (never sent anywhere)."""
-MEMO_SIZE: Final = 65_536
+MEMO_SIZE: Final = 16_384
 _GLOBAL_FLAGS: Final = re.compile(r"^\(\?[aiLmsux]+\)")
 
 Patterns = Sequence[re.Pattern[str]]
