@@ -21,7 +21,7 @@ from pathlib import Path
 
 import uvloop
 
-from proxy.replay import default_cache_dir, resolve_traces
+from proxy.replay_cli import default_cache_dir, resolve_traces
 from proxy.workloads.report import Report, TraceResult
 from proxy.workloads.runner import Progress, replay_traces
 from proxy.workloads.strategies import STRATEGIES

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.store import RecordStore, open_store  # noqa: E402
-from proxy.store.record import SessionRecord, Sidecar, encode_record  # noqa: E402
+from proxy.store.codec import SessionRecord, Sidecar, encode_record  # noqa: E402
 
 SIZES = {"1KB": 1_000, "64KB": 64_000, "600KB": 600_000}
 

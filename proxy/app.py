@@ -129,7 +129,7 @@ async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     if services.settings.record is not None:
-        from proxy.record import TraceRecorder
+        from proxy.trace_recorder import TraceRecorder
 
         services.recorder = TraceRecorder(
             services.settings.record, services.settings.session_headers, services.metrics.record_errors

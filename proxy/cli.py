@@ -171,7 +171,7 @@ def _check_rules(args: argparse.Namespace) -> int:
 # Subcommands implemented by a module exposing `add_arguments(parser)` and `run(args) -> int`.
 _MODULE_COMMANDS = (
     ("simulate", "proxy.sim.cli", "run the upstream simulator as its own server"),
-    ("replay", "proxy.replay", "replay recorded traces without and with promptcache; print hit ratio and cost"),
+    ("replay", "proxy.replay_cli", "replay recorded traces without and with promptcache; print hit ratio and cost"),
     ("explain", "proxy.explain", "show where B's prefix first diverges from A's, and why"),
 )
 

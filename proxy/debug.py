@@ -105,7 +105,7 @@ async def sessions_handler(request: web.Request) -> web.Response:
 
 async def session_handler(request: web.Request) -> web.Response:
     """See the module docstring."""
-    from proxy.sessions import explicit_id
+    from proxy.session_identity import explicit_id
 
     services, provider, error = _scope(request)
     if error is not None:
@@ -161,15 +161,17 @@ def remember_measurement(exchange: Any, services: Any) -> None:
         sent = exchange.sent_prompt
         body, prompt = (sent[0], sent[1]) if sent is not None else (None, None)
         rules = services.rules
-        classifier = None
+        classifier = budget = None
         if rules is not None:
             from proxy.pipeline.segments import classifier_for
+            from proxy.pipeline.support import scan_budget
 
             classifier = classifier_for(rules)
+            budget = scan_budget(exchange, services)
         pricing = services.pricing
         model = body.get("model") if isinstance(body, dict) else None
         prices = pricing.prices(exchange.provider, model if isinstance(model, str) else "")
-        history.add(
+        entry = history.add(
             exchange.tenant,
             exchange.session_id,
             measurement,
@@ -179,6 +181,9 @@ def remember_measurement(exchange: Any, services: Any) -> None:
             previous=exchange.previous,
             classifier=classifier,
             prices=prices,
+            budget=budget,
         )
+        if entry.map is not None and entry.map.is_budget_spent:
+            services.metrics.rules_budget_exceeded.labels("history").inc()
     except Exception as exc:  # noqa: BLE001 - the history never fails a request
         _log.warning("session history skipped (%s)", type(exc).__name__)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from multidict import CIMultiDictProxy
 
 from proxy.providers.base import JSONObject, ProviderAdapter, Usage
+from proxy.rules import Budget
 
 if TYPE_CHECKING:
     from proxy.measure import Measurement
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
     from proxy.pipeline.replay import MessageView
     from proxy.prefix import PrefixChain, PromptScan
     from proxy.providers.base import Run
-    from proxy.sessions import Inference
-    from proxy.store.record import SessionRecord
+    from proxy.session_identity import Inference
+    from proxy.store.codec import SessionRecord
 
 
 @dataclass(slots=True)
@@ -72,6 +73,9 @@ class Exchange:
     """`usage` was added to the token counters (`proxy.pipeline.observe.record_usage`: once)."""
     sent_at: float | None = None
     """`time.perf_counter()` when the upstream request was sent."""
+    scan_budget: Budget | None = None
+    """What the segment rules may still classify for this request (`reorder_budget_chars`:
+    reorder, pins and the session map share it; `proxy.pipeline.support.scan_budget`)."""
     is_pipeline: bool = False
     """The handler ran the request stages on this exchange (`proxy.handlers`): the response side
     measures and records it."""
@@ -85,7 +89,7 @@ class Exchange:
     message_view: MessageView | None = None
     """Masked digests of the client's messages (`proxy.pipeline.replay.view_messages`)."""
     session_inference: Inference | None = None
-    """How the session was found: `explicit` / `append` / `fork` / `new` (`proxy.sessions`)."""
+    """How the session was found: `explicit` / `append` / `fork` / `new` (`proxy.session_identity`)."""
     client_runs: dict[str, tuple[Any, list[Run]]] | None = None
     """Prefix key -> `(the client's value, its layout runs)`, reused by
     `proxy.measure.sent_prompt` for a key sent unchanged (the same object)."""

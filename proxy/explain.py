@@ -5,7 +5,7 @@ The command side: read the two inputs, pick the API they were sent to, run the p
 promptcache would send for B, and print the result for a person (`render`).
 
 Inputs: each file holds one request body, or one line of a recorded trace (`{"gap", "path",
-"headers", "body"}`, `proxy/record.py`), whose `body` is used and whose `path` and `headers` say
+"headers", "body"}`, `proxy/trace_recorder.py`), whose `body` is used and whose `path` and `headers` say
 which API it went to. A is the reference (the previous request); `{}` as A means B is a first
 request. Neither input is modified.
 

@@ -191,6 +191,8 @@ class PromptMap:
     runs: tuple[tuple[str, str | None, int | None, int, int], ...]
     ttls: dict[int, str]
     tiers: dict[int, str]
+    is_budget_spent: bool = False
+    """The scan budget ran out: some system blocks show `stable`, unclassified."""
 
     def blocks(self) -> tuple[MapBlock, ...]:
         out: list[MapBlock] = []
@@ -213,12 +215,18 @@ class PromptMap:
         return merge_blocks(out, MAX_MAP_BLOCKS)
 
 
-def prompt_map(prompt: PromptScan, top_marker_ttl: str | None = None, classifier: Any = None) -> PromptMap:
+def prompt_map(
+    prompt: PromptScan, top_marker_ttl: str | None = None, classifier: Any = None, budget: Any = None
+) -> PromptMap:
     """The `PromptMap` of one request from its `PromptScan` (`proxy.prefix.scan_prompt`).
 
     `top_marker_ttl`: TTL of a top-level marker (it marks the last block); `classifier`: a
     `proxy.pipeline.segments.Classifier` for the tier of system blocks (worst segment tier;
-    `stable` without one)."""
+    `stable` without one), spending `budget` (`proxy.rules.Budget`, the request's: once it
+    runs out the remaining blocks are `stable` and `is_budget_spent` is set)."""
+    from proxy.pipeline.segments import BudgetSpent
+
+    is_spent = False
     runs = []
     tiers: dict[int, str] = {}
     layout = prompt.blocks
@@ -231,9 +239,13 @@ def prompt_map(prompt: PromptScan, top_marker_ttl: str | None = None, classifier
         if run.section == "system":
             for offset in range(count):
                 tier = "stable"
-                if classifier is not None:
+                if classifier is not None and not is_spent:
                     value = prompt.values[index + offset]
-                    found = [seg.tier for seg in classifier.segments(block_text(value)) if not seg.wrap]
+                    try:
+                        segments = classifier.segments(block_text(value), budget)
+                    except BudgetSpent:
+                        is_spent, segments = True, ()
+                    found = [seg.tier for seg in segments if not seg.wrap]
                     tier = max(found, key=_TIER_RANK.__getitem__) if found else "stable"
                 tiers[index + offset] = tier
     ttls: dict[int, str] = {}
@@ -244,7 +256,7 @@ def prompt_map(prompt: PromptScan, top_marker_ttl: str | None = None, classifier
     n = len(prompt.values)
     if n and top_marker_ttl is not None and (n - 1) not in ttls:
         ttls[n - 1] = top_marker_ttl
-    return PromptMap(prompt.chain.ends, prompt.kinds, tuple(runs), ttls, tiers)
+    return PromptMap(prompt.chain.ends, prompt.kinds, tuple(runs), ttls, tiers, is_spent)
 
 
 def map_blocks(prompt: PromptScan, top_marker_ttl: str | None = None, classifier: Any = None) -> tuple[MapBlock, ...]:
@@ -437,6 +449,7 @@ class SessionHistory:
         classifier: Any = None,
         prices: Any = None,
         now: float | None = None,
+        budget: Any = None,
     ) -> SessionEntry:
         """Record one measured request (`proxy.measure.Measurement`) of a session.
 
@@ -459,7 +472,7 @@ class SessionHistory:
                 entry._head,
                 getattr(previous, "sidecars", ()),
             )
-            entry.map = prompt_map(prompt, top_ttl(body), classifier)
+            entry.map = prompt_map(prompt, top_ttl(body), classifier, budget)
             entry._head = head_bytes(prompt)
         if prices is not None:
             entry.prices = {

@@ -49,10 +49,15 @@ from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
-from proxy.rules import MAX_RULE_LINE_CHARS
+from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS
 from proxy.services import Services
 
 _log = logging.getLogger("promptcache.measure")
+
+VOLATILE_SCAN_CHARS: Final = 512 * 1024
+"""Characters of a changed system block the volatile check scans (each line costs its length
+plus `LINE_SCAN_COST`); the rest reads as not volatile (the divergence is then reported as a
+plain system change)."""
 
 
 LOOKBACK_POSITIONS: Final = 20
@@ -65,7 +70,7 @@ _SECTION_CAUSE: Final = {"tools": "tools_changed", "system": "system_changed", "
 
 
 class PreviousRequest(Protocol):
-    """What measurement reads from the session's previous `SessionRecord` (proxy.store.record)."""
+    """What measurement reads from the session's previous `SessionRecord` (proxy.store.codec)."""
 
     @property
     def chain(self) -> bytes: ...
@@ -365,19 +370,23 @@ def block_text(block: Block) -> str:
 
 def volatile_checker(rules: Any) -> Callable[[Block], bool] | None:
     """`block -> it holds a line a volatile rule matches` for a loaded `RuleSet` (rules are
-    matched line by line, on lines up to `MAX_RULE_LINE_CHARS`, proxy.rules); `None` without
-    rules or volatile rules."""
+    matched line by line, on lines up to `MAX_RULE_LINE_CHARS`, proxy.rules, over at most
+    `VOLATILE_SCAN_CHARS` of the block); `None` without rules or volatile rules."""
     patterns = tuple(rule.pattern for rule in getattr(rules, "rules", ()) if getattr(rule, "tier", None) == "volatile")
     if not patterns:
         return None
 
     def is_volatile(block: Block) -> bool:
-        return any(
-            p.search(line)
-            for line in block_text(block).split("\n")
-            if len(line) <= MAX_RULE_LINE_CHARS  # longer: content, never scanned (bounded time)
-            for p in patterns
-        )
+        left = VOLATILE_SCAN_CHARS
+        for line in block_text(block).split("\n"):
+            if len(line) > MAX_RULE_LINE_CHARS:
+                continue  # content, never scanned (bounded time)
+            left -= len(line) + LINE_SCAN_COST
+            if left < 0:
+                return False  # bounded time: an unclassified rest reads as not volatile
+            if any(p.search(line) for p in patterns):
+                return True
+        return False
 
     return is_volatile
 

@@ -103,6 +103,7 @@ AGREEMENT: Final = ("agree", "disagree", "unknown")
 """Does the upstream's own diagnosis match promptcache's cause (`proxy.measure.agreement`)."""
 BREAKPOINT_ACTIONS: Final = ("injected", "moved", "dropped", "kept")
 STORE_BACKENDS: Final = ("memory", "sqlite", "redis")
+BUDGET_STAGES: Final = ("session", "reorder", "pin", "history")
 STORE_OPERATIONS: Final = ("get", "put")
 
 _LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -482,15 +483,20 @@ class Metrics:
         )
         self.record_errors = Counter(
             "promptcache_record_errors_total",
-            "Requests the trace recorder (`record`) could not write; the request went on (proxy.record).",
+            "Requests the trace recorder (`record`) could not write; the request went on (proxy.trace_recorder).",
             registry=r,
         )
         self.rules_budget_exceeded = Counter(
             "promptcache_rules_budget_exceeded_total",
-            "Requests whose text exceeded the rules' scan budget (`classify_budget_chars`); the "
-            "rest was not masked for replay (proxy.pipeline.session).",
+            "Requests whose text exceeded the rules' scan budget, by stage: session (replay "
+            "masking, `classify_budget_chars`: the rest was not masked), reorder and pin "
+            "(`reorder_budget_chars`: the system prompt was left as sent), history (the session "
+            "map's tiers) (proxy.pipeline).",
+            ["stage"],
             registry=r,
         )
+        for stage in BUDGET_STAGES:
+            self.rules_budget_exceeded.labels(stage)
         self.malformed_parts = Counter(
             "promptcache_malformed_parts_total",
             "Parts of request bodies skipped by a stage because a structural field has the wrong "

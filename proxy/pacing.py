@@ -8,7 +8,7 @@ gap is minutes; a tool call (`tool`) comes back in seconds. So pacing keeps two 
 distributions, human gaps and tool gaps, and how often a response ends the turn.
 
 `Pacing` holds them for one session (in its `SessionRecord`) or one tenant (its own store entry,
-`proxy.sessions.TenantPacing`): at most `MAX_GAPS` recent gaps of each kind (seconds) and
+`proxy.session_identity.TenantPacing`): at most `MAX_GAPS` recent gaps of each kind (seconds) and
 counts of responses, turn-ending responses and of the human gaps that followed them (all
 halved when responses pass `MAX_RESPONSES`): `return_share`, the chance that a person comes
 back at all, is the last over the second (prior `RETURN_PRIOR`).

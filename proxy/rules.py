@@ -42,6 +42,35 @@ MAX_RULE_LINE_CHARS: Final = 16 * 1024
 a cwd, a header); a longer line is content (minified JSON, a pasted log), classified as no
 rule's and never masked, so one hostile line cannot hold the event loop (issue 11)."""
 
+LINE_SCAN_COST: Final = 64
+"""Characters one line's classification costs beyond its length (the per-line work of running
+every pattern: many distinct short lines are not free)."""
+
+
+class Budget:
+    """Characters the rules may still scan for one request. Replay masking
+    (`proxy.pipeline.replay.Masker.budget`): each pattern run over a text costs its length;
+    once spent, the rest of the request is not masked (its messages keep their exact digests:
+    replay then needs identical text). Segment classification
+    (`proxy.pipeline.segments.Classifier`): each line not seen before costs its length plus
+    `LINE_SCAN_COST`; once spent, the caller leaves the text as sent. `is_spent` is then set,
+    so the caller can count it."""
+
+    __slots__ = ("left", "is_spent")
+
+    def __init__(self, chars: int) -> None:
+        self.left = chars
+        self.is_spent = False
+
+    def take(self, chars: int) -> bool:
+        """Spend `chars`; `False` (and nothing spent) when not enough is left."""
+        if chars > self.left:
+            self.is_spent = True
+            return False
+        self.left -= chars
+        return True
+
+
 _RULE_KEYS: Final = frozenset(
     {"name", "kind", "pattern", "tier", "end", "until", "move_to_user", "pin", "pin_changes_to_user", "description"}
 )

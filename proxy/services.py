@@ -15,12 +15,12 @@ if TYPE_CHECKING:
     from proxy.keepwarm import KeepWarm
     from proxy.ledger import TenantLedger
     from proxy.providers import Router
-    from proxy.record import TraceRecorder
     from proxy.rules import RuleSet
-    from proxy.sessions import SessionState
+    from proxy.session_identity import SessionState
     from proxy.sim.tokens import TokenCounter
     from proxy.store import RecordStore
     from proxy.teams import TeamResolver
+    from proxy.trace_recorder import TraceRecorder
     from proxy.upstreams import ActiveUpstream
 
 
@@ -31,7 +31,7 @@ class Services:
     rules: RuleSet | None = None
     """The loaded `RuleSet` (proxy.rules), `None` until rules are loaded."""
     recorder: TraceRecorder | None = None
-    """The `TraceRecorder` (proxy.record) when `settings.record` is set."""
+    """The `TraceRecorder` (proxy.trace_recorder) when `settings.record` is set."""
     affinity: dict[str, Affinity] | None = None
     """Provider -> `proxy.affinity.Affinity` over its upstream's base URLs (set at start)."""
     router: Router | None = None
@@ -52,7 +52,7 @@ class Services:
     keep_warm: KeepWarm | None = None
     """`proxy.keepwarm.KeepWarm` when `keep_warm` is not `off` (set at start)."""
     sessions: SessionState | None = None
-    """Per-process session state (`proxy.sessions.SessionState`: tenant secret, session
+    """Per-process session state (`proxy.session_identity.SessionState`: tenant secret, session
     inference index, pacing statistics); set with `store` by `proxy.store.store_ctx`."""
     pricing: PricingTable = field(default_factory=default_pricing)
     """Prices per provider and model family (`proxy.pricing`): measurement's costs, the session

@@ -138,6 +138,12 @@ class Settings(BaseModel):
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in
     `promptcache_rules_budget_exceeded_total`)."""
+    reorder_budget_chars: int = Field(512 * 1024, ge=0)
+    """Characters of system-prompt lines not classified before that the segment rules may
+    classify per request (each line costs its length plus 64; reorder, pins and the session
+    map share it). Past it the system prompt is left as sent, not reordered (counted in
+    `promptcache_rules_budget_exceeded_total{stage}`); the lines classified so far are
+    remembered, so a large new prompt is reordered from a later request on."""
 
     @field_validator("keep_warm", mode="before")
     @classmethod

@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from proxy.exchange import Exchange
-from proxy.pipeline.segments import classifier_for
-from proxy.pipeline.support import rules_for
+from proxy.pipeline.segments import BudgetSpent, classifier_for
+from proxy.pipeline.support import count_budget_spent, rules_for, scan_budget
 from proxy.providers.base import JSONObject, ProviderAdapter, SystemPart
-from proxy.rules import Rule, RuleSet, pinned_rules
+from proxy.rules import Budget, Rule, RuleSet, pinned_rules
 from proxy.services import Services
 
 PINS_KEY: Final = "pinned_segments"
@@ -119,8 +119,10 @@ def pin_body(
     body: JSONObject,
     rules: RuleSet,
     pinned: Mapping[str, str] | None = None,
+    budget: Budget | None = None,
 ) -> tuple[JSONObject, PinReport]:
-    """`body` with its pinned segments as first seen (module docstring), and the report (pure)."""
+    """`body` with its pinned segments as first seen (module docstring), and the report (pure).
+    Raises `BudgetSpent` when `budget` (`Classifier.segments`) runs out."""
     by_name = _pinned_rules(rules)
     report = PinReport(dict(pinned or {}))
     if not by_name:
@@ -133,7 +135,7 @@ def pin_body(
     """(key, current content) of changed segments whose rule moves the change."""
     edited = False
     for source, unit in enumerate(units):
-        if unit.text is None or not by_name.keys() & {s.rule for s in classifier.segments(unit.text)}:
+        if unit.text is None or not by_name.keys() & {s.rule for s in classifier.segments(unit.text, budget)}:
             parts.append(SystemPart(source, unit.text or "", unit.marker, whole=True))
             continue
         texts = []
@@ -209,7 +211,12 @@ class PinStage:
         pins = exchange.session_pins
         stored = pins.get(PINS_KEY) if isinstance(pins, Mapping) else None
         pinned: Any = stored if isinstance(stored, Mapping) else None
-        new_body, report = pin_body(exchange.adapter, exchange.path, body, rules_for(services), pinned)
+        try:
+            budget = scan_budget(exchange, services)
+            new_body, report = pin_body(exchange.adapter, exchange.path, body, rules_for(services), pinned, budget)
+        except BudgetSpent:  # the system prompt goes as sent; the pins are kept for later turns
+            count_budget_spent(services, self.name)
+            new_body, report = body, PinReport(dict(pinned or {}))
         exchange.pinned_segments = report.pinned
         exchange.pins_kept = report.kept
         exchange.pins_moved = report.moved

@@ -30,6 +30,10 @@ Contract:
 - Text is never edited: every line is kept and only moved, exactly once, except a wrapper's
   tag lines, written once per place its content went. Same input, same output; reordering its
   own output changes nothing (idempotent).
+- Bounded work (issue 11): lines not classified before cost the request's scan budget
+  (`Exchange.scan_budget`, `reorder_budget_chars`); when it runs out the system prompt is
+  forwarded as sent, unclassified (`as_sent`), and counted
+  (`promptcache_rules_budget_exceeded_total{stage="reorder"}`).
 - Written on the `Exchange`: `system_tiers` (tuple of tier names, one per system block of the output, in
   prefix order: the planner's "stable system" and "session system" ends),
   `system_moved_to_user` (number of text blocks moved onto the user message).
@@ -44,17 +48,19 @@ from typing import Final
 from proxy.exchange import Exchange
 from proxy.pipeline.canonicalise import canonicalise_body
 from proxy.pipeline.layout import LayoutCache
-from proxy.pipeline.segments import TIER_RANK, Classifier, classifier_for, render, section_tiers
+from proxy.pipeline.segments import TIER_RANK, BudgetSpent, Classifier, classifier_for, render, section_tiers
 from proxy.pipeline.support import (
     NO_CAPABILITY_LIMITS,
     capabilities_for,
+    count_budget_spent,
     count_markers,
     layout_cache,
     model_for,
     rules_for,
+    scan_budget,
 )
 from proxy.providers.base import JSONObject, ProviderAdapter, SystemPart, SystemUnit
-from proxy.rules import RuleSet
+from proxy.rules import Budget, RuleSet
 from proxy.services import Services
 from proxy.settings import UpstreamCapabilities
 
@@ -76,6 +82,14 @@ class SystemPlan:
     markers_dropped: int = 0
     emptied: bool = False
     """True when some unit left the system prompt entirely."""
+    is_budget_spent: bool = False
+    """The scan budget ran out: the system prompt is as sent (`as_sent`)."""
+
+
+def as_sent(units: Sequence[SystemUnit]) -> SystemPlan:
+    """The plan that keeps every unit as sent, unclassified (stable): the scan budget ran out."""
+    parts = tuple(SystemPart(i, unit.text or "", unit.marker, whole=True) for i, unit in enumerate(units))
+    return SystemPlan(parts=parts, tiers=("stable",) * len(parts), moved=(), changed=False, is_budget_spent=True)
 
 
 def _worst(tiers: Sequence[str]) -> str:
@@ -99,8 +113,11 @@ def _join_lines(pieces: Sequence[str]) -> str | None:
     return "\n".join(p[:-1] if p.endswith("\n") else p for p in pieces)
 
 
-def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move: bool = True) -> SystemPlan:
-    """Split, classify and stable-sort `units` (pure)."""
+def plan_system(
+    units: Sequence[SystemUnit], classifier: Classifier, allow_move: bool = True, budget: Budget | None = None
+) -> SystemPlan:
+    """Split, classify and stable-sort `units` (pure). Raises `BudgetSpent` when `budget`
+    (characters of new lines to classify, `Classifier.segments`) runs out."""
     ranked: list[tuple[int, str, SystemPart]] = []
     moved: list[str] = []
     changed = emptied = False
@@ -109,7 +126,7 @@ def plan_system(units: Sequence[SystemUnit], classifier: Classifier, allow_move:
         if unit.text is None:
             ranked.append((0, "stable", SystemPart(source, "", unit.marker, whole=True)))
             continue
-        segments = classifier.segments(unit.text)
+        segments = classifier.segments(unit.text, budget)
         leaving = [allow_move and s.move_to_user for s in segments]
         tiers_of = section_tiers(segments, leaving)
         groups = [_MOVED if out else tier for out, tier in zip(leaving, tiers_of, strict=True)]
@@ -167,8 +184,12 @@ def reorder_body(
     rules: RuleSet,
     caps: UpstreamCapabilities = NO_CAPABILITY_LIMITS,
     cache: LayoutCache | None = None,
+    budget: Budget | None = None,
 ) -> tuple[JSONObject, SystemPlan]:
     """`body` with its system prompt in durable-first order (pure; `body` is not mutated).
+
+    With a `budget` (`reorder_budget_chars`) that runs out before every line is classified,
+    `body` is returned as sent with `as_sent(units)` (`plan.is_budget_spent`).
 
     Text moved onto the user message can make an empty text block there removable, so the
     result is canonicalised again (`caps` as for canonicalise) to stay idempotent. When no
@@ -177,7 +198,10 @@ def reorder_body(
     shares layout and scan results with the other stages of the request."""
     units = adapter.system_units(path, body)
     classifier = classifier_for(rules)
-    plan = plan_system(units, classifier)
+    try:
+        plan = plan_system(units, classifier, budget=budget)
+    except BudgetSpent:
+        return body, as_sent(units)
     if not plan.changed:
         return body, plan
     new_body = adapter.with_system(path, body, plan.parts)
@@ -187,7 +211,7 @@ def reorder_body(
     cache = cache if cache is not None else LayoutCache()
     # a system prompt outside the message array cannot take a message with it: no shift to check
     if with_text is None or (plan.emptied and cache.system_messages(adapter, path, body)):
-        staying = plan_system(units, classifier, allow_move=False)
+        staying = plan_system(units, classifier, allow_move=False)  # classified above: no budget
         kept = adapter.with_system(path, body, staying.parts) if staying.changed else body
         if with_text is None or _shifts(adapter, path, kept, with_text, cache):
             return kept, staying
@@ -210,7 +234,10 @@ class ReorderStage:
             return
         caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
-        new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache)
+        budget = scan_budget(exchange, services)
+        new_body, plan = reorder_body(exchange.adapter, exchange.path, body, rules_for(services), caps, cache, budget)
+        if plan.is_budget_spent:
+            count_budget_spent(services, self.name)
         exchange.system_tiers = plan.tiers
         exchange.system_moved_to_user = len(plan.moved)
         count_markers(exchange, services, moved=plan.markers_moved, dropped=plan.markers_dropped)

@@ -18,7 +18,7 @@ Pure core:
   digest (top-level system, system-section messages and the tool SET: the tool digests sorted,
   schema keys sorted as in every digest here, so a client that shuffles its tools or their
   schema keys every turn still continues its session) and the identity boundaries
-  `c_k = xxh3(c_{k-1} || d_k)` with `c_{-1}` the head (session inference, `proxy.sessions`).
+  `c_k = xxh3(c_{k-1} || d_k)` with `c_{-1}` the head (session inference, `proxy.session_identity`).
   Computed once, by the `session` stage, on the client's body. It keeps the xxh3-128 of each
   element's marker-free orjson bytes (`keys`), which `splice` and the session record compare
   with a sidecar's (`Sidecar.sent_digest`) for an element that is still the same object (bodies
@@ -63,9 +63,9 @@ from proxy.malformed import skipped
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
-from proxy.rules import MAX_RULE_LINE_CHARS
+from proxy.rules import MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
-from proxy.store.record import Sidecar
+from proxy.store.codec import Sidecar
 
 MASK: Final = "\x00volatile\x00"
 """What a volatile span becomes before digesting (never sent anywhere)."""
@@ -188,27 +188,6 @@ def mask_strings(value: Any, spans: Patterns) -> Any:
     """`value` with every match of `spans` inside its string values replaced by `MASK`; keys
     and non-strings are kept."""
     return mask_filtered(value, tuple((pattern, None) for pattern in spans))
-
-
-class Budget:
-    """Characters the rules may still scan for one request (`Masker.budget`): each pattern run
-    over a text costs its length. Once spent, the rest of the request is not masked (its
-    messages keep their exact digests: replay then needs identical text) and `is_spent` is
-    set, so the caller can count it."""
-
-    __slots__ = ("left", "is_spent")
-
-    def __init__(self, chars: int) -> None:
-        self.left = chars
-        self.is_spent = False
-
-    def take(self, chars: int) -> bool:
-        """Spend `chars`; `False` (and nothing spent) when not enough is left."""
-        if chars > self.left:
-            self.is_spent = True
-            return False
-        self.left -= chars
-        return True
 
 
 def mask_filtered(

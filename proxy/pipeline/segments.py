@@ -43,11 +43,20 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Final, TypeVar, cast
 
-from proxy.rules import MAX_RULE_LINE_CHARS, Rule, RuleSet
+from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget, Rule, RuleSet
 
 TIER_RANK: Final = {"stable": 0, "session": 1, "volatile": 2}
 _LINE_CACHE_LIMIT: Final = 16384
+_LINE_CACHE_CHARS: Final = 4 * 1024 * 1024
+"""Characters of the lines the line cache may hold (16,384 lines of 16 KiB would be 256 MiB)."""
 _TEXT_CACHE_LIMIT: Final = 256
+_TEXT_CACHE_CHARS: Final = 8 * 1024 * 1024
+"""Characters of the texts whose segments are remembered."""
+
+
+class BudgetSpent(Exception):
+    """The request's classification budget (`Budget`) ran out before this text was
+    classified: the caller leaves the text as sent (and counts it)."""
 _OPEN_TAG: Final = re.compile(r"\s*<([A-Za-z_][\w.:-]*)(?:\s[^<>]*)?>\s*")
 _CLOSE_TAG: Final = re.compile(r"\s*</([A-Za-z_][\w.:-]*)\s*>\s*")
 _WRAP_OPEN: Final = "open"
@@ -193,6 +202,10 @@ class Classifier:
         self._line_mask = sum(bit for bit, _ in self._by_kind["line"])
         self._lines: dict[str, int] = {}
         """Line -> index into `_infos`."""
+        self._line_chars = 0
+        """Characters of the keys of `_lines` (bounded by `_LINE_CACHE_CHARS`)."""
+        self._text_chars = 0
+        """Characters of the keys of `_texts` (bounded by `_TEXT_CACHE_CHARS`)."""
         self._infos: list[_LineInfo] = []
         self._info_ids: dict[_LineInfo, int] = {}
         self._shapes: dict[tuple[int, ...], tuple[tuple[int, Any], ...] | None] = {}
@@ -224,6 +237,15 @@ class Classifier:
             mask |= blind
         return mask
 
+    def _forget_lines(self) -> None:
+        """Drop every remembered line (the line caches are full)."""
+        self._lines.clear()
+        self._line_chars = 0
+        self._infos.clear()
+        self._info_ids.clear()
+        self._shapes.clear()
+        self._masks.clear()
+
     def _line_id(self, line: str) -> int:
         if not line or line.isspace():
             info = _BLANK
@@ -245,29 +267,46 @@ class Classifier:
         self._lines[line] = ident
         return ident
 
-    def segments(self, text: str) -> tuple[Segment, ...]:
+    def segments(self, text: str, budget: Budget | None = None) -> tuple[Segment, ...]:
+        """The segments of `text`. With a `budget`, each line not classified before costs its
+        length plus `LINE_SCAN_COST`; raises `BudgetSpent` when the budget cannot cover the
+        next one (the lines classified so far stay remembered: a later request goes on from
+        there)."""
         cached = self._texts.get(text)
         if cached is None:
-            cached = self._segments(text)
-            if len(self._texts) >= _TEXT_CACHE_LIMIT:
+            cached = self._segments(text, budget)
+            if len(self._texts) >= _TEXT_CACHE_LIMIT or self._text_chars + len(text) > _TEXT_CACHE_CHARS:
                 self._texts.clear()
-            self._texts[text] = cached
+                self._text_chars = 0
+            if len(text) <= _TEXT_CACHE_CHARS:
+                self._texts[text] = cached
+                self._text_chars += len(text)
         return cached
 
-    def _segments(self, text: str) -> tuple[Segment, ...]:
+    def _segments(self, text: str, budget: Budget | None = None) -> tuple[Segment, ...]:
         lines = text.split("\n")
         if not lines[-1]:
             lines.pop()
         found = list(map(self._lines.get, lines))
         if None in found:
-            if len(self._lines) + found.count(None) > _LINE_CACHE_LIMIT:
-                self._lines.clear()
-                self._infos.clear()
-                self._info_ids.clear()
-                self._shapes.clear()
-                self._masks.clear()
+            fresh = [line for ident, line in zip(found, lines, strict=True) if ident is None]
+            fresh_chars = sum(map(len, fresh))
+            if (
+                len(self._lines) + len(fresh) > _LINE_CACHE_LIMIT
+                or self._line_chars + fresh_chars > _LINE_CACHE_CHARS
+            ):
+                self._forget_lines()
                 found = [None] * len(lines)
-            ids = [self._line_id(line) if ident is None else ident for ident, line in zip(found, lines, strict=True)]
+            ids = []
+            for ident, line in zip(found, lines, strict=True):
+                if ident is None:
+                    ident = self._lines.get(line)  # a repeat of a line classified just now
+                if ident is None:
+                    if budget is not None and not budget.take(len(line) + LINE_SCAN_COST):
+                        raise BudgetSpent
+                    ident = self._line_id(line)
+                    self._line_chars += len(line)
+                ids.append(ident)
         else:
             ids = cast(list[int], found)
         shape_key = tuple(ids)

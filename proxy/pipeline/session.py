@@ -3,7 +3,7 @@
 Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also runs in
 `observe` mode). With `Services.sessions` set (by `proxy.store.store_ctx`) and a JSON body:
 1. `exchange.tenant`: keyed hash of the credential and upstream host (`proxy.tenant`);
-2. the session (`proxy.sessions`), `exchange.session_id` and `Exchange.session_inference`
+2. the session (`proxy.session_identity`), `exchange.session_id` and `Exchange.session_inference`
    (`Inference`: kind `explicit` / `append` / `fork` / `new`, parent, shared messages), and
    ONE bounded store read that never fails the request: `Exchange.previous`, the
    `SessionRecord` of the session's last 2xx request (of the parent session for a fork), or
@@ -73,9 +73,9 @@ from proxy.prefix import MARKER_KEYS
 from proxy.providers.base import Block, JSONObject, Run, ToolShape
 from proxy.rules import RuleSet, volatile_patterns
 from proxy.services import Services
-from proxy.sessions import Inference, SessionState, explicit_id, explicit_session
+from proxy.session_identity import Inference, SessionState, explicit_id, explicit_session
 from proxy.store import RecordStore
-from proxy.store.record import SessionRecord, Sidecar
+from proxy.store.codec import SessionRecord, Sidecar
 
 _log = logging.getLogger("promptcache.session")
 MAX_PINNED_TOOLS: Final = 512
@@ -130,7 +130,7 @@ class SessionStage:
             if source is not None and store is not None:
                 previous = await store.load(tenant, source)
         if view.is_budget_spent:
-            services.metrics.rules_budget_exceeded.inc()
+            services.metrics.rules_budget_exceeded.labels("session").inc()
         exchange.message_view = view
         exchange.session_inference = inference
         if inference.session_id is None:

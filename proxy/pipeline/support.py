@@ -12,7 +12,7 @@ from proxy.exchange import Exchange
 from proxy.pipeline.layout import LayoutCache
 from proxy.profiles import Profile
 from proxy.providers.base import ProviderAdapter
-from proxy.rules import RuleSet, cached_rules
+from proxy.rules import Budget, RuleSet, cached_rules
 from proxy.services import Services
 from proxy.settings import UpstreamCapabilities
 
@@ -81,3 +81,17 @@ def layout_cache(exchange: Exchange) -> LayoutCache:
     if cache is None:
         cache = exchange.layout_cache = LayoutCache()
     return cache
+
+
+def scan_budget(exchange: Exchange, services: Services) -> Budget:
+    """The request's segment classification budget (`Exchange.scan_budget`, made on first use
+    from `settings.reorder_budget_chars`)."""
+    budget = exchange.scan_budget
+    if budget is None:
+        budget = exchange.scan_budget = Budget(services.settings.reorder_budget_chars)
+    return budget
+
+
+def count_budget_spent(services: Services, stage: str) -> None:
+    """Count a stage that left text as sent because the request's scan budget ran out."""
+    services.metrics.rules_budget_exceeded.labels(stage).inc()

@@ -33,7 +33,7 @@
   wait on it: an unhealthy store costs replay only.
 - `store_ctx(app)` is the `cleanup_ctx` entry: it opens the store (`settings.store`, default
   SQLite at `state_dir/sessions.db`) and the per-process session state (tenant secret, session
-  inference index, pacing statistics: `proxy.sessions.SessionState`) and closes them on exit.
+  inference index, pacing statistics: `proxy.session_identity.SessionState`) and closes them on exit.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from proxy.aio import TaskSet, create_task
 from proxy.store.base import FAULT_KINDS, UNHEALTHY_KINDS, SessionStore
-from proxy.store.record import RecordError, SessionRecord, Sidecar, decode_record, encode_record
+from proxy.store.codec import RecordError, SessionRecord, Sidecar, decode_record, encode_record
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -424,7 +424,7 @@ def tighten_state_dir(path: Path) -> None:
 async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     """`app.cleanup_ctx` entry: sets `app[SERVICES].store` and `.sessions`, closes them on exit."""
     from proxy.appkeys import SERVICES
-    from proxy.sessions import SessionState
+    from proxy.session_identity import SessionState
 
     services = app[SERVICES]
     settings = services.settings

@@ -46,7 +46,7 @@ async def ui_session(request: web.Request) -> web.Response:
     """One session's forensic map."""
     history = request.app[SERVICES].last_measurements
     session_id = request.match_info["session_id"]
-    from proxy.sessions import explicit_id
+    from proxy.session_identity import explicit_id
 
     entry = None
     if history is not None:

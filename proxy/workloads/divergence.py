@@ -8,7 +8,7 @@
 - `none` / `naive` (no proxy in the path): `CauseTracker` applies `proxy.measure`'s pure core
   (`find_divergence`, `predict_read`, `is_expired`) to each request's body as sent upstream,
   against the previous 2xx request of the same conversation. A conversation is the explicit
-  session promptcache would use (`proxy.sessions.explicit_session`: a session header,
+  session promptcache would use (`proxy.session_identity.explicit_session`: a session header,
   `metadata.user_id`'s session, `prompt_cache_key`, `user`); requests without one form a single
   conversation (consecutive requests), where the proxy would infer sessions from shared
   prefixes. `history_rewritten` is the offline verdict `promptcache explain` uses: the first
@@ -42,7 +42,7 @@ from proxy.prefix import chain_blocks
 from proxy.providers import route
 from proxy.providers.base import Block, JSONObject, Usage
 from proxy.rules import RuleSet
-from proxy.sessions import explicit_session
+from proxy.session_identity import explicit_session
 
 DIVERGENCES_METRIC = "promptcache_prefix_divergences"
 """Family name of `promptcache_prefix_divergences_total` as `prometheus_client` collects it."""

@@ -11,7 +11,7 @@
   the kernel allows it, else proxy variables pointing at a closed loopback port).
 - `replay`: sends a recorded trace, request by request, straight to a fresh simulator (`none`) or
   through a fresh proxy in front of one (`promptcache`), and reads the usage of every response. This
-  replayer is deliberately independent of `proxy/replay.py`, so the suite judges that code too.
+  replayer is deliberately independent of `proxy/replay_cli.py`, so the suite judges that code too.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import aiohttp
 import orjson
 import redis
 
-from proxy.sessions import explicit_id
-from proxy.store.record import decode_record
+from proxy.session_identity import explicit_id
+from proxy.store.codec import decode_record
 from tests.hostile.conftest import post_and_hang_up
 from tests.sessions.conftest import Proxy, Sim
 from tests.store.redis_server import RedisServer

@@ -148,3 +148,68 @@ def test_check_rules_rejects_superlinear_patterns_naming_file_rule_and_line(tmp_
 )
 def test_linear_rewrites_are_accepted(pattern: str) -> None:
     assert superlinear_reason(pattern) is None
+
+
+def profile_patterns() -> list[tuple[str, re.Pattern[str], str]]:
+    """`(id, pattern, use)` of every regex in `rules/profiles.yaml`: each profile's `model_name`
+    (`match`: at the start of the request's model id) and each path template (its template:
+    `fullmatch` against the whole request path)."""
+    from proxy.profiles import load_profiles
+
+    out = []
+    for family, profiles in load_profiles().by_family.items():
+        for name, profile in profiles.items():
+            if profile.model_name is not None:
+                out.append((f"{family}.{name}.model_name", profile.model_name, "match"))
+            for k, path in enumerate(profile.paths):
+                out.append((f"{family}.{name}.paths[{k}]", path.pattern, path.template))
+    return out
+
+
+PROFILE_PATTERNS = profile_patterns()
+
+
+def anchored(how: str) -> Use:
+    """The profile's use (`match` / `fullmatch`); the plain baseline still scans the whole text
+    (`search`: an anchored baseline would stop at the first character)."""
+    return lambda pattern: pattern.search if pattern is PLAIN else getattr(pattern, how)
+
+
+def profile_texts(pattern: re.Pattern[str], template: str | None, unit: str, size: int) -> list[str]:
+    """Adversarial inputs of about `size` characters: for a model pattern, runs of `unit` after
+    prefixes a model id may have; for a path template, the template with every `{name}` segment
+    (or only the last) a run of `unit`, so matching gets past the literal prefix."""
+    run = unit * (size // len(unit) + 1)
+    if template is None:
+        return [(prefix + run)[:size] for prefix in ("", "claude-", "us.anthropic.", "a/claude-")]
+    holes = template.count("{")
+    filled = re.sub(r"\{[^}]+\}", lambda _: run[: size // max(1, holes)], template)
+    last = re.sub(r"\{[^}]+\}", "x", template[: template.rfind("{")]) + run[:size] + template[template.rfind("}") + 1 :]
+    return [filled, last]
+
+
+@pytest.mark.parametrize(("name", "pattern", "how"), PROFILE_PATTERNS, ids=[p[0] for p in PROFILE_PATTERNS])
+def test_every_profile_pattern_runs_in_linear_time(name: str, pattern: re.Pattern[str], how: str) -> None:
+    template = None if how == "match" else how
+    use = anchored("match" if template is None else "fullmatch")
+    units = ["\n", " ", "/", ":", ":1", "-v1", "-v", "@", ".", "a.", "1", "a", "é", "claude", "anthropic."]
+    for literal in literal_prefixes(template or pattern.pattern):
+        units += [literal, literal[: len(literal) // 2], literal + "/", literal + ":"]
+    worst = (0.0, "")
+    for unit in units:
+        small_texts = profile_texts(pattern, template, unit, SMALL)
+        large_texts = profile_texts(pattern, template, unit, SMALL * GROWTH)
+        for small, large in zip(small_texts, large_texts, strict=True):
+            grew = growth(use, pattern, small, large)
+            if grew > worst[0]:
+                worst = (grew, repr(small[:12]))
+    print(f"{name}: worst growth {worst[0]:.2f} on {worst[1]}")
+    assert worst[0] < MAX_GROWTH, f"{name} grows {worst[0]:.1f}x on {worst[1]}"
+
+
+def test_the_ratio_test_fails_a_quadratic_model_pattern() -> None:
+    """The measurement itself: a pattern that backtracks quadratically grows far past the bound
+    on the same inputs (so the bound is not loose enough to pass anything)."""
+    quadratic = re.compile(r"^(?P<name>.*\..*)@x$")
+    texts = profile_texts(quadratic, None, "a.", SMALL), profile_texts(quadratic, None, "a.", SMALL * GROWTH)
+    assert growth(anchored("match"), quadratic, texts[0][0], texts[1][0]) > MAX_GROWTH

@@ -23,7 +23,7 @@ from proxy.measure import (
 from proxy.prefix import chain_blocks
 from proxy.providers import ANTHROPIC
 from proxy.providers.base import Block, Usage
-from proxy.store.record import SessionRecord
+from proxy.store.codec import SessionRecord
 from tests.measure.bodies import BASE, variant
 
 PATH = "/v1/messages"

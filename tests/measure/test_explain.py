@@ -309,7 +309,7 @@ def test_responses_signals_and_recorded_paths() -> None:
 
 
 def test_command_reads_trace_lines(tmp_path: Path) -> None:
-    """A recorded trace line (`proxy/record.py`) works as an input: its body, path and headers."""
+    """A recorded trace line (`proxy/trace_recorder.py`) works as an input: its body, path and headers."""
     line = {"gap": 0, "path": "/v1/messages", "headers": {"anthropic-version": "2023-06-01"}, "body": BASE}
     out = io.StringIO()
     assert explain_command(*_files(tmp_path, {}, line), out=out) == 1

@@ -14,7 +14,7 @@ from proxy.pipeline.diagnostics import STAGE
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.services import Services
 from proxy.settings import Settings
-from proxy.store.record import SessionRecord
+from proxy.store.codec import SessionRecord
 from tests.fakes.upstream import ANTHROPIC_MESSAGE, CHAT_COMPLETION, RESPONSE, chat_stream, responses_stream
 
 MISS = {"cache_miss_reason": {"type": "system_changed", "cache_missed_input_tokens": 4200}}

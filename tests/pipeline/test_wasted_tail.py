@@ -22,7 +22,7 @@ from proxy.pipeline import breakpoints
 from proxy.pipeline.breakpoints import PacingInput, PlanContext, place_breakpoints
 from proxy.pipeline.replay import Masker, stripped_bytes, tail_rewritten, view_messages
 from proxy.providers import ANTHROPIC
-from proxy.store.record import MAGIC, SessionRecord, Sidecar, decode_record, encode_record
+from proxy.store.codec import MAGIC, SessionRecord, Sidecar, decode_record, encode_record
 from tests.pipeline.test_simulator import GUIDE, HEADERS, _tokens
 from tests.pipeline.test_simulator_turns import _both
 

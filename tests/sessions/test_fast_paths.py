@@ -42,11 +42,11 @@ from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import Usage
 from proxy.rules import load_rules, volatile_patterns
 from proxy.services import Services
-from proxy.sessions import SessionState, upstream_hosts
+from proxy.session_identity import SessionState, upstream_hosts
 from proxy.settings import Settings
 from proxy.store import RecordStore
+from proxy.store.codec import Sidecar
 from proxy.store.memory import MemoryStore
-from proxy.store.record import Sidecar
 from tests.pipeline.reference_blocks import anthropic_blocks, openai_blocks
 from tests.pipeline.strategies import anthropic_bodies, openai_bodies
 

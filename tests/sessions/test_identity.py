@@ -7,7 +7,7 @@ from multidict import CIMultiDict
 
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.anthropic import session_in_user_id
-from proxy.sessions import (
+from proxy.session_identity import (
     SessionIndex,
     explicit_id,
     explicit_session,

@@ -19,7 +19,7 @@ from proxy.pipeline.replay import (
 )
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.rules import load_rules, volatile_patterns
-from proxy.store.record import Sidecar
+from proxy.store.codec import Sidecar
 
 MASKER = Masker(volatile_patterns(load_rules()))
 

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 from proxy.pipeline.session import masker_for
-from proxy.sessions import explicit_id
-from proxy.store.record import SessionRecord, Sidecar
+from proxy.session_identity import explicit_id
+from proxy.store.codec import SessionRecord, Sidecar
 from tests.fakes.upstream import FakeUpstream
 from tests.sessions.conftest import Client, Proxy
 from tests.store.redis_server import RedisServer
@@ -145,7 +145,7 @@ async def test_redis_stopped_mid_conversation_fails_no_request(
         assert fake_upstream.received[-1].body == client.sent[-1]  # forwarded as sent, no replay
     await client.settle(proxy)
     assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="get") == 3
-    # three session records and the tenant's pacing after its first response (proxy.sessions)
+    # three session records and the tenant's pacing after its first response (proxy.session_identity)
     assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="put") == 4
     assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="ok") == 4
     assert proxy.sample("promptcache_stage_errors_total", stage="session") == 0

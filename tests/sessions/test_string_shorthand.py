@@ -14,8 +14,8 @@ from proxy.pipeline.replay import Masker, first_mismatch, splice, stripped_bytes
 from proxy.prefix import canonical_value, digest_bytes, scan_prompt, shared_blocks
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.rules import load_rules, volatile_patterns
-from proxy.sessions import SessionIndex
-from proxy.store.record import Sidecar
+from proxy.session_identity import SessionIndex
+from proxy.store.codec import Sidecar
 
 MESSAGES = "/v1/messages"
 CHAT = "/v1/chat/completions"

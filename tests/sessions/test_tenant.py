@@ -10,7 +10,7 @@ from pathlib import Path
 
 from multidict import CIMultiDict
 
-from proxy.sessions import SessionState, upstream_hosts
+from proxy.session_identity import SessionState, upstream_hosts
 from proxy.settings import Settings
 from proxy.tenant import credential_of, load_secret, tenant_id
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
 from proxy.store import RecordStore, open_store
-from proxy.store.record import SessionRecord, Sidecar
+from proxy.store.codec import SessionRecord, Sidecar
 from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
 
@@ -122,7 +122,7 @@ async def test_a_read_of_unchanged_bytes_is_not_decoded_again(metrics: Metrics) 
     first = await store.load("t", "s")
     assert first is RECORD  # the bytes are the ones written: the record written
     other = SessionRecord(chain=b"\x09" * 16, ends=(3,), model="m2", params_digest=b"\x01" * 16)
-    from proxy.store.record import encode_record
+    from proxy.store.codec import encode_record
 
     await backend.put("t", "s", encode_record(other), 60)  # another replica wrote: decoded anew
     assert await store.load("t", "s") == other

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from proxy.pricing import Prices, default_pricing
-from proxy.sessions import explicit_id
+from proxy.session_identity import explicit_id
 from proxy.whatif import what_if
 from tests.ui.cdp import Browser, Page
 from tests.ui.conftest import KEY, MODEL, SESSION, TOKEN, drive_session

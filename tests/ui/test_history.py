@@ -10,7 +10,7 @@ import orjson
 
 from proxy.forensics import EXCERPT_CHARS
 from proxy.history import SessionHistory
-from proxy.sessions import explicit_id
+from proxy.session_identity import explicit_id
 from proxy.ui.page import index_page, session_page, session_view
 from tests.ui.conftest import KEY, SESSION, drive_session
 
@@ -126,7 +126,7 @@ def test_message_excerpt_comes_from_the_previous_sidecar() -> None:
     from proxy.history import divergence_excerpts
     from proxy.prefix import scan_prompt
     from proxy.providers import ANTHROPIC
-    from proxy.store.record import Sidecar
+    from proxy.store.codec import Sidecar
 
     old_message = {"role": "user", "content": [{"type": "text", "text": "Fix the bug in parser.py line 12 please"}]}
     new_message = {"role": "user", "content": [{"type": "text", "text": "Fix the bug in parser.py line 13 please"}]}

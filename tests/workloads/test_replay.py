@@ -9,7 +9,7 @@ import io
 import orjson
 import pytest
 
-from proxy import replay
+from proxy import replay_cli as replay
 from proxy.workloads.oracle import optimum
 from proxy.workloads.report import format_text, ordered_causes, to_json
 from proxy.workloads.runner import Progress, replay_traces

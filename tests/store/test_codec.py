@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.store.record import RecordError, SessionRecord, Sidecar, decode_record, encode_record
+from proxy.store.codec import RecordError, SessionRecord, Sidecar, decode_record, encode_record
 
 FULL = SessionRecord(
     chain=bytes(range(48)),

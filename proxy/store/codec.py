@@ -71,7 +71,7 @@ class SessionRecord:
     """`proxy.prefix.PrefixChain.ends` of the same request (canonical bytes)."""
     model: str
     params_digest: bytes
-    """xxh3-128 of orjson(params_fingerprint, OPT_SORT_KEYS); see `proxy.sessions.params_digest`."""
+    """xxh3-128 of orjson(params_fingerprint, OPT_SORT_KEYS); see `proxy.session_identity.params_digest`."""
     breakpoints: tuple[int, ...] = ()
     """Marker positions (indices into `prefix_blocks`) of the last request sent."""
     ttls: tuple[str, ...] = ()
