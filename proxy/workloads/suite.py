@@ -273,7 +273,10 @@ SUITE: Final[tuple[Workload, ...]] = (
         committed=False,
     ),
 )
-BY_NAME: Final[dict[str, Workload | LongWorkload]] = {w.name: w for w in (*SUITE, *LONG)}
+BY_NAME: Final[dict[str, Workload | LongWorkload]] = {
+    **{w.name: w for w in SUITE},
+    **{w.name: w for w in LONG},
+}
 """Every named workload: the suite, and the long conversations grown from recorded client
 traces (`long_client.LONG`: `long-cc`, `long-hermes`; not part of `suite`)."""
 PACING: Final = ("realistic-cc", "realistic-hermes", "mixed-pacing-cc", "mixed-pacing-hermes")

@@ -272,8 +272,9 @@ async def test_a_tool_call_left_unanswered_for_minutes_is_kept_warm_for_a_new_te
     first = usage(response)
     assert first["cache_creation"]["ephemeral_5m_input_tokens"] > 0
     assert usage(second)["cache_read_input_tokens"] == first["cache_creation_input_tokens"]
-    assert proxy.sample("promptcache_keepwarm_saved_read_tokens_total", provider="anthropic") == (
-        first["cache_creation_input_tokens"]
+    assert (
+        proxy.sample("promptcache_keepwarm_saved_read_tokens_total", provider="anthropic")
+        == (first["cache_creation_input_tokens"])
     )
 
 
