@@ -34,12 +34,12 @@ from proxy.measure import (
 )
 from proxy.metrics import Metrics
 from proxy.pipeline import run_request_stages
-from proxy.pipeline.observe import observe
 from proxy.pipeline.replay import Masker, mask_strings, span_pattern, strip_markers, view_messages
 from proxy.pipeline.session import sent_markers, update_pins
 from proxy.prefix import MARKER_KEYS, PrefixChain, RunBlocks, chain_blocks, scan_prompt
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import Usage
+from proxy.response import run_response_stages
 from proxy.rules import load_rules, volatile_patterns
 from proxy.services import Services
 from proxy.session_identity import SessionState, upstream_hosts
@@ -251,7 +251,7 @@ async def _send(services: Services, adapter: Any, path: str, body: dict[str, Any
     await run_request_stages(ex, services)
     ex.status = 200
     ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")
-    observe(ex, services)
+    run_response_stages(ex, services)
     await services.store.flush()
     return ex
 
