@@ -70,9 +70,30 @@ class ConnectionLimits:
     """`(path, raw path, openai credential shape) -> adapter` whose `error_body` renders."""
     open: int = 0
     """Connections open now on this listener."""
+    _all_closed: asyncio.Event | None = None
 
     def count(self, reason: str) -> None:
         self.closed[reason].inc()
+
+    def opened(self) -> None:
+        self.open += 1
+
+    def closed_one(self) -> None:
+        self.open -= 1
+        if self.open == 0 and self._all_closed is not None:
+            self._all_closed.set()
+
+    async def wait_closed(self, timeout: float) -> None:
+        """Return once no connection is open on this listener, or after `timeout` seconds."""
+        if self.open == 0:
+            return
+        self._all_closed = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._all_closed.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._all_closed = None
 
 
 def _default_adapter(path: str, raw: str, openai: bool) -> ProviderAdapter:
@@ -144,7 +165,7 @@ class LimitedRequestHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limits = self._limits
-        limits.open += 1
+        limits.opened()
         self._is_counted_open = True
         if limits.open > limits.max_connections:
             limits.count("too_many_connections")
@@ -154,7 +175,7 @@ class LimitedRequestHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._is_counted_open:
             self._is_counted_open = False
-            self._limits.open -= 1
+            self._limits.closed_one()
         self._cancel_timer()
         super().connection_lost(exc)
 
@@ -307,7 +328,7 @@ class LimitedRunner(web.AppRunner):
 
     def __init__(self, app: web.Application, *, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._limits = limits
+        self.limits = limits
         self._server_kwargs = kwargs
 
     async def _make_server(self) -> web.Server:
@@ -317,6 +338,6 @@ class LimitedRunner(web.AppRunner):
             server.request_handler,
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
-            limits=self._limits,
+            limits=self.limits,
             **kwargs,
         )
