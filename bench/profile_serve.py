@@ -1,7 +1,7 @@
 """Profile `promptcache serve` under load: where a request's time goes, end to end.
 
-Starts `bench/fake_upstream.py` and `python -m proxy serve` (memory store) as subprocesses, sends
-the same body at a fixed concurrency for a while, and prints p50/p99 latency, requests per
+Starts `bench/fake_upstream.py` and `python -m proxy serve` (SQLite store) as subprocesses, sends
+growing conversations (`growing_bodies`) at a fixed concurrency for a while, and prints p50/p99 latency, requests per
 second and the server's peak RSS. With `--spy FILE` it records the server with
 `py-spy record -f raw` meanwhile and prints the top functions (inclusive and self time). Not a
 test: one run, one machine.
@@ -15,19 +15,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bodies import anthropic_body, small_body  # noqa: E402
 from overhead_bench import peak_rss_mb  # noqa: E402
 from proxy_bench import HEADERS, free_port, pct, wait_ready  # noqa: E402
 
@@ -57,6 +57,28 @@ def summarise(raw: Path, top: int) -> None:
         print(f"  {100 * n / total:5.1f}%  {name}")
 
 
+def growing_bodies(size: str, sessions: int) -> list[Iterator[bytes]]:
+    """One endless body sequence per concurrent client. 1KB: a new one-turn conversation per
+    request. 600KB: a ~540 KB agent history growing by one tool round trip (~1.6 KB) per
+    request, 40 turns per session, then a new session (`gateway_bench`'s workload)."""
+    from gateway_bench import TURNS, _split, _turn, agent_body, small_request
+
+    def small(slot: int) -> Iterator[bytes]:
+        head_a, head_b = _split(small_request())
+        for n in itertools.count():
+            yield head_a + f"{slot}-{n}".encode() + head_b + b"]}"
+
+    def grow(slot: int) -> Iterator[bytes]:
+        head_a, head_b = _split(agent_body())
+        pieces = [_turn(k) for k in range(1, TURNS + 1)]
+        for gen in itertools.count():
+            head = head_a + f"{slot}-{gen}".encode() + head_b
+            for k in range(1, TURNS + 1):
+                yield head + b"".join(pieces[:k]) + b"]}"
+
+    return [(small if size == "1KB" else grow)(slot) for slot in range(sessions)]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="optimise", choices=("optimise", "observe"))
@@ -82,12 +104,12 @@ async def main() -> None:
     try:
         await wait_ready(f"http://127.0.0.1:{up}/ready")
         await wait_ready(f"http://127.0.0.1:{port}/healthz")
-        body = orjson.dumps(small_body() if args.size == "1KB" else anthropic_body(600_000))
+        bodies = growing_bodies(args.size, args.concurrency)
         url = f"http://127.0.0.1:{port}/v1/messages"
         latencies: list[float] = []
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency)) as http:
-            for _ in range(10):  # warm up: the first request of a conversation digests everything
-                async with http.post(url, data=body, headers=HEADERS) as r:
+            for _ in range(10):  # warm up: the first turns of each conversation
+                async with http.post(url, data=next(bodies[0]), headers=HEADERS) as r:
                     await r.read()
             if args.spy:
                 py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -99,14 +121,15 @@ async def main() -> None:
                 await asyncio.sleep(1.0)
             end = time.perf_counter() + args.seconds
 
-            async def worker() -> None:
+            async def worker(turns: Iterator[bytes]) -> None:
                 while time.perf_counter() < end:
+                    body = next(turns)
                     t0 = time.perf_counter()
                     async with http.post(url, data=body, headers=HEADERS) as r:
                         await r.read()
                     latencies.append(time.perf_counter() - t0)
 
-            await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+            await asyncio.gather(*(worker(turns) for turns in bodies))
         print(f"{args.mode} {args.size} x{args.concurrency}: {len(latencies)} requests, "
               f"{len(latencies) / args.seconds:.0f}/s, p50 {pct(latencies, 0.5):.2f} ms, "
               f"p99 {pct(latencies, 0.99):.2f} ms, peak RSS {peak_rss_mb(server.pid):.0f} MB")

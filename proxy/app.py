@@ -171,9 +171,10 @@ async def _keep_warm_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(
-    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
+    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None, worker: int = 0
 ) -> web.Application:
-    """The proxy as an aiohttp application; `registry` defaults to a fresh one.
+    """The proxy as an aiohttp application; `registry` defaults to a fresh one; `worker` is this
+    process's index under `--workers` (`proxy.workers`), 0 alone.
 
     With `settings.tracing`, requests are traced to `tracer_provider` (an OpenTelemetry
     `TracerProvider`; default `proxy.otel.default_provider()`); otherwise nothing of
@@ -193,7 +194,7 @@ def create_app(
         load_team_file(settings.teams_file) if settings.teams_file is not None else {},
     )
     pricing = pricing_for(settings.rules_dir)
-    metrics = Metrics(registry, {p: pricing.family_names(p) for p in PROVIDERS})
+    metrics = Metrics(registry, {p: pricing.family_names(p) for p in PROVIDERS}, worker=worker)
     metrics.prepare_teams(teams.labels)
     app[SERVICES] = Services(
         settings=settings,
@@ -235,13 +236,18 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
 
 
 async def start_proxy(
-    settings: Settings, registry: CollectorRegistry | None = None, tracer_provider: Any = None
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    tracer_provider: Any = None,
+    worker: int = 0,
+    reuse_port: bool = False,
 ) -> tuple[web.AppRunner, str]:
-    """Start the proxy on the running loop at `settings.host:settings.port` (0 = any free port).
+    """Start the proxy on the running loop at `settings.host:settings.port` (0 = any free port);
+    `reuse_port` binds with `SO_REUSEPORT` (one of several `--workers` on one port).
 
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
-    app = create_app(settings, registry, tracer_provider)
+    app = create_app(settings, registry, tracer_provider, worker)
     services = app[SERVICES]
     runner = LimitedRunner(
         app,
@@ -254,7 +260,7 @@ async def start_proxy(
         max_field_size=settings.max_header_bytes,
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None)
     await site.start()
     host, port = runner.addresses[0][:2]
     return runner, f"http://{host}:{port}"

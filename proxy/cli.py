@@ -37,16 +37,16 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-host", help="address of the admin listener (default: --host)")
     parser.add_argument("--record", help="append every request body to this JSONL trace (no credentials)")
     parser.add_argument("--rules-dir", help="folder of rule files (default: the packaged rules/)")
+    parser.add_argument(
+        "--workers", type=int, help="worker processes on one port (SO_REUSEPORT; default 1): proxy/workers.py"
+    )
+    parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
-async def _serve_forever(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from proxy.admin import admin_host
-    from proxy.app import create_admin_app, start_proxy
-    from proxy.appkeys import SERVICES
-
-    overrides = {
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    """Settings given on serve's command line (`None`: not given)."""
+    return {
         "host": args.host,
         "port": args.port,
         "upstream": args.upstream,
@@ -56,7 +56,18 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         "admin_host": args.admin_host,
         "record": args.record,
         "rules_dir": args.rules_dir,
+        "workers": args.workers,
     }
+
+
+async def _serve_forever(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from proxy.admin import admin_host
+    from proxy.app import create_admin_app, start_proxy
+    from proxy.appkeys import SERVICES
+
+    overrides = _overrides(args)
     from proxy.pricing import PricingError
     from proxy.profiles import ProfileError
     from proxy.rules import RuleError
@@ -67,11 +78,12 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"promptcache: {exc}", file=sys.stderr)
         return 2
+    worker = args.worker_index
     from proxy.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
     try:
-        runner, url = await start_proxy(settings)
+        runner, url = await start_proxy(settings, worker=worker or 0, reuse_port=worker is not None)
     except RuleError as exc:
         print(f"promptcache: invalid rules:\n{exc}", file=sys.stderr)
         return 2
@@ -93,7 +105,9 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         await admin.setup()
         runners.append(admin)
         try:
-            await web.TCPSite(admin, admin_host(settings), settings.admin_port).start()
+            await web.TCPSite(
+                admin, admin_host(settings), settings.admin_port, reuse_port=worker is not None
+            ).start()
         except OSError as exc:
             print(
                 f"promptcache: cannot listen on {admin_host(settings)}:{settings.admin_port} (admin_port): "
@@ -105,8 +119,14 @@ async def _serve_forever(args: argparse.Namespace) -> int:
             return 1
     _tune_gc()
     services = runner.app[SERVICES]
-    for line in banner_lines(settings, url, services.active_upstreams or {}):
-        print(line, flush=True)
+    lines = banner_lines(settings, url, services.active_upstreams or {})
+    if args.ready_fd is not None:  # a worker under `--workers`: the supervisor prints (proxy.workers)
+        from proxy.workers import report_ready
+
+        report_ready(args.ready_fd, lines)
+    else:
+        for line in lines:
+            print(line, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -140,6 +160,8 @@ def banner_lines(settings: Settings, url: str, active: Mapping[str, ActiveUpstre
         )
     lines.append(f"  store: {redact_url(settings.store or default_store_url(settings.state_dir))}")
     lines.append(f"  state dir: {Path(settings.state_dir).expanduser().resolve()}")
+    if settings.workers > 1:
+        lines.append(f"  workers: {settings.workers} processes on one port (SO_REUSEPORT)")
     return lines
 
 
@@ -162,6 +184,15 @@ def _run(coro_factory: object) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.worker_index is None:
+        try:
+            settings = load_settings(args.config, overrides=_overrides(args))
+        except SettingsError:
+            settings = None  # reported by _serve_forever
+        if settings is not None and settings.workers > 1:
+            from proxy.workers import supervise
+
+            return supervise(args, settings)
     return _run(_serve_forever(args))
 
 

@@ -43,7 +43,14 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client import Counter
 
 from proxy.providers import route
-from proxy.providers.base import CLIENT_TIMEOUT, HEADERS_TOO_LARGE, OVERLOADED, ErrorKind, ProviderAdapter
+from proxy.providers.base import (
+    BAD_REQUEST,
+    CLIENT_TIMEOUT,
+    HEADERS_TOO_LARGE,
+    OVERLOADED,
+    ErrorKind,
+    ProviderAdapter,
+)
 
 LINGER_SECONDS: Final = 2.0
 """After a local error answer the connection is half-closed (FIN after the answer) and closed
@@ -291,6 +298,31 @@ class LimitedRequestHandler(RequestHandler):
         if transport.can_write_eof():
             transport.write_eof()
         self._timer = self._loop.call_later(LINGER_SECONDS, self.force_close)
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request aiohttp could not parse (400) is answered in the provider's shape and
+        logged by exception class only: aiohttp's own log line quotes the raw head bytes, and
+        so the client's credential (`x-api-key: ...`). Counted as `bad_request`. Other
+        statuses are aiohttp's."""
+        if status != HTTPStatus.BAD_REQUEST or exc is None or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        self.logger.warning("malformed HTTP request from %s: %s", request.remote, type(exc).__name__)
+        self._limits.count("bad_request")
+        path, raw, openai = _head_facts(bytes(self._head)) if self._head else ("/", "/", False)
+        adapter = self._limits.route_error(path, raw, openai)
+        response = web.Response(
+            status=BAD_REQUEST.status,
+            body=adapter.error_body(BAD_REQUEST, f"malformed HTTP request ({type(exc).__name__})"),
+            content_type="application/json",
+        )
+        response.force_close()
+        return response
 
     async def _answer_overloaded(self, request: web.BaseRequest) -> web.StreamResponse:
         raw = request.raw_path.partition("?")[0]

@@ -381,10 +381,17 @@ async def _send(
             exchange.is_client_gone = True
             _take_usage(exchange, reader)
             raise
-        await response.write_eof()
+        # Every upstream byte is relayed and read: usage is final and the upstream connection
+        # reusable, whatever happens to the terminating write below.
         is_complete = True
         tee.finish()
         _take_usage(exchange, reader)
+        try:
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client hung up right after the last data byte (only the chunked terminator
+            # or a buffered tail was lost): the response counts as delivered, not as a 499.
+            _log.debug("client closed before the end of the response was written")
         return response
     finally:
         if is_complete:

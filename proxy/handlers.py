@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Final
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from proxy.affinity import is_failure
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
@@ -75,6 +76,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     pm = services.metrics.by_provider[adapter.name]
     started = time.perf_counter()
     pm.in_flight.inc()
+    services.metrics.worker_requests.inc()
     status = 0
     exchange: Exchange | None = None
     try:
@@ -234,7 +236,16 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    """Prometheus text exposition of this app's own registry."""
+    """Prometheus text exposition of this app's own registry; under `--workers`
+    (`PROMETHEUS_MULTIPROC_DIR` set) the sum over every worker's samples (`proxy.workers`)."""
     registry = request.app[SERVICES].metrics.registry
-    body = generate_latest(registry)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        combined = CollectorRegistry()
+        multiprocess.MultiProcessCollector(combined)
+        # Info series are not written to the shared files: this worker's build info
+        body = generate_latest(combined) + generate_latest(registry.restricted_registry(["promptcache_build_info"]))
+    else:
+        body = generate_latest(registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -7,11 +7,14 @@
   status, duration, tokens read / written / uncached / output, cost in USD, the divergence cause
   and the session id. It never carries a header value, a body or a key: every field is built
   here from typed values, and only these fields are logged.
+- Every record passes `RedactCredentials` on the way out: a credential header's value quoted in
+  a message or traceback (a library quoting raw request bytes) is replaced by `[redacted]`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from typing import Any, Final
@@ -91,13 +94,46 @@ class JSONFormatter(logging.Formatter):
             data.update(fields)
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            data["exc"] = record.exc_text
         return orjson.dumps(data, default=str).decode()
+
+
+_CREDENTIAL: Final = re.compile(
+    r"(?i)((?:x-api-key|api-key|x-goog-api-key|authorization|proxy-authorization|cookie|x-amz-security-token)"
+    r"[\"']?\s*[:=]\s*[\"']?)(?:bearer\s+|basic\s+)?[^\s'\",\\]+"
+)
+"""A credential header name, its separator, and its value (up to a quote, space, comma or a
+backslash of a bytes repr such as `\\x01`)."""
+
+
+def redact(text: str) -> str:
+    """`text` with every credential header value replaced by `[redacted]`."""
+    return _CREDENTIAL.sub(r"\1[redacted]", text)
+
+
+class RedactCredentials(logging.Filter):
+    """Rewrites a record's message and traceback with `redact` (installed on the handler)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+            record.exc_text = redact(text)
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
 
 
 def configure_logging(level: str, log_format: str = "text") -> None:
     """Root logging for `serve`: `level` (any case) and `text` or `json` lines on stderr."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(RedactCredentials())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

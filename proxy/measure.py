@@ -47,7 +47,7 @@ import xxhash
 from proxy.exchange import Exchange
 from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
-from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, scan_prompt, shared_blocks
+from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, Reuse, estimate_tokens, scan_prompt, shared_blocks
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
 from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS
 from proxy.services import Services
@@ -353,9 +353,43 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
         value = body[key]
         hit = known.get(key)
         runs.extend(hit[1] if hit is not None and hit[0] is value else adapter.layout(path, {key: value}))
-    prompt = scan_prompt(runs)
+    prompt = scan_prompt(runs, reuse_for(exchange, body))
     exchange.sent_prompt = (body, prompt)
     return prompt
+
+
+def reuse_for(exchange: Exchange, body: JSONObject) -> Reuse | None:
+    """What `scan_prompt` of the sent `body` may copy from the session's previous request
+    (`Exchange.previous`, its record): the leading elements of the message array whose
+    marker-free bytes as sent equal the ones the record's sidecars hold at the same positions.
+    A sent element is known by its digest without serialising it: the client's own object
+    (`MessageView.key_of`) or a replayed one (`Exchange.replayed_bytes`). `None` when nothing
+    is vouched for."""
+    previous = exchange.previous
+    view = exchange.message_view
+    if previous is None or view is None or view.array_key is None or not view.is_list:
+        return None
+    items = body.get(view.array_key)
+    sidecars = previous.sidecars
+    if type(items) is not list or not sidecars:
+        return None
+    replayed = exchange.replayed_bytes or {}
+    same = 0
+    for i, item in enumerate(items):
+        if i >= len(sidecars) or sidecars[i].position != i:
+            break
+        key = view.key_of(i, item)
+        if key is None:
+            hit = replayed.get(i)
+            if hit is None or hit[0] is not item:
+                break
+            key = xxhash.xxh3_128_digest(hit[1])
+        if key != sidecars[i].sent_digest():
+            break
+        same += 1
+    if not same:
+        return None
+    return Reuse(PrefixChain(previous.chain, previous.ends), view.array_key, same)
 
 
 def block_text(block: Block) -> str:

@@ -46,7 +46,14 @@ STAGES: Final = (
     "serialise",
     "observe",
 )
-CLOSE_REASONS: Final = ("idle", "header_timeout", "body_timeout", "header_too_large", "too_many_connections")
+CLOSE_REASONS: Final = (
+    "idle",
+    "header_timeout",
+    "body_timeout",
+    "header_too_large",
+    "too_many_connections",
+    "bad_request",
+)
 """Why promptcache closed a client connection (`promptcache_connections_closed_total{reason}`)."""
 SECTIONS: Final = ("tools", "system", "messages", "none")
 CAUSES: Final = (
@@ -211,9 +218,14 @@ class Metrics:
         self,
         registry: CollectorRegistry | None = None,
         families: Mapping[str, Sequence[str]] | None = None,
+        worker: int = 0,
     ) -> None:
         """`families`: provider -> every `family` label value (`other` included); defaults to
-        the packaged `rules/pricing.yaml`."""
+        the packaged `rules/pricing.yaml`. `worker`: this process's index under `--workers`
+        (the `worker` label of `promptcache_worker_requests_total`).
+
+        Under `--workers` (`PROMETHEUS_MULTIPROC_DIR` set) samples live in that directory and
+        `/metrics` sums the workers' (`multiprocess_mode` below says how each gauge combines)."""
         disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         if families is None:
@@ -231,7 +243,15 @@ class Metrics:
             "Requests being served (proxy.forward).",
             ["provider"],
             registry=r,
+            multiprocess_mode="livesum",
         )
+        self.worker_requests = Counter(
+            "promptcache_worker_requests_total",
+            "Client requests to an upstream path, by the worker process that served them "
+            "(`--workers`; worker 0 alone) (proxy.handlers).",
+            ["worker"],
+            registry=r,
+        ).labels(str(worker))
         self.duration = Histogram(
             "promptcache_request_duration_seconds",
             "Whole request time, received to last byte sent (proxy.forward).",
@@ -452,12 +472,14 @@ class Metrics:
             "custom, and its host (proxy.app).",
             ["provider", "mode", "host"],
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.store_pending_writes = Gauge(
             "promptcache_session_store_pending_writes",
             "Session records saved in the background and not yet written (proxy.store).",
             ["backend"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.store_dropped_writes = Counter(
             "promptcache_session_store_writes_dropped_total",

@@ -201,8 +201,66 @@ def _has_marker(value: dict[str, Any]) -> bool:
     return False
 
 
-def scan_prompt(runs: Sequence[Run]) -> PromptScan:
-    """Digest the blocks of `runs` (an adapter's `layout`) in one pass (see module docstring)."""
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """What an earlier request's chain lets `scan_prompt` skip: the incremental part of the view.
+
+    `same` leading elements of the body's `array_key` array (`messages`, `input`) are known to
+    hold, marker-free, the very bytes the request chained in `previous` held at those positions
+    (their xxh3-128 equal the earlier record's sidecar digests: `proxy.measure.reuse_for`).
+    When every block before them chains as in `previous` (one comparison of digest bytes), the
+    blocks of those elements are not serialised or digested again: their chain digests and
+    byte offsets are the earlier request's. Values, kinds and markers are still read from this
+    body (markers are not part of the bytes compared)."""
+
+    previous: PrefixChain
+    array_key: str
+    same: int
+
+
+def _copy_stretch(
+    reuse: Reuse | None, start: int, stop: int, out: bytearray, ends: list[int]
+) -> tuple[bytearray, list[int], int, bytes]:
+    """Append blocks `start .. stop - 1` of `reuse.previous` to a scan's chain and offsets;
+    returns them with the running total and the last chain digest."""
+    assert reuse is not None
+    earlier = reuse.previous
+    out += earlier.chain[start * DIGEST_SIZE : stop * DIGEST_SIZE]
+    ends.extend(earlier.ends[start:stop])
+    return out, ends, earlier.ends[stop - 1], earlier.chain[(stop - 1) * DIGEST_SIZE : stop * DIGEST_SIZE]
+
+
+def _reuse_run(
+    run: Run,
+    items: Sequence[Any],
+    fixed: str | None,
+    index: int,
+    values: list[Any],
+    kinds: list[str],
+    marked: list[int],
+) -> None:
+    """`scan_prompt`'s bookkeeping for a run whose digests are reused: values, kinds, markers."""
+    values.extend(items)
+    if fixed is not None:
+        kinds.extend([fixed] * len(items))
+    for offset, value in enumerate(items):
+        if isinstance(value, dict):
+            if value.get("cache_control") is not None or value.get("prompt_cache_breakpoint") is not None:
+                marked.append(index + offset)
+            if fixed is None:
+                if type(value) is dict:
+                    kind = value.get("type")
+                    kinds.append(kind if type(kind) is str else "unknown")
+                else:
+                    kinds.append(run_kind(run, value))
+        elif fixed is None:
+            kinds.append("text" if isinstance(value, str) else run_kind(run, value))
+
+
+def scan_prompt(runs: Sequence[Run], reuse: Reuse | None = None) -> PromptScan:
+    """Digest the blocks of `runs` (an adapter's `layout`) in one pass (see module docstring);
+    with `reuse`, the blocks it vouches for are copied from the earlier chain (`Reuse`). The
+    result is the same either way (a property test holds it)."""
     dumps = orjson.dumps
     digest = xxhash.xxh3_128_digest
     out = bytearray()
@@ -217,12 +275,42 @@ def scan_prompt(runs: Sequence[Run]) -> PromptScan:
     tools = 0
     last_message: int | None = None
     index = 0
+    reusing = reuse is not None and reuse.same > 0
+    reused_from = reused_until = -1
+    """Blocks `reused_from .. reused_until - 1` come from `reuse.previous`."""
     for run in runs:
         starts.append(index)
         section, role, message, fixed = run.section, run.role, run.message, run.kind
         items = run.value if run.is_list else (run.value,)
         if not items:
             continue
+        if reusing:
+            assert reuse is not None
+            key = run.key
+            # a content list (its blocks are the message's parts) or a string content: the
+            # message's marker-free bytes fix each block's; a whole item (Responses) is digested
+            vouched = len(key) >= 2 and key[0] == reuse.array_key and type(key[1]) is int and key[1] < reuse.same
+            if vouched and (run.is_list or type(run.value) is str):
+                earlier = reuse.previous
+                if reused_until < 0:  # first vouched run: the blocks before it must chain alike
+                    reusing = index + len(items) <= len(earlier) and (
+                        bytes(out) == earlier.chain[: index * DIGEST_SIZE] and total == earlier.bytes_before(index)
+                    )
+                else:
+                    reusing = index + len(items) <= len(earlier)
+                if reusing:
+                    if reused_until < 0:
+                        reused_from = index
+                    reused_until = index + len(items)
+                    _reuse_run(run, items, fixed, index, values, kinds, marked)
+                    index = reused_until
+                    last_message = message
+                    continue
+            elif vouched or reused_until >= 0:
+                reusing = False  # past the vouched elements (or not a kind copied): digest the rest
+            if len(ends) < index:
+                # the stretch of copied blocks ends here: their digests and offsets, at once
+                out, ends, total, previous = _copy_stretch(reuse, reused_from, reused_until, out, ends)
         if section == "tools":
             tools += len(items)
         values.extend(items)
@@ -274,5 +362,7 @@ def scan_prompt(runs: Sequence[Run]) -> PromptScan:
                 head = heads.get((section, role, False))
                 if head is None:
                     head = heads[(section, role, False)] = f"{section}\x00{role or ''}\x000\x00".encode()
+    if len(ends) < index:  # the copied stretch ran to the end
+        out, ends, total, previous = _copy_stretch(reuse, reused_from, reused_until, out, ends)
     chain = PrefixChain(bytes(out), tuple(ends))
     return PromptScan(chain, RunBlocks(runs, starts), values, kinds, tuple(marked), tools)

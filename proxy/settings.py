@@ -81,6 +81,9 @@ class Settings(BaseModel):
     """Upstream profile on the OpenAI paths: `direct`, `azure`, `openrouter`, `litellm` ..."""
     anthropic_capabilities: UpstreamCapabilities = UpstreamCapabilities()
     openai_capabilities: UpstreamCapabilities = UpstreamCapabilities()
+    workers: int = Field(1, ge=1, le=256)
+    """Worker processes, each with its own event loop, on one port (`SO_REUSEPORT`), sharing the
+    store and aggregating `/metrics` (`proxy.workers`); more than 1 needs SQLite or Redis."""
     admin_port: int | None = Field(None, ge=0, le=65535)
     """Port of a separate listener for `/metrics`, `/debug` and `/ui`; none means the main one
     serves them."""

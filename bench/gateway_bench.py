@@ -1,0 +1,437 @@
+"""promptcache against other gateways, all in front of the same fast fake upstream, in one run.
+
+Peers: calling the fake upstream directly (the zero line), a bare aiohttp pass-through
+(`bench/bare_passthrough.py`), nginx (`proxy_pass`, one worker process), `promptcache serve`
+in observe and optimise mode (default SQLite store in a temp dir), optimise with `--workers 2`,
+and the LiteLLM proxy when `scripts/install-bench` put it in `.bench-venv/litellm`. The load
+generator is `wrk` (C, its own process; `bench/gateway.lua` builds each body), so no client
+code runs inside a measured process.
+
+Workloads (Anthropic Messages):
+- 1 KB: every request a new one-turn conversation (distinct bytes), 1 and 32 connections.
+- 600 KB growing sessions: a ~540 KB agent history, then each request of a session is the
+  previous one plus one assistant tool_use and one user tool_result (~1.6 KB), 40 turns per
+  session (~600 KB at the end), then a new session; 1 connection (appended turns) and 32
+  sessions on 32 connections.
+- 600 KB first request: every request opens a new session with the full ~600 KB body.
+- 64 connections (1 KB and 600 KB growing): optimise with 1 worker vs `--workers 2`.
+
+Prints one table of ratios (added p50 = peer's p50 minus the direct p50 of the same workload;
+req/s relative to the bare pass-through), the peak RSS of each peer (largest process of its
+tree) and the load average before and after (the 2 cores may be shared). Not a test.
+
+    scripts/install-bench            # wrk, nginx (apt) and LiteLLM (own venv), once
+    .venv/bin/python bench/gateway_bench.py [--seconds 5] [--peers bare,nginx,observe,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proxy_bench import free_port, wait_ready  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LUA = ROOT / "bench" / "gateway.lua"
+LITELLM = ROOT / ".bench-venv" / "litellm" / "bin" / "litellm"
+MODEL = "claude-sonnet-4-6"
+MARK = "@@SESSION@@"
+TURNS = 40
+MASTER_KEY = "sk-bench-master"
+
+
+def _split(body: dict[str, object]) -> tuple[bytes, bytes]:
+    """The serialised body without its closing `]}` (messages come last), cut at MARK."""
+    raw = orjson.dumps(body)
+    assert raw.endswith(b"]}"), raw[-10:]
+    head_a, head_b = raw[:-2].split(MARK.encode())
+    return head_a, head_b
+
+
+def _turn(k: int) -> bytes:
+    call = f"toolu_g{k:05d}"
+    pair = [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": f"Turn {k}: reading the next file."},
+                {"type": "tool_use", "id": call, "name": "tool_1", "input": {"path": f"src/mod{k}.py"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": call, "content": f"def f{k}(x):\n    return x + {k}\n" * 50},
+            ],
+        },
+    ]
+    return b"," + orjson.dumps(pair)[1:-1]
+
+
+def small_request() -> dict[str, object]:
+    """About 1 KB, MARK in its only message."""
+    return {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": f"Request {MARK}. " + "Summarise this paragraph please. " * 28}],
+    }
+
+
+def agent_body() -> dict[str, object]:
+    """A ~540 KB agent history ending with a tool_result, MARK in its first message."""
+    from bodies import anthropic_body
+
+    agent = anthropic_body(540_000)
+    agent["messages"][0] = {"role": "user", "content": f"Start the task ({MARK})."}
+    agent["messages"].pop()  # the trailing "Continue.": every turn ends with a tool_result
+    return agent
+
+
+def write_workloads(tmp: Path) -> dict[str, Path]:
+    """Body pieces for gateway.lua: `small` (1 KB, no turns) and `agent` (~540 KB + TURNS turns)."""
+    out = {}
+    for name, body, turns in (("small", small_request(), 0), ("agent", agent_body(), TURNS)):
+        d = tmp / name
+        d.mkdir()
+        head_a, head_b = _split(body)
+        (d / "head_a").write_bytes(head_a)
+        (d / "head_b").write_bytes(head_b)
+        for k in range(1, turns + 1):
+            (d / f"turn_{k}").write_bytes(_turn(k))
+        out[name] = d
+    return out
+
+
+@dataclass
+class Peer:
+    name: str
+    url: str
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    bearer: str | None = None
+
+    def pids(self) -> list[int]:
+        pids: list[int] = []
+        for proc in self.procs:
+            pids.append(proc.pid)
+            pids.extend(_descendants(proc.pid))
+        return pids
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return out
+    for child in map(int, children):
+        out.append(child)
+        out.extend(_descendants(child))
+    return out
+
+
+def peak_rss_mb(pids: list[int]) -> float:
+    """The largest VmHWM (peak resident set) among `pids`, MB."""
+    best = 0.0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    best = max(best, int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return best
+
+
+NGINX_CONF = """
+worker_processes 1;
+user root;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body;
+  proxy_temp_path {tmp}/proxy;
+  fastcgi_temp_path {tmp}/fcgi;
+  uwsgi_temp_path {tmp}/uwsgi;
+  scgi_temp_path {tmp}/scgi;
+  client_max_body_size 64m;
+  client_body_buffer_size 4m;
+  upstream fake {{ server 127.0.0.1:{up}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://fake;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+  }}
+}}
+"""
+
+LITELLM_CONF = """
+model_list:
+  - model_name: {model}
+    litellm_params:
+      model: anthropic/{model}
+      api_base: http://127.0.0.1:{up}
+      api_key: bench-key
+general_settings:
+  master_key: {key}
+"""
+
+
+def start_peer(name: str, up: str, tmp: Path, env: dict[str, str]) -> Peer | None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    if name == "bare":
+        return Peer(
+            name,
+            url,
+            [subprocess.Popen([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"), str(port), up], **quiet)],
+        )
+    if name == "nginx":
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not Path(nginx).exists():
+            return None
+        conf = tmp / f"nginx-{port}.conf"
+        conf.write_text(NGINX_CONF.format(tmp=tmp, up=up.rsplit(":", 1)[1], port=port))
+        return Peer(name, url, [subprocess.Popen([nginx, "-c", str(conf), "-g", "daemon off;"], **quiet)])
+    if name.startswith(("observe", "optimise")):
+        mode, _, workers = name.partition("-w")
+        state = tmp / name
+        state.mkdir()
+        cmd = [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--port",
+            str(port),
+            "--upstream",
+            up,
+            "--mode",
+            mode,
+            "--store",
+            f"sqlite://{state}/sessions.db",
+        ]
+        if workers:
+            cmd += ["--workers", workers]
+        peer_env = {**env, "PROMPTCACHE_STATE_DIR": str(state), "PROMPTCACHE_LOG_LEVEL": "WARNING"}
+        return Peer(name, url, [subprocess.Popen(cmd, env=peer_env, cwd=ROOT, **quiet)])
+    if name == "litellm":
+        if not LITELLM.exists():
+            return None
+        conf = tmp / "litellm.yaml"
+        conf.write_text(LITELLM_CONF.format(model=MODEL, up=up.rsplit(":", 1)[1], key=MASTER_KEY))
+        lenv = {**env, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_LOG": "ERROR"}
+        proc = subprocess.Popen(
+            [str(LITELLM), "--config", str(conf), "--port", str(port), "--num_workers", "1"], env=lenv, cwd=tmp, **quiet
+        )
+        return Peer(name, url, [proc], bearer=MASTER_KEY)
+    raise ValueError(name)
+
+
+async def ready(peer: Peer) -> None:
+    """Wait until `peer` answers a 1 KB POST (any status)."""
+    import aiohttp
+
+    body = orjson.dumps({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    headers = {"x-api-key": "bench-key", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+    if peer.bearer:
+        headers["authorization"] = f"Bearer {peer.bearer}"
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            try:
+                async with http.post(peer.url + "/v1/messages", data=body, headers=headers) as r:
+                    await r.read()
+                    return
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.1)
+    raise RuntimeError(f"{peer.name} did not start")
+
+
+def wrk(peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt: str) -> dict[str, float]:
+    """One wrk run; returns requests, rps, p50/p99 (ms), errors."""
+    turns = TURNS if workload.name == "agent" else 0
+    threads = 1 if conns == 1 else 2
+    cmd = [
+        "wrk",
+        "-t",
+        str(threads),
+        "-c",
+        str(conns),
+        "-d",
+        f"{max(1, round(seconds))}s",
+        "--timeout",
+        "30s",
+        "-s",
+        str(LUA),
+        peer.url,
+        "--",
+        str(workload),
+        mode,
+        str(conns),
+        str(turns),
+        salt,
+    ]
+    if peer.bearer:
+        cmd.append(peer.bearer)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("WRKJSON "))
+    data = orjson.loads(line.split(" ", 1)[1])
+    return {
+        "requests": data["requests"],
+        "rps": data["requests"] / (data["duration_us"] / 1e6),
+        "p50": data["p50_us"] / 1000,
+        "p99": data["p99_us"] / 1000,
+        "errors": data["errors"] + data["status"],
+    }
+
+
+CELLS = (
+    # key, workload, mode, connections
+    ("small1", "small", "first", 1),
+    ("small32", "small", "first", 32),
+    ("grow1", "agent", "grow", 1),
+    ("first1", "agent", "first", 1),
+    ("grow32", "agent", "grow", 32),
+    ("small64", "small", "first", 64),
+    ("grow64", "agent", "grow", 64),
+)
+WIDE_ONLY = {"small64", "grow64"}  # run for bare, optimise and optimise-w2 only
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per cell (default 5)")
+    parser.add_argument("--peers", default="bare,nginx,observe,optimise,optimise-w2,litellm")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk not found: run scripts/install-bench")
+    tmp = Path(tempfile.mkdtemp(prefix="pc-gw-"))
+    for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
+        (tmp / sub).mkdir()
+    workloads = write_workloads(tmp)
+    env = dict(os.environ)
+    up_port = free_port()
+    upstream_proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(up_port)])
+    up = f"http://127.0.0.1:{up_port}"
+    await wait_ready(up + "/ready")
+    names = ["direct"] + [p for p in args.peers.split(",") if p]
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    rss: dict[str, float] = {}
+    skipped: list[str] = []
+    load_before = loadavg()
+    started = time.time()
+    try:
+        for name in names:
+            peer = Peer("direct", up) if name == "direct" else start_peer(name, up, tmp, env)
+            if peer is None:
+                skipped.append(name)
+                continue
+            try:
+                await ready(peer)
+                wrk(peer, workloads["small"], "first", 1, 1, f"warm{name}")
+                results[name] = {}
+                for key, workload, mode, conns in CELLS:
+                    if key in WIDE_ONLY and name not in ("direct", "bare", "optimise", "optimise-w2"):
+                        continue
+                    results[name][key] = wrk(peer, workloads[workload], mode, conns, args.seconds, f"{name}{key}")
+                rss[name] = peak_rss_mb(peer.pids())
+            finally:
+                for proc in peer.procs:
+                    proc.terminate()
+                for proc in peer.procs:
+                    try:
+                        proc.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+    finally:
+        upstream_proc.terminate()
+        upstream_proc.wait(timeout=10)
+    report(results, rss, skipped, load_before, loadavg(), time.time() - started, args.seconds)
+
+
+def report(
+    results: dict[str, dict[str, dict[str, float]]],
+    rss: dict[str, float],
+    skipped: list[str],
+    before: str,
+    after: str,
+    elapsed: float,
+    seconds: float,
+) -> None:
+    direct = results["direct"]
+    peers = [p for p in results if p != "direct"]
+
+    def added(peer: str, key: str) -> float | None:
+        cell = results[peer].get(key)
+        return None if cell is None else cell["p50"] - direct[key]["p50"]
+
+    def rps(peer: str, key: str) -> float | None:
+        cell = results[peer].get(key)
+        return None if cell is None else cell["rps"]
+
+    def fmt_added(peer: str, key: str) -> str:
+        a, b = added(peer, key), added("bare", key) if "bare" in results else None
+        if a is None:
+            return "-"
+        if b is None or peer == "bare":
+            return f"{a:.2f} ms"
+        return f"{a:.2f} ms ({a / b:.1f}x)" if b > 0 else f"{a:.2f} ms"
+
+    def fmt_rps(peer: str, key: str) -> str:
+        a, b = rps(peer, key), rps("bare", key) if "bare" in results else None
+        if a is None:
+            return "-"
+        return f"{a / b:.2f}" if b else f"{a:.0f}/s"
+
+    rows = [
+        ("1 KB, 1 connection, added p50 (x bare)", lambda p: fmt_added(p, "small1")),
+        ("1 KB, 32 connections, req/s vs bare", lambda p: fmt_rps(p, "small32")),
+        ("600 KB growing session, 1 connection, appended turn, added p50", lambda p: fmt_added(p, "grow1")),
+        ("600 KB first request of a session, 1 connection, added p50", lambda p: fmt_added(p, "first1")),
+        ("600 KB growing, 32 sessions, req/s vs bare", lambda p: fmt_rps(p, "grow32")),
+        ("1 KB, 64 connections, req/s vs bare", lambda p: fmt_rps(p, "small64")),
+        ("600 KB growing, 64 sessions, req/s vs bare", lambda p: fmt_rps(p, "grow64")),
+        ("peak RSS (largest process)", lambda p: f"{rss.get(p, 0):.0f} MB"),
+    ]
+    print(
+        f"\ngateway bench: {seconds:g} s per cell, wrk, fake upstream; load average before {before}, "
+        f"after {after}; {elapsed:.0f} s in all"
+    )
+    print("| workload | " + " | ".join(peers) + " |")
+    print("|---|" + "---:|" * len(peers))
+    for label, cell in rows:
+        print(f"| {label} | " + " | ".join(cell(p) for p in peers) + " |")
+    if "optimise" in results and "optimise-w2" in results:
+        for key in ("small64", "grow64"):
+            one, two = rps("optimise", key), rps("optimise-w2", key)
+            if one and two:
+                print(f"--workers 2 vs 1, {key}: {two / one:.2f}x ({two:.0f} vs {one:.0f} req/s)")
+    print("direct (no gateway): " + ", ".join(f"{k} p50 {v['p50']:.2f} ms {v['rps']:.0f}/s" for k, v in direct.items()))
+    errors = {p: int(sum(c["errors"] for c in results[p].values())) for p in results}
+    print("errors (socket + non-2xx): " + ", ".join(f"{p} {n}" for p, n in errors.items()))
+    if skipped:
+        print("not run (not installed: scripts/install-bench): " + ", ".join(skipped))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
