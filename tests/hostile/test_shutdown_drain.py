@@ -24,7 +24,7 @@ BODY = orjson.dumps({"model": "claude-sonnet-4-6", "max_tokens": 8, "messages": 
 READYZ = b"GET /readyz HTTP/1.1\r\nHost: proxy\r\n\r\n"
 
 
-async def start_serve(tmp_path: Path) -> tuple[asyncio.subprocess.Process, str]:
+async def start_serve(tmp_path: Path, *options: str) -> tuple[asyncio.subprocess.Process, str]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")},
         "XDG_STATE_HOME": str(tmp_path),
@@ -35,13 +35,14 @@ async def start_serve(tmp_path: Path) -> tuple[asyncio.subprocess.Process, str]:
         "-m",
         "proxy",
         "serve",
-        *("--port", "0", "--upstream", "sim", "--store", "memory://"),
+        *("--port", "0", "--upstream", "sim", *(options or ("--store", "memory://"))),
         stdout=asyncio.subprocess.PIPE,
         env=env,
     )
     assert proc.stdout is not None
     lines: list[str] = []
-    while not lines or not lines[-1].startswith("  state dir:"):
+    last = "  workers:" if "--workers" in options else "  state dir:"
+    while not lines or not lines[-1].startswith(last):
         line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
         assert line, "serve exited before its banner"
         lines.append(line.rstrip("\n"))
@@ -82,6 +83,34 @@ async def test_a_keep_alive_request_after_sigterm_is_answered_with_connection_cl
         except ConnectionRefusedError:
             refused = True
         assert refused, "a new connection was accepted while draining"
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_with_two_workers_every_keep_alive_request_after_sigterm_is_answered(tmp_path: Path) -> None:
+    """`--workers 2`: the supervisor passes SIGTERM to each worker, each drains. The client
+    keeps sending on its open connection until a response says `Connection: close`: every
+    request is answered 200 (none dropped), and the connection then ends."""
+    proc, url = await start_serve(tmp_path, "--workers", "2", "--store", f"sqlite:///{tmp_path}/sessions.db")
+    host, port = host_port(url)
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(request_bytes("/v1/messages", BODY, HEADERS))
+        assert (await read_response(reader)).headers.get("connection") is None
+        proc.send_signal(signal.SIGTERM)
+        statuses = []
+        while True:
+            writer.write(request_bytes("/v1/messages", BODY, HEADERS))
+            response = await asyncio.wait_for(read_response(reader), 60)
+            statuses.append(response.status)
+            if response.headers.get("connection") == "close":
+                break
+        assert set(statuses) == {200}
+        assert await reader.read() == b""
+        writer.close()
         assert await asyncio.wait_for(proc.wait(), 60) == 0
     finally:
         if proc.returncode is None:
