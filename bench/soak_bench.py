@@ -1,13 +1,16 @@
-"""Soak: `promptcache serve --upstream sim` with the default SQLite store under steady load.
+"""Soak: `promptcache serve` with the default SQLite store under steady load, in front of the
+simulator running in its own process (`python -m proxy.sim`), as a real upstream would be: the
+proxy's RSS and event loop are its own (`serve --upstream sim` would run the simulator, and its
+growing cache model, inside the proxy's process; `--in-process-sim` measures that set-up).
 
 16 concurrent clients (default) each run multi-turn sessions over the three APIs in turn
 (Anthropic Messages, OpenAI Chat, OpenAI Responses): a long system prompt, turns that grow the
 conversation, every other turn a tool round trip (the simulator's `x-sim-tool-call` reply, then
 the tool result). Prints errors (non-200 or transport errors), store read timeouts and errors
 (from `/metrics`), request latency p50/p99 over the first and the last 30 s, the proxy's RSS
-every 10 s, and the SQLite file and WAL sizes at the end. Not a test.
+every 10 s (and the simulator's), and the SQLite file and WAL sizes at the end. Not a test.
 
-    python bench/soak_bench.py [--seconds 300] [--concurrency 16]
+    python bench/soak_bench.py [--seconds 300] [--concurrency 16] [--in-process-sim]
 """
 
 from __future__ import annotations
@@ -186,12 +189,24 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--in-process-sim", action="store_true", help="serve --upstream sim (one process)")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="pc-soak-")) / "state"
     port = free_port()
     env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "WARNING", "PROMPTCACHE_STATE_DIR": str(state)}
+    sim = None
+    upstream = "sim"
+    if not args.in_process_sim:
+        sim_port = free_port()
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "proxy.sim", "--port", str(sim_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        upstream = f"http://127.0.0.1:{sim_port}"
+        await wait_ready(upstream + "/v1/models")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", "sim"],
+        [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -203,23 +218,27 @@ async def main() -> None:
         started = time.monotonic()
         deadline = started + args.seconds
         workers = [asyncio.ensure_future(worker(base, i, stats, deadline)) for i in range(args.concurrency)]  # noqa: TID251
-        print(f"soak: {args.seconds:g} s, concurrency {args.concurrency}, serve --upstream sim, SQLite in {state}")
-        print("   t(s)  requests  errors  RSS(MB)")
+        where = "simulator in-process" if sim is None else "simulator in its own process"
+        print(f"soak: {args.seconds:g} s, concurrency {args.concurrency}, {where}, SQLite in {state}")
+        print(f"  startup RSS {rss_kb(proc.pid) / 1024:.1f} MB")
+        print("   t(s)  requests  errors  RSS(MB)  sim RSS(MB)")
         while time.monotonic() < deadline:
             await asyncio.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
             print(
                 f"{time.monotonic() - started:7.0f} {stats.requests:9d} {stats.errors:7d} "
-                f"{rss_kb(proc.pid) / 1024:8.1f}"
+                f"{rss_kb(proc.pid) / 1024:8.1f} {rss_kb(sim.pid) / 1024 if sim else 0:12.1f}"
             )
         await asyncio.gather(*workers)
         first = [d for t, d in stats.samples if t - started <= 30]
         last = [d for t, d in stats.samples if t >= started + args.seconds - 30]
         get_errors = await metric(base, "promptcache_session_store_errors_total", backend="sqlite", operation="get")
+        timeouts = await metric(base, "promptcache_session_store_faults_total", backend="sqlite", kind="timeout")
         put_errors = await metric(base, "promptcache_session_store_errors_total", backend="sqlite", operation="put")
         dropped = await metric(base, "promptcache_session_store_writes_dropped_total", backend="sqlite")
         db, wal = state / "sessions.db", state / "sessions.db-wal"
         print(
-            f"requests {stats.requests}, errors {stats.errors}, store read errors/timeouts {get_errors:g}, "
+            f"requests {stats.requests}, errors {stats.errors}, store read errors {get_errors:g} "
+            f"(timeouts, reads and writes: {timeouts:g}), "
             f"write errors {put_errors:g}, writes dropped {dropped:g}"
         )
         print(
@@ -234,6 +253,9 @@ async def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if sim is not None:
+            sim.terminate()
+            sim.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ session of another tenant is indistinguishable from a missing one (404).
 Served on the admin listener when `admin_port` is set, else on the main one; behind
 `admin_token` when one is set (`proxy.admin`).
 
-`remember_measurement` feeds the index after each measured response (`proxy.pipeline.observe`).
+`remember_measurement` feeds the index after each measured response (the `debug` stage of `proxy.response`).
 """
 
 from __future__ import annotations

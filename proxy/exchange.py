@@ -121,6 +121,10 @@ class Exchange:
     """Tier of each system block of the reordered body, in order."""
     system_moved_to_user: int = 0
     """Volatile system segments moved onto the newest user message."""
+    head_dropped: int = 0
+    """System-section messages (OpenAI leading system/developer messages) that left the message
+    array because all their text moved onto the newest user message: replay and the session
+    record line the sent array up with the client's by it (`replay.aligned_items`)."""
 
     # --- pin (`proxy.pipeline.pins`) ---
     pinned_segments: dict[str, str] | None = None

@@ -29,11 +29,12 @@ from proxy.forward import closing, forward, local_error
 from proxy.logs import ACCESS_LOGGER, access_fields, log_access
 from proxy.metrics import ProviderMetrics
 from proxy.pipeline import run_request_stages
-from proxy.pipeline.observe import observe, record_usage
+from proxy.pipeline.observe import record_usage
 from proxy.pipeline.parse import invalid_utf8_message
 from proxy.profiles import Profile, load_profiles
 from proxy.providers import Route, Router, route
 from proxy.providers.base import BAD_REQUEST, CLIENT_TIMEOUT, NOT_FOUND, TOO_LARGE
+from proxy.response import run_response_stages
 from proxy.services import Services
 from proxy.tenant import credential_of
 from proxy.upstreams import host_of
@@ -117,7 +118,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             status = exchange.status
             # The last byte is out: from here on nothing awaits, so the client leaving now
             # cannot cancel the measurement or the record save (a background task).
-            observe(exchange, services)
+            run_response_stages(exchange, services)
             if services.keep_warm is not None:
                 services.keep_warm.arm(exchange, services, upstream_base)
             return response

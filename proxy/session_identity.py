@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 INDEX_TTL: Final = 4200.0
 """Seconds an index entry stays usable (as long as a stored record)."""
 MAX_INDEX_SESSIONS: Final = 16_384
-MAX_INDEX_BOUNDARIES: Final = 262_144
+MAX_INDEX_BOUNDARIES: Final = 131_072
 """Boundaries held over all tenants (16 bytes each plus dict overhead: about 40 MB)."""
 MAX_BOUNDARIES_PER_SESSION: Final = 4096
 MAX_HEADS: Final = 16_384

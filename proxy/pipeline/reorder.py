@@ -16,10 +16,15 @@ Contract:
   (`adapter.with_user_text`; one block per unit they come from; after a user message's
   `tool_result` blocks; on OpenAI, the newest tool output when a tool turn is last), so the
   whole system prompt becomes byte-stable. Replay then sends that message with the same bytes
-  on later turns (its sidecar holds them). Nothing moves when no message can take the text,
-  or when a whole system-section message would disappear (OpenAI head messages: the message
-  array would shift); the segments then sort last in the system prompt as volatile ones. A
-  marker on a unit that leaves entirely is dropped.
+  on later turns (its sidecar holds them). Nothing moves when no message can take the text;
+  the segments then sort last in the system prompt as volatile ones. A marker on a unit that
+  leaves entirely is dropped, and so is a system-section message (OpenAI head messages, a
+  Responses developer item) all of whose text leaves: notes in Responses `instructions` and
+  in developer items move behind the history as system notes do on Messages, and the plan
+  counts the dropped messages (`dropped_messages`, `Exchange.head_dropped`) so replay and the
+  session record line the sent array up with the client's.
+- Headings carry their sections (`proxy.pipeline.segments`): `## Todo (updated <time>)` and
+  its checklist are one volatile segment, so the checklist never stays in the stable tier.
 - Tag-wrapped sections (`proxy.pipeline.segments`: a `<tag>` line ... `</tag>` line with
   classified lines inside) stay together in the system prompt: the section sorts as one piece,
   with the latest tier among its lines that stay. Lines moving to the user message leave it
@@ -36,13 +41,14 @@ Contract:
   (`promptcache_rules_budget_exceeded_total{stage="reorder"}`).
 - Written on the `Exchange`: `system_tiers` (tuple of tier names, one per system block of the output, in
   prefix order: the planner's "stable system" and "session system" ends),
-  `system_moved_to_user` (number of text blocks moved onto the user message).
+  `system_moved_to_user` (number of text blocks moved onto the user message), `head_dropped`
+  (system-section messages that left the array).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from proxy.exchange import Exchange
@@ -82,6 +88,9 @@ class SystemPlan:
     markers_dropped: int = 0
     emptied: bool = False
     """True when some unit left the system prompt entirely."""
+    dropped_messages: int = 0
+    """Leading system/developer messages of the message array that left entirely (OpenAI head
+    messages whose every segment moved onto the newest user message)."""
     is_budget_spent: bool = False
     """The scan budget ran out: the system prompt is as sent (`as_sent`)."""
 
@@ -94,6 +103,16 @@ def as_sent(units: Sequence[SystemUnit]) -> SystemPlan:
 
 def _worst(tiers: Sequence[str]) -> str:
     return max(tiers, key=TIER_RANK.__getitem__)
+
+
+def _text_tier(classifier: Classifier, text: str, budget: Budget | None = None) -> str:
+    """The tier of a unit kept as one block: the latest tier its own text classifies as. The
+    sorted text is classified again, not its pieces: a section can take in a line sorted after
+    it (`# Memory` runs on over the volatile line behind it), and the next pass must see the
+    tier this one gave (idempotence)."""
+    segments = classifier.segments(text, budget)
+    tiers = section_tiers(segments, [False] * len(segments))
+    return _worst([t for t, s in zip(tiers, segments, strict=True) if not s.wrap] or ["stable"])
 
 
 def _join_lines(pieces: Sequence[str]) -> str | None:
@@ -146,11 +165,11 @@ def plan_system(
             continue
         tiers = sorted(texts, key=TIER_RANK.__getitem__)
         if not unit.splittable:
-            tier = _worst(tiers)
             pieces = [texts[t] for t in tiers]
             text = _join_lines(pieces)
             if text is None:  # more than one unterminated piece: keep the order
                 text = render(segments, ["" if g != _MOVED else g for g in groups])[""]
+            tier = _text_tier(classifier, text, budget)
             is_whole = text == unit.text
             changed = changed or not is_whole
             ranked.append((TIER_RANK[tier], tier, SystemPart(source, text, unit.marker, whole=is_whole)))
@@ -193,8 +212,10 @@ def reorder_body(
 
     Text moved onto the user message can make an empty text block there removable, so the
     result is canonicalised again (`caps` as for canonicalise) to stay idempotent. When no
-    message can take the moved text, or moving it would remove a whole system-section message
-    (the message array would shift and replay's positions with it), nothing moves. `cache`
+    message can take the moved text, nothing moves. A system-section message (an OpenAI
+    leading system / developer message, a Responses developer item) whose every segment moves
+    leaves the array: the plan's `dropped_messages` counts them, and replay and the session
+    record align the sent array with the client's by it (`replay.aligned_items`). `cache`
     shares layout and scan results with the other stages of the request."""
     units = adapter.system_units(path, body)
     classifier = classifier_for(rules)
@@ -209,19 +230,16 @@ def reorder_body(
         return new_body, plan
     with_text = adapter.with_user_text(path, new_body, plan.moved)
     cache = cache if cache is not None else LayoutCache()
-    # a system prompt outside the message array cannot take a message with it: no shift to check
-    if with_text is None or (plan.emptied and cache.system_messages(adapter, path, body)):
+    if with_text is None:
         staying = plan_system(units, classifier, allow_move=False)  # classified above: no budget
-        kept = adapter.with_system(path, body, staying.parts) if staying.changed else body
-        if with_text is None or _shifts(adapter, path, kept, with_text, cache):
-            return kept, staying
-    return canonicalise_body(adapter, path, with_text, caps=caps, cache=cache)[0], plan
-
-
-def _shifts(adapter: ProviderAdapter, path: str, kept: JSONObject, moved: JSONObject, cache: LayoutCache) -> bool:
-    """True when moving removed a whole message: `moved` (text moved out) has fewer
-    message-array elements than `kept` (the same system prompt sorted, nothing moved)."""
-    return cache.message_count(adapter, path, kept) != cache.message_count(adapter, path, moved)
+        return (adapter.with_system(path, body, staying.parts) if staying.changed else body), staying
+    out = canonicalise_body(adapter, path, with_text, caps=caps, cache=cache)[0]
+    # a system prompt outside the message array cannot take a message with it: nothing to count
+    if plan.emptied and cache.system_messages(adapter, path, body):
+        dropped = cache.message_count(adapter, path, body) - cache.message_count(adapter, path, out)
+        if dropped > 0:
+            plan = replace(plan, dropped_messages=dropped)
+    return out, plan
 
 
 class ReorderStage:
@@ -240,6 +258,7 @@ class ReorderStage:
             count_budget_spent(services, self.name)
         exchange.system_tiers = plan.tiers
         exchange.system_moved_to_user = len(plan.moved)
+        exchange.head_dropped = plan.dropped_messages
         count_markers(exchange, services, moved=plan.markers_moved, dropped=plan.markers_dropped)
         if new_body is not body:
             exchange.replace_body(new_body)

@@ -44,14 +44,17 @@ using `Exchange.previous` (a `SessionRecord`) and `Exchange.message_view` (both 
 session stage), counts `promptcache_replayed_messages_total{provider}`, sets
 `Exchange.replayed` (count), `Exchange.replayed_bytes` (position -> `(value, stored bytes)`
 of each replayed message, for the session record) and `Exchange.replace_body` when anything changed.
-Skips itself when an earlier stage changed the number of messages (positions would not line up).
+Positions are the client's: when reorder dropped leading system-section messages
+(`Exchange.head_dropped`) the sent array is lined up with the client's first (`aligned_items`);
+replay skips itself when an earlier stage changed the number of messages otherwise (positions
+would not line up).
 """
 
 from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -69,7 +72,7 @@ from proxy.store.codec import Sidecar
 
 MASK: Final = "\x00volatile\x00"
 """What a volatile span becomes before digesting (never sent anywhere)."""
-MEMO_SIZE: Final = 65_536
+MEMO_SIZE: Final = 16_384
 _GLOBAL_FLAGS: Final = re.compile(r"^\(\?[aiLmsux]+\)")
 
 Patterns = Sequence[re.Pattern[str]]
@@ -95,6 +98,28 @@ def has_markers(message: Any) -> bool:
                 if isinstance(p, dict) and ("cache_control" in p or "prompt_cache_breakpoint" in p):
                     return True
     return False
+
+
+def head_form(value: Any, system_text: Callable[[str], str]) -> Any:
+    """`value` with `system_text` applied to its text: a string, a block's `text`, a message's
+    string `content` or its parts' `text` (copy-on-write). Session identity digests a system
+    prompt in this form, so a note that changes every turn (a todo list under a timestamped
+    heading: a volatile segment, moved onto the newest user message by reorder) does not make
+    each request look like a new conversation."""
+    if isinstance(value, str):
+        return system_text(value)
+    if not isinstance(value, dict):
+        return value
+    out = dict(value)
+    text = value.get("text")
+    if isinstance(text, str):
+        out["text"] = system_text(text)
+    content = value.get("content")
+    if isinstance(content, str | list):
+        out["content"] = (
+            system_text(content) if isinstance(content, str) else [head_form(part, system_text) for part in content]
+        )
+    return out
 
 
 def compact(data: bytes) -> bytes:
@@ -230,8 +255,20 @@ class Masker:
     unsorted dump and no sorted one. The memos map digests to digests and hold no content.
     """
 
-    def __init__(self, patterns: Patterns = (), memo_size: int = MEMO_SIZE) -> None:
+    def __init__(
+        self,
+        patterns: Patterns = (),
+        memo_size: int = MEMO_SIZE,
+        system_text: Callable[[str, Budget | None], str] | None = None,
+    ) -> None:
         self.spans = tuple(span_pattern(p) for p in patterns)
+        self.system_text = system_text
+        """System-prompt text as identity sees it (`head_form`), given the request's segment
+        budget: the session stage passes the text without its volatile segments
+        (`segments.without_volatile`); `None` keeps it whole."""
+        self.segment_budget: Budget | None = None
+        """The current request's segment classification budget (`Exchange.scan_budget`, set
+        by the session stage around `view_messages`); `None`: unlimited."""
         self.filters = tuple((span, needs(span)) for span in self.spans)
         self.memo_size = memo_size
         self.budget: Budget | None = None
@@ -325,6 +362,14 @@ class Masker:
         """The masked digest of `value`."""
         return self.digests(value)[1]
 
+    def head_digest(self, value: Any) -> bytes:
+        """The masked digest of a system-prompt value (a string, a block, a system message) in
+        its `head_form`: what is left of it for session identity."""
+        system_text, budget = self.system_text, self.segment_budget
+        if system_text is None:
+            return self.digest(value)
+        return self.digest(head_form(value, lambda text: system_text(text, budget)))
+
     def seed(self, sidecars: Sequence[Sidecar]) -> None:
         """Remember the `(exact, masked)` pairs of stored sidecars (computed when they were sent).
         A pair describes one exact message, so it is valid for any session holding it."""
@@ -382,15 +427,19 @@ def view_messages(
     masker: Masker,
     runs: Sequence[Run] | None = None,
     budget_chars: int | None = None,
+    segment_budget: Budget | None = None,
 ) -> MessageView:
     """Compute the `MessageView` of `body` (the client's parsed request); `runs` is
-    `adapter.layout(path, body)` when the caller has it. The rules scan at most `budget_chars`
+    `adapter.layout(path, body)` when the caller has it. Classifying the system prompt for its
+    identity form costs `segment_budget` (the request's, shared with reorder: a line is paid for
+    once). The rules scan at most `budget_chars`
     characters for it (`Budget`; `MessageView.is_budget_spent` says when that cut masking short)."""
     budget = masker.begin(budget_chars)
+    masker.segment_budget = segment_budget
     try:
         view = _view_messages(adapter, path, body, masker, runs)
     finally:
-        masker.budget = None
+        masker.budget = masker.segment_budget = None
     if budget is not None and budget.is_spent:
         view = replace(view, is_budget_spent=True)
     return view
@@ -406,11 +455,10 @@ def _view_messages(
     for run in adapter.layout(path, body) if runs is None else runs:
         if run.message is None:
             for value in run.value if run.is_list else (run.value,):
-                digest = masker.digest(value)
                 if run.section == "tools":
-                    tools.append(digest)
+                    tools.append(masker.digest(value))
                 else:
-                    head.update(run.section.encode() + b"\x00" + digest)
+                    head.update(run.section.encode() + b"\x00" + masker.head_digest(value))
             continue
         if array_key is None:
             first = run.key[0]
@@ -421,6 +469,11 @@ def _view_messages(
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
     exact, digests, keys = masker.examine_all(elements, adapter.identity_optional(path))
+    if system_positions and masker.system_text is not None:
+        listed = list(digests)
+        for position in system_positions:
+            listed[position] = masker.head_digest(elements[position])
+        digests = tuple(listed)
     for position in sorted(system_positions):
         head.update(b"system-message\x00" + digests[position])
     for digest in sorted(tools):  # the tool set, not its order: a client that shuffles its tools
@@ -526,6 +579,33 @@ def splice(
     return SpliceResult(out, len(positions), tuple(positions))
 
 
+def aligned_items(items: Sequence[Any], view: MessageView, dropped: int) -> list[Any] | None:
+    """The sent message array `items` lined up with the client's (`view`): itself when as long;
+    when reorder dropped `dropped` leading system-section messages (`Exchange.head_dropped`),
+    `None` in place of the client's whole head (positions `0..h-1`, all system positions, which
+    replay and the sidecars skip) followed by the sent elements after the sent head. `None`
+    when they cannot be lined up (another length, a head that is not all system positions)."""
+    n = len(view.digests)
+    if len(items) == n:
+        return list(items)
+    skip = view.system_positions
+    if dropped <= 0 or len(items) + dropped != n or not skip:
+        return None
+    head = max(skip) + 1
+    if len(skip) != head or dropped > head:
+        return None
+    return [None] * head + list(items[head - dropped :])
+
+
+def unaligned(aligned: Sequence[Any], items: Sequence[Any], view: MessageView, dropped: int) -> list[Any]:
+    """`aligned` (from `aligned_items(items, view, dropped)`, possibly edited) as a sent array
+    again: the sent head of `items`, then `aligned` after the client's head."""
+    if len(items) == len(aligned):
+        return list(aligned)
+    head = max(view.system_positions) + 1
+    return [*items[: head - dropped], *aligned[head:]]
+
+
 class ReplayStage:
     name: Final = "replay"
     rewrites: Final = True
@@ -539,10 +619,14 @@ class ReplayStage:
         if view.array_key is None or not view.is_list:
             return
         items = body.get(view.array_key)
-        if not isinstance(items, list) or len(items) != len(view.digests):
+        if not isinstance(items, list):
+            return
+        dropped = exchange.head_dropped
+        aligned = aligned_items(items, view, dropped)
+        if aligned is None:
             return
         result = splice(
-            items,
+            aligned,
             view.digests,
             record.sidecars,
             view.system_positions,
@@ -554,7 +638,7 @@ class ReplayStage:
             return
         stored = {s.position: s.value for s in record.sidecars}
         exchange.replayed_bytes = {i: (result.items[i], stored[i]) for i in result.positions}
-        exchange.replace_body({**body, view.array_key: result.items})
+        exchange.replace_body({**body, view.array_key: unaligned(result.items, items, view, dropped)})
         services.metrics.by_provider[exchange.provider].replayed_messages.inc(result.replayed)
 
 

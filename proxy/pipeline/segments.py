@@ -11,6 +11,18 @@ Contract:
   positions are remembered per line shape (`Classifier`), results per text.
 - Structure, by precedence (rules/README.md):
   1. `block`: tests the first non-blank line; a match makes the whole text one segment;
+  1b. a markdown heading line (`#` to `######`, a space, text) that any rule matches starts a
+     *heading section*: the heading and its body up to the next heading
+     of the same or higher level (fewer or as many `#`), to before a closing tag whose opening
+     tag comes before the heading, or to the end of the text, are one segment (a section
+     rule's own `end` / `until` ends it earlier). It takes the most volatile tier among the
+     rules its heading line matches (ties: section, paragraph, line/block, then file order),
+     so `## Todo (updated 2026-12-01T09:30Z)` carries its whole checklist along, and
+     `## Memory` stays one session segment. Its body is not classified line by line. An
+     unclassified heading is ordinary text (its body's lines are classified as below). Code
+     fences are not tracked: whether a line is a heading depends on that line alone, so a
+     sorted group of segments (a fence opened in one tier, closed in another) classifies the
+     same way again (reordering stays idempotent);
   2. `section`: starts at a matching line and runs to the first later line matching `end`
      (included), to just before the first later line matching `until`, or else to the next
      blank line; a section is one segment;
@@ -59,6 +71,7 @@ class BudgetSpent(Exception):
     classified: the caller leaves the text as sent (and counts it)."""
 _OPEN_TAG: Final = re.compile(r"\s*<([A-Za-z_][\w.:-]*)(?:\s[^<>]*)?>\s*")
 _CLOSE_TAG: Final = re.compile(r"\s*</([A-Za-z_][\w.:-]*)\s*>\s*")
+_HEADING: Final = re.compile(r" {0,3}(#{1,6})[ \t]+\S")
 _WRAP_OPEN: Final = "open"
 _WRAP_CLOSE: Final = "close"
 _ABSENT: Any = object()
@@ -130,10 +143,11 @@ def section_tiers(segments: Sequence[Segment], leaving: Sequence[bool]) -> list[
     return out
 
 
-_LineInfo = tuple[int, bool, str | None, str | None]
-"""What the rules and the wrapper pairing see of one line: `(rule mask, blank, opening tag
-name, closing tag name)`."""
-_BLANK: Final[_LineInfo] = (0, True, None, None)
+_LineInfo = tuple[int, bool, str | None, str | None, int]
+"""What the rules, the wrapper pairing and the heading sections see of one line: `(rule mask,
+blank, opening tag name, closing tag name, heading)`; heading: the level (1-6) of a markdown
+heading line, else 0."""
+_BLANK: Final[_LineInfo] = (0, True, None, None, 0)
 
 
 _ZERO_DIGITS: Final = str.maketrans("123456789", "000000000")
@@ -200,6 +214,7 @@ class Classifier:
         self._section_mask = sum(bit for bit, _ in self._by_kind["section"])
         self._paragraph_mask = sum(bit for bit, _ in self._by_kind["paragraph"])
         self._line_mask = sum(bit for bit, _ in self._by_kind["line"])
+        self._rule_mask = self._section_mask | self._paragraph_mask | self._line_mask
         self._lines: dict[str, int] = {}
         """Line -> index into `_infos`."""
         self._line_chars = 0
@@ -259,7 +274,11 @@ class Classifier:
                 open_tag = _OPEN_TAG.fullmatch(line)
                 if open_tag is not None and not line.rstrip().endswith("/>"):
                     opening = open_tag.group(1)
-            info = (mask, False, opening, closing)
+            heading = 0
+            if line.lstrip(" ")[:1] == "#":
+                found = _HEADING.match(line)
+                heading = len(found.group(1)) if found is not None else 0
+            info = (mask, False, opening, closing, heading)
         ident = self._info_ids.get(info)
         if ident is None:
             ident = self._info_ids[info] = len(self._infos)
@@ -351,21 +370,29 @@ class Classifier:
         for bit, rule in self._by_kind["block"]:
             if masks[first] & bit:
                 return ((0, rule),)
-        spans = self._spans(masks, blank)
+        spans = self._spans(masks, blank, [info[4] for info in infos], infos)
         if len(spans) == 1 and spans[0][2] is None:
             return None
         spans = _split_wrappers(spans, infos, blank)
         return tuple((begin, rule) for begin, _, rule in spans)
 
-    def _spans(self, masks: list[int], blank: list[bool]) -> list[list[Any]]:
-        """`[start, end, rule]` spans covering every non-blank line, in order."""
+    def _spans(self, masks: list[int], blank: list[bool], levels: list[int], infos: list[_LineInfo]) -> list[list[Any]]:
+        """`[start, end, rule]` spans covering every non-blank line, in order (`levels`: heading
+        level per line, 0 for none)."""
         spans: list[list[Any]] = []
         n = len(masks)
         section_mask, paragraph_mask, line_mask = self._section_mask, self._paragraph_mask, self._line_mask
+        rule_mask = self._rule_mask
         i = 0
         while i < n:
             if blank[i]:
                 i += 1
+                continue
+            if levels[i] and masks[i] & rule_mask:
+                heading = self._heading_rule(masks[i])
+                j = self._heading_end(heading, i, masks, levels, infos)
+                spans.append([i, j, heading])
+                i = j
                 continue
             if masks[i] & section_mask:
                 section = _first(self._by_kind["section"], masks[i])
@@ -376,7 +403,7 @@ class Classifier:
                 continue
             p = i + 1
             joined = masks[i]
-            while p < n and not blank[p] and not masks[p] & section_mask:
+            while p < n and not blank[p] and not masks[p] & section_mask and not (levels[p] and masks[p] & rule_mask):
                 joined |= masks[p]
                 p += 1
             if joined & paragraph_mask:
@@ -397,6 +424,36 @@ class Classifier:
                 spans.append([i, p, None])
             i = p
         return spans
+
+    def _heading_rule(self, mask: int) -> Rule:
+        """The rule a heading section takes: the most volatile one its heading line matches
+        (ties: section, paragraph, line/block, then file order)."""
+        best: Rule | None = None
+        for kind in ("section", "paragraph", "line"):
+            for bit, rule in self._by_kind[kind]:
+                if mask & bit and (best is None or TIER_RANK[rule.tier] > TIER_RANK[best.tier]):
+                    best = rule
+        assert best is not None  # the caller checked `mask & _rule_mask`
+        return best
+
+    def _heading_end(self, rule: Rule, i: int, masks: list[int], levels: list[int], infos: list[_LineInfo]) -> int:
+        """End (exclusive) of the heading section starting at line `i` (module docstring)."""
+        level = levels[i]
+        stop = self._stop.get(rule.name) if rule.kind == "section" else None
+        opened: list[str] = []
+        for k in range(i + 1, len(masks)):
+            if 0 < levels[k] <= level:
+                return k
+            if stop is not None and masks[k] & stop:
+                return k + 1 if rule.end is not None else k
+            _, _, opening, closing, _ = infos[k]
+            if closing is not None:
+                if closing not in opened:
+                    return k  # the closing tag of a wrapper around the heading
+                del opened[len(opened) - 1 - opened[::-1].index(closing) :]
+            elif opening is not None:
+                opened.append(opening)
+        return len(masks)
 
     def _section_end(self, rule: Rule, masks: list[int], blank: list[bool], i: int) -> int:
         n = len(masks)
@@ -428,7 +485,7 @@ def _wrappers(spans: list[list[Any]], infos: list[_LineInfo], blank: list[bool])
     for i in free:
         if blank[i]:
             continue
-        _, _, opening, closing = infos[i]
+        _, _, opening, closing, _ = infos[i]
         if closing is not None:
             name = closing
             depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d][0] == name), None)
@@ -472,6 +529,19 @@ def _first(candidates: list[tuple[int, Rule]], mask: int) -> Rule | None:
         if mask & bit:
             return rule
     return None
+
+
+def without_volatile(classifier: Classifier, text: str, budget: Budget | None = None) -> str:
+    """`text` without its `volatile` segments (wrapper tag lines kept): what stays the same
+    across a conversation's turns, for session identity (`proxy.pipeline.replay.head_form`).
+    `text` itself when the `budget` cannot cover classifying it (reorder then sends it as is)."""
+    try:
+        segments = classifier.segments(text, budget)
+    except BudgetSpent:
+        return text
+    if all(s.wrap or s.tier != "volatile" for s in segments):
+        return text
+    return "".join(s.text for s in segments if s.wrap or s.tier != "volatile")
 
 
 _CLASSIFIERS: dict[int, tuple[RuleSet, Classifier]] = {}

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, Final
 
 import xxhash
@@ -62,13 +63,15 @@ from proxy.pipeline.pins import PINS_KEY
 from proxy.pipeline.replay import (
     Masker,
     MessageView,
+    aligned_items,
     compact,
     first_mismatch,
     stripped_bytes,
     tail_rewritten,
     view_messages,
 )
-from proxy.pipeline.support import layout_cache, rules_for
+from proxy.pipeline.segments import classifier_for, without_volatile
+from proxy.pipeline.support import layout_cache, rules_for, scan_budget
 from proxy.prefix import MARKER_KEYS
 from proxy.providers.base import Block, JSONObject, Run, ToolShape
 from proxy.rules import RuleSet, volatile_patterns
@@ -93,7 +96,10 @@ def masker_for(state: SessionState, services: Services) -> Masker:
     cached = state.masker
     if cached is not None and cached[0] is rules:
         return cached[1]
-    masker = Masker(volatile_patterns(rules) if rules is not None else ())
+    if rules is None:
+        masker = Masker(())
+    else:
+        masker = Masker(volatile_patterns(rules), system_text=partial(without_volatile, classifier_for(rules)))
     state.masker = (rules, masker)
     return masker
 
@@ -116,15 +122,16 @@ class SessionStage:
         previous: SessionRecord | None = None
         runs = client_runs(exchange, services, body)
         budget = services.settings.classify_budget_chars
+        segment_budget = scan_budget(exchange, services)
         if explicit is not None:
             sid = explicit_id(explicit[1])
             inference = Inference(sid, "explicit", sid)
             previous = await store.load(tenant, sid) if store is not None else None
             if previous is not None:
                 masker.seed(previous.sidecars)
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget)
         else:
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget)
             inference = state.index.infer(tenant, view.boundaries)
             source = inference.parent if inference.kind == "fork" else inference.session_id
             if source is not None and store is not None:
@@ -384,9 +391,10 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
     sidecars: tuple[Sidecar, ...] = ()
     if view is not None and view.array_key is not None and view.is_list:
         items = body.get(view.array_key)
-        if isinstance(items, list) and len(items) == len(view.digests):
+        aligned = aligned_items(items, view, exchange.head_dropped) if isinstance(items, list) else None
+        if aligned is not None:
             sidecars = build_sidecars(
-                items,
+                aligned,
                 view,
                 exchange.replayed_bytes or {},
                 previous.sidecars if previous is not None else (),

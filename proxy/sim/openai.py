@@ -105,6 +105,28 @@ def _invalid_type(param: str, expected: str, value: Any) -> Rejected:
     return bad(f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type")
 
 
+PROMPT_CACHE_KEY_MAX: Final = 64
+"""Longest `prompt_cache_key` the API accepts, characters (docs/provider-rules.md 9)."""
+
+
+def _check_cache_key(body: Mapping[str, Any]) -> None:
+    """`prompt_cache_key`, when present and not null, is a string of at most
+    `PROMPT_CACHE_KEY_MAX` characters; the API's 400 otherwise (docs/provider-rules.md 9: "Invalid
+    'prompt_cache_key': string too long. Expected a string with maximum length 64, ...")."""
+    key = body.get("prompt_cache_key")
+    if key is None:
+        return
+    if not isinstance(key, str):
+        raise _invalid_type("prompt_cache_key", "a string", key)
+    if len(key) > PROMPT_CACHE_KEY_MAX:
+        raise bad(
+            f"Invalid 'prompt_cache_key': string too long. Expected a string with maximum length "
+            f"{PROMPT_CACHE_KEY_MAX}, but got a string with length {len(key)} instead.",
+            "prompt_cache_key",
+            "string_above_max_length",
+        )
+
+
 def _check_tool(tool: Any, param: str, is_chat: bool) -> None:
     """A function tool's `name` is a string and its `parameters` an object (the API's wording);
     Chat nests them under `function`."""
@@ -214,6 +236,7 @@ class _Renderer:
 
 def render_chat(body: Mapping[str, Any], counter: TokenCounter) -> Rendered:
     """Token sequence of a Chat Completions request (module docstring)."""
+    _check_cache_key(body)
     messages = body.get("messages")
     if messages is None:
         raise bad("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
@@ -258,6 +281,7 @@ def _check_unique_ids(items: list[Any]) -> None:
 
 def render_responses(body: Mapping[str, Any], counter: TokenCounter) -> Rendered:
     """Token sequence of a Responses request (module docstring)."""
+    _check_cache_key(body)
     if body.get("previous_response_id"):
         rid = body["previous_response_id"]
         raise bad(

@@ -80,9 +80,9 @@ RECORD_TTL: Final = 3600.0 + 600.0
 """Seconds a record lives: the longest provider cache TTL in use (1 h) plus a margin. Past it
 the provider's cache is gone anyway, so replay would buy at most one cache write."""
 
-MEMO_ENTRIES: Final = 1024
+MEMO_ENTRIES: Final = 512
 """Sessions whose last record `RecordStore` keeps decoded."""
-MEMO_BYTES: Final = 32 * 1024 * 1024
+MEMO_BYTES: Final = 16 * 1024 * 1024
 """Memory those records may take, counted as twice their encoded size (the bytes and the
 decoded record; a 600 KB conversation's record is about 600 KB encoded)."""
 
@@ -276,8 +276,7 @@ class RecordStore:
         try:
             if self._is_in_process:
                 return await self.backend.get(tenant, key)
-            async with asyncio.timeout(self.get_timeout):
-                return await self.backend.get(tenant, key)
+            return await self._bounded_get(tenant, key)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._get_errors.inc()
             kind = self._failed(exc)
@@ -285,6 +284,18 @@ class RecordStore:
             return None
         finally:
             self._get_time.observe(time.perf_counter() - started)
+
+    async def _bounded_get(self, tenant: str, key: str) -> bytes | None:
+        """`backend.get` bounded by `get_timeout`; raises `TimeoutError` past it. A read that
+        finished while the event loop was busy elsewhere counts as in time: the bound is on the
+        store, not on how long the loop took to look (`asyncio.timeout` around the call would
+        throw such a result away)."""
+        read = create_task(self.backend.get(tenant, key), name="promptcache-store-get")
+        done, _ = await asyncio.wait((read,), timeout=self.get_timeout)
+        if not done:
+            read.cancel()
+            raise TimeoutError(f"no answer within {self.get_timeout:g} s")
+        return read.result()
 
     def save_bytes_soon(self, tenant: str, key: str, data: bytes, ttl: float = RECORD_TTL) -> None:
         """Write a small value in the background (the newest one wins; one writer per key)."""

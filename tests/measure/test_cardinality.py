@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 
 from proxy.exchange import Exchange
 from proxy.metrics import CAUSES, UPSTREAM_MISS_REASONS, Metrics
-from proxy.pipeline.observe import observe
 from proxy.pricing import default_pricing
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import Usage
+from proxy.response import run_response_stages
 from proxy.services import Services
 from proxy.settings import Settings
 from tests.measure.bodies import BASE, variant
@@ -60,7 +60,7 @@ async def test_series_are_bounded() -> None:
         ex.body, ex.status, ex.session_id = body, 200, f"session-{n}"
         ex.usage = Usage(input_none=n, cache_read=n % 5, cache_write_5m=n % 3, output=1, seen=True)
         ex.usage.cache_miss_reason = reasons[n % len(reasons)]
-        observe(ex, services)
+        run_response_stages(ex, services)
     after = _series(registry)
     grown = after - at_start
     # Created lazily: the upstream-reason counter (at most reasons x causes series) and the cost

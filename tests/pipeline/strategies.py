@@ -37,6 +37,11 @@ LINES = [
     "Use the tools when they help.",
     "<context>",
     "</context>",
+    "## Todo (updated 2026-12-01T09:30:00Z)",
+    "- [ ] write the tests",
+    "### Details",
+    "```",
+    "# Current time: 2026-12-01T09:31:00Z",
     "",
     "   ",
 ]
@@ -179,7 +184,10 @@ def openai_bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     for _ in range(draw(st.integers(0, 2))):
         role = draw(st.sampled_from(["system", "developer"]))
         content = draw(st.one_of(texts, st.lists(openai_part(text_type, role), min_size=1, max_size=3)))
-        items.append({"role": role, "content": content})
+        item = {"role": role, "content": content}
+        if is_responses and draw(st.booleans()):
+            item["id"] = f"msg_head_{len(items)}"  # item ids are unique (docs/provider-rules.md 9)
+        items.append(item)
     for i in range(draw(st.integers(1, 4))):
         role = "user" if i % 2 == 0 else "assistant"
         if role == "assistant" and not is_responses and draw(st.booleans()):

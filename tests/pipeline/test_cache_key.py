@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+import xxhash
+
 from proxy.pipeline.breakpoints import place_breakpoints
 from proxy.providers import OPENAI
+from tests.pipeline.helpers import optimise
 from tests.pipeline.test_simulator import GUIDE
 from tests.pipeline.test_simulator_turns import _both
 
@@ -56,3 +60,24 @@ async def test_conversations_sharing_a_prefix_are_not_routed_apart(make_proxy: A
         assert direct[1] > 10_000  # without the proxy the second reads the shared prefix
         assert through == direct
         assert runs.sent[0]["prompt_cache_key"] == runs.sent[1]["prompt_cache_key"]
+
+
+def _reference_key(system_text: str) -> str:
+    """The key's definition, written out: xxh3-128 of the first 1,024 estimated tokens (4,096
+    bytes) of the tools + stable system blocks' orjson bytes (no tools here: the system text)."""
+    return "pc-" + xxhash.xxh3_128(orjson.dumps(system_text)[:4096]).hexdigest()
+
+
+def test_the_key_is_exact_and_digests_stable_content_only() -> None:
+    assert _key(_chat("You review Python.", "hi")) == _reference_key(SHARED)
+    keys = set()
+    for turn in range(3):  # a todo checklist under a timestamped heading, inside the first 1,024 tokens
+        todo = f"## Todo (updated 2026-12-01T09:0{turn}:00Z)\n" + "".join(
+            f"- [{'x' if k < turn else ' '}] step {k}\n" for k in range(turn + 2)
+        )
+        body = _chat("You review Python.", f"turn {turn}?", history=turn)
+        body["messages"][0]["content"] = f"{todo}\n# Guide\n{body['messages'][0]['content']}"
+        out, plan = optimise(OPENAI, CHAT, body)
+        assert out["messages"][-1]["content"][0]["text"] == f"{todo}\n"  # the section moved whole
+        keys.add(plan.cache_key)
+    assert keys == {_reference_key(f"# Guide\n{SHARED}")}  # the key never digested the changing section

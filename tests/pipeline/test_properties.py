@@ -173,6 +173,10 @@ def test_pipeline_openai(case: tuple[str, dict], rules, minimum) -> None:
     key = OPENAI_MARKER_KEY
     assert content_fingerprint(OPENAI, path, out, key) == content_fingerprint(OPENAI, path, body, key)
     assert out.get("prompt_cache_key") == body.get("prompt_cache_key", out.get("prompt_cache_key"))
+    items = out.get("input") if path == "/v1/responses" else None
+    if isinstance(items, list):  # no repeated item id (docs/provider-rules.md 9)
+        ids = [item["id"] for item in items if isinstance(item, dict) and "id" in item]
+        assert len(ids) == len(set(ids))
     if not has_breakpoints(body["model"]):
         assert count_markers(OPENAI, path, out, key) <= count_markers(OPENAI, path, body, key)
         return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from proxy.pipeline.reorder import reorder_body
 from proxy.pipeline.segments import classifier_for
 from proxy.providers import ANTHROPIC, OPENAI
@@ -182,7 +184,7 @@ def test_chat_tool_turn_last_takes_the_moved_text_as_its_first_part() -> None:
     assert plan.tiers == ("stable",) and reorder_body(OPENAI, "/v1/chat/completions", out, RULES)[0] is out
 
 
-def test_a_head_message_is_never_emptied_by_the_move() -> None:
+def test_a_head_message_whose_every_line_moves_leaves_the_array() -> None:
     body = {
         "model": "gpt-5.1",
         "messages": [
@@ -191,9 +193,19 @@ def test_a_head_message_is_never_emptied_by_the_move() -> None:
             {"role": "user", "content": "hi"},
         ],
     }
+    before = copy.deepcopy(body)
     out, plan = reorder_body(OPENAI, "/v1/chat/completions", body, RULES)
-    assert out["messages"] == [body["messages"][1], body["messages"][0], body["messages"][2]]
-    assert plan.moved == () and plan.tiers == ("stable", "volatile")
+    assert out["messages"] == [
+        {"role": "system", "content": "You are helpful."},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Current time: 2026-11-29T20:09:13Z"}, {"type": "text", "text": "hi"}],
+        },
+    ]
+    assert plan.moved == ("Current time: 2026-11-29T20:09:13Z",) and plan.tiers == ("stable",)
+    assert plan.dropped_messages == 1 and body == before
+    again, replan = reorder_body(OPENAI, "/v1/chat/completions", out, RULES)
+    assert again is out and replan.dropped_messages == 0
 
 
 ENVIRONMENT = (
@@ -363,3 +375,33 @@ def test_a_line_longer_than_the_rule_limit_is_content_and_never_scanned() -> Non
         (f"You are helpful.\n{long_line}\n", "stable"),
         (short + "\n", "volatile"),
     ]
+
+
+def test_heading_sections_reorder_idempotently() -> None:
+    """Texts the property tests found: a heading a section rule matches after a fence line, and a
+    volatile line sorted behind a heading section that then takes it in (instructions stay one
+    block and take the tier their sorted text classifies as)."""
+    for path, body in (
+        (
+            "/v1/chat/completions",
+            {
+                "model": "gpt-4o",
+                "messages": [
+                    {"role": "system", "content": "```\n# Memory\n</context>"},
+                    {"role": "user", "content": "hi"},
+                ],
+            },
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": "gpt-5.6",
+                "instructions": "Tokens used: 1234 of 200000\n# Memory",
+                "input": [{"role": "user", "content": "hi"}],
+            },
+        ),
+    ):
+        for rules in (RULES, STAYING_RULES):
+            out, plan = reorder_body(OPENAI, path, body, rules)
+            again, replan = reorder_body(OPENAI, path, out, rules)
+            assert again == out and replan.tiers == plan.tiers

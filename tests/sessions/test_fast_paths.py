@@ -34,12 +34,12 @@ from proxy.measure import (
 )
 from proxy.metrics import Metrics
 from proxy.pipeline import run_request_stages
-from proxy.pipeline.observe import observe
 from proxy.pipeline.replay import Masker, mask_strings, span_pattern, strip_markers, view_messages
 from proxy.pipeline.session import sent_markers, update_pins
 from proxy.prefix import MARKER_KEYS, PrefixChain, RunBlocks, chain_blocks, scan_prompt
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import Usage
+from proxy.response import run_response_stages
 from proxy.rules import load_rules, volatile_patterns
 from proxy.services import Services
 from proxy.session_identity import SessionState, upstream_hosts
@@ -251,7 +251,7 @@ async def _send(services: Services, adapter: Any, path: str, body: dict[str, Any
     await run_request_stages(ex, services)
     ex.status = 200
     ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")
-    observe(ex, services)
+    run_response_stages(ex, services)
     await services.store.flush()
     return ex
 
@@ -310,10 +310,15 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
             client = orjson.loads(ex.raw)
             array_key, _, digests, exact, system, _, _ = ref_view(adapter, path, client, PATTERNS)
             items = sent.get(array_key) if array_key else None
-            if isinstance(client.get(array_key), list) and isinstance(items, list) and len(items) == len(digests):
+            # reorder may drop leading system messages whose every line moved onto the newest
+            # user message: the client's element i after its head is the sent element i - dropped
+            dropped = len(digests) - len(items) if isinstance(items, list) else 0
+            head = len(system)
+            is_aligned = dropped == 0 or (0 < dropped <= head and system == frozenset(range(head)))
+            if isinstance(client.get(array_key), list) and isinstance(items, list) and is_aligned:
                 expected_sidecars = tuple(
-                    Sidecar(i, digests[i], orjson.dumps(strip_markers(item)), exact[i])
-                    for i, item in enumerate(items)
+                    Sidecar(i, digests[i], orjson.dumps(strip_markers(items[i - dropped])), exact[i])
+                    for i in range(len(digests))
                     if i not in system
                 )
                 assert record.sidecars == expected_sidecars

@@ -17,6 +17,7 @@ CONFORMANCE = [
     ("test_openai_sdk_responses", "2.4 Responses usage, streamed events, function_call"),
     ("test_openai_sdk_error", "OpenAI error shape parsed into BadRequestError"),
     ("test_openai_sdk_duplicate_item_ids", "9 Responses input item ids unique"),
+    ("test_openai_sdk_cache_key_length", "9 prompt_cache_key at most 64 characters"),
     ("test_anthropic_sdk_code_execution_callers", "1.3 no marker on code-execution calls"),
 ]
 
@@ -174,6 +175,26 @@ async def test_openai_sdk_duplicate_item_ids(sim) -> None:
     assert caught.value.body["message"] == (
         "Duplicate item found with id msg_dev_1. Remove duplicate items from your input and try again."
     )
+
+
+async def test_openai_sdk_cache_key_length(sim) -> None:
+    question = [{"role": "user", "content": "hi"}]
+    async with openai_client(sim) as client:
+        for key in ("k" * 65, "pc-" + "0" * 69):
+            with pytest.raises(openai.BadRequestError) as caught:
+                await client.responses.create(model="gpt-4o", input=question, prompt_cache_key=key)
+            assert caught.value.status_code == 400
+            assert (caught.value.param, caught.value.code) == ("prompt_cache_key", "string_above_max_length")
+            assert caught.value.body["message"] == (
+                "Invalid 'prompt_cache_key': string too long. Expected a string with maximum length 64, "
+                f"but got a string with length {len(key)} instead."
+            )
+            with pytest.raises(openai.BadRequestError):
+                await client.chat.completions.create(model="gpt-4o", messages=question, prompt_cache_key=key)
+        ok = await client.responses.create(model="gpt-4o", input=question, prompt_cache_key="k" * 64)
+        assert ok.output_text == REPLY
+        chat = await client.chat.completions.create(model="gpt-4o", messages=question, prompt_cache_key="k" * 64)
+        assert chat.choices[0].message.content == REPLY
 
 
 def _programmatic(call_marker: bool, result_marker: bool) -> list[dict]:
