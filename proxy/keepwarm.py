@@ -3,7 +3,8 @@ likely to come back (docs/provider-rules.md 9). Off unless `keep_warm` is `on` o
 
 Contract:
 - `arm(exchange, services, base_url)` after a 2xx pipeline response (`optimise` mode only) that
-  ended the turn (`Usage.turn` `human`) and whose last marker is 5m, on a session, not a
+  ended the turn (`Usage.turn` `human`) or called a tool (`tool`: a tool call unanswered for
+  minutes waits on a person, a permission prompt or a long command) and whose last marker is 5m, on a session, not a
   subagent, not a signed request: opens the session's **window**, holding in memory only the
   URL, the headers as sent upstream (the credential among them) and the body as sent, cut
   after its last marker (`ProviderAdapter.prefix_request`: the same prefix bytes, nothing
@@ -18,7 +19,8 @@ Contract:
   (another replica served it: only the replica that served the last request pings), and it
   pays: the chance that the person comes back within the next 5 minutes, given they have not
   yet (`return_chance`: the tenant's human gaps, the prior of `proxy.pacing` below
-  `MIN_SAMPLES`, and the chance they come back at all, `Pacing.return_share`), times the
+  `MIN_SAMPLES`, and the chance they come back at all, `Pacing.return_share`; after a tool
+  call the held tool gaps and the chance it is not abandoned, `silence_model`), times the
   re-write it saves (1.25 - 0.1 per token of the part no 1h entry keeps: all of it without
   a 1h marker, else what the request wrote at 5m) exceeds the ping's read (0.1 per prompt
   token). A window that would not pay its first ping is not opened. A ping that fails (any error or
@@ -47,9 +49,9 @@ import orjson
 
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
-from proxy.pacing import FIVE_MINUTES, ONE_HOUR, READ, WRITE_5M, Pacing
+from proxy.pacing import FIVE_MINUTES, ONE_HOUR, READ, RETURN_WEIGHT, TOOL_PRIOR, WRITE_5M, Pacing
 from proxy.pricing import PricingTable, default_pricing
-from proxy.providers.base import HUMAN, Usage
+from proxy.providers.base import HUMAN, TOOL, Usage
 
 _log = logging.getLogger("promptcache.keepwarm")
 
@@ -62,6 +64,9 @@ PRIOR_MEDIAN, PRIOR_SIGMA = 240.0, 1.65
 """The prior human gap (lognormal, `proxy.pacing.HUMAN_PRIOR`)."""
 PING_TIMEOUT: Final = 60.0
 MAX_WINDOWS: Final = 10_000
+ABANDON_PRIOR: Final = 0.015
+"""Chance that a tool call's result never comes (the conversation abandoned mid-loop): about
+15% of conversations abandoned mid-loop over ~10 tool calls each (the realistic workloads)."""
 
 
 def parse_setting(value: str) -> tuple[bool, float | None]:
@@ -106,6 +111,24 @@ def ping_pays(gaps: tuple[float, ...], waited: float, share: float = 1.0, return
     return return_chance(gaps, waited, returning=returning) * (WRITE_5M - READ) * share > READ
 
 
+def silence_model(pacing: Pacing, turn: str | None) -> tuple[tuple[float, ...], float]:
+    """`(gaps, returning)` for `return_chance` after a response of `turn` (a tenant's `Pacing`).
+
+    After a turn-ending response: the human gaps and `Pacing.return_share`. After a tool call
+    the machine answers in seconds, so a call still open after minutes is either held by a
+    person (a permission prompt, a command they watch) or abandoned: the gaps are the tool gaps
+    of 5 minutes or more (held calls; the human prior below `MIN_SAMPLES`), and `returning` is
+    `q / (q + ABANDON_PRIOR)` with `q` the share of tool gaps held that long,
+    `(held + 0.02 * RETURN_WEIGHT) / (tool gaps + RETURN_WEIGHT)` (prior `TOOL_PRIOR`'s 2%).
+    A new tenant: `returning` = 0.02 / 0.035 = 0.571, one ping at 4.5 minutes pays; a tenant
+    whose tool results all came within seconds stops paying for them."""
+    if turn != TOOL:
+        return pacing.human, pacing.return_share
+    held = tuple(g for g in pacing.tool if g >= FIVE_MINUTES)
+    q = (len(held) + TOOL_PRIOR[1] * RETURN_WEIGHT) / (len(pacing.tool) + RETURN_WEIGHT)
+    return held, q / (q + ABANDON_PRIOR)
+
+
 @dataclass(slots=True)
 class Window:
     """One session's keep-warm window (credential in memory only)."""
@@ -125,6 +148,8 @@ class Window:
     path: str
     share: float = 1.0
     """Part of the prompt only the 5m entry holds (the rest is under a 1h anchor that lives on)."""
+    turn: str = HUMAN
+    """What the response asked for: `human` (it ended the turn) or `tool` (a tool call)."""
     pings: int = 0
     warm_until: float = 0.0
 
@@ -168,7 +193,7 @@ class KeepWarm:
         plan = exchange.plan
         if not self.enabled or services.settings.mode != "optimise" or exchange.is_signed:
             return False
-        if usage is None or usage.turn != HUMAN or not 200 <= exchange.status < 300:
+        if usage is None or usage.turn not in (HUMAN, TOOL) or not 200 <= exchange.status < 300:
             return False
         if exchange.tenant is None or exchange.session_id is None or exchange.outgoing is None:
             return False
@@ -193,7 +218,8 @@ class KeepWarm:
         if any(m.ttl == "1h" for m in markers) and prefix:
             share = min(1.0, usage.cache_write_5m / prefix)  # a 1h entry keeps the rest
         pacing = self.pacing(exchange.tenant) if self.pacing else Pacing()
-        if not ping_pays(pacing.human, FIVE_MINUTES - MARGIN, share, pacing.return_share):
+        gaps, returning = silence_model(pacing, usage.turn)
+        if not ping_pays(gaps, FIVE_MINUTES - MARGIN, share, returning):
             return False
         body["max_tokens"] = 1
         body.pop("stream", None)
@@ -221,6 +247,7 @@ class KeepWarm:
             exchange.adapter,
             exchange.path,
             share,
+            usage.turn,
         )
         if self._wake is not None:
             self._wake.set()
@@ -264,11 +291,12 @@ class KeepWarm:
         if spent_hour != hour:
             spent = 0.0
         cost = self._expected_cost(window)
+        gaps, returning = silence_model(pacing, window.turn)
         if (
             now >= window.arrival + ONE_HOUR
             or self.breaker.get(tenant, 0.0) > now
             or (self.cap is not None and spent + cost > self.cap)
-            or not ping_pays(pacing.human, now - window.arrival, window.share, pacing.return_share)
+            or not ping_pays(gaps, now - window.arrival, window.share, returning)
             or await self._served_elsewhere(window)
         ):
             self._drop(window)

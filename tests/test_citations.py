@@ -11,8 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES_PAGE = ROOT / "docs" / "provider-rules.md"
 CITED_MD = re.compile(r"(?<![\w./-])((?:\.\.?/)*[\w./-]*\w\.md)\b")
 SECTIONS = re.compile(r"docs/provider-rules\.md(?: sections?)? (\d+(?:\.\d+)?(?:(?:, | and |-)\d+(?:\.\d+)?)*)")
-NOT_CITATIONS = frozenset({".aider.chat.history.md"})
-"""Markdown names that are not citations: files another program writes (aider's chat history)."""
+NOT_CITATIONS = frozenset({".aider.chat.history.md", "CLAUDE.md", "AGENTS.md", "/home/dev/project/CLAUDE.md"})
+"""Markdown names that are not citations: files another program writes or reads (aider's chat
+history; the project files Claude Code and Hermes load, which `proxy/workloads/long_client.py`
+renders into its generated conversations)."""
 SKIPPED = ("tests/clients/data/", "workloads/")
 """Captured client traffic: its text is the clients' own, not ours."""
 

@@ -66,7 +66,7 @@ from proxy.malformed import skipped
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
-from proxy.rules import MAX_RULE_LINE_CHARS, Budget
+from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
 from proxy.store.codec import Sidecar
 
@@ -220,9 +220,15 @@ def mask_filtered(
 ) -> Any:
     """`mask_strings` with each pattern run only on the strings its `Needs` admits (a string it
     does not admit cannot hold a match: `proxy.pipeline.prefilter`), in pattern order, each on
-    the text the earlier ones left, one line at a time (`sub_lines`); with a `budget`, a pattern
-    runs only while the budget covers the text's length."""
+    the text the earlier ones left, one line at a time (`sub_lines`); with a `budget`, each
+    string costs `LINE_SCAN_COST` to look at (the prefilter's work: a body of 100,000 tiny
+    blocks held the loop for seconds) and a pattern runs only while the budget covers the
+    text's length; once spent, the rest of `value` is returned as it is, unwalked."""
+    if budget is not None and budget.is_spent:
+        return value
     if isinstance(value, str):
+        if budget is not None and not budget.take(LINE_SCAN_COST):
+            return value
         scanned = ScannedText(value) if value.isascii() else None
         for pattern, need in filters:
             if need is not None and scanned is not None and not need.admits_ascii(scanned):

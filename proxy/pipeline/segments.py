@@ -287,12 +287,16 @@ class Classifier:
         return ident
 
     def segments(self, text: str, budget: Budget | None = None) -> tuple[Segment, ...]:
-        """The segments of `text`. With a `budget`, each line not classified before costs its
-        length plus `LINE_SCAN_COST`; raises `BudgetSpent` when the budget cannot cover the
-        next one (the lines classified so far stay remembered: a later request goes on from
-        there)."""
+        """The segments of `text`. With a `budget`, every line of a text not segmented before
+        costs 1 (the per-line work is done for remembered lines too: a body of ten million
+        empty lines is refused up front, at `str.count` speed), and each line not classified
+        before costs its length plus `LINE_SCAN_COST` more; raises `BudgetSpent` when the
+        budget cannot cover it (the lines classified so far stay remembered: a later request
+        goes on from there)."""
         cached = self._texts.get(text)
         if cached is None:
+            if budget is not None and not budget.take(text.count("\n") + 1):
+                raise BudgetSpent
             cached = self._segments(text, budget)
             if len(self._texts) >= _TEXT_CACHE_LIMIT or self._text_chars + len(text) > _TEXT_CACHE_CHARS:
                 self._texts.clear()

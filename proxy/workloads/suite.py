@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Final
 
 from proxy.paths import packaged_workloads_dir
-from proxy.workloads import anthropic_gen, openai_gen, text
+from proxy.workloads import anthropic_gen, long_client, openai_gen, text
+from proxy.workloads.long_client import LONG, LongWorkload
 from proxy.workloads.script import Event, ScriptSpec, make_script, make_tools
 from proxy.workloads.trace import Trace, TraceRequest, dumps_trace, load_trace
 
@@ -272,7 +273,12 @@ SUITE: Final[tuple[Workload, ...]] = (
         committed=False,
     ),
 )
-BY_NAME: Final = {w.name: w for w in SUITE}
+BY_NAME: Final[dict[str, Workload | LongWorkload]] = {
+    **{w.name: w for w in SUITE},
+    **{w.name: w for w in LONG},
+}
+"""Every named workload: the suite, and the long conversations grown from recorded client
+traces (`long_client.LONG`: `long-cc`, `long-hermes`; not part of `suite`)."""
 PACING: Final = ("realistic-cc", "realistic-hermes", "mixed-pacing-cc", "mixed-pacing-hermes")
 """The human-pacing workloads (issue 13's targets)."""
 
@@ -288,8 +294,10 @@ def _merge(streams: Iterable[list[Event]]) -> list[TraceRequest]:
     return out
 
 
-def generate(workload: Workload) -> Trace:
-    """The workload's trace, from its seed alone."""
+def generate(workload: Workload | LongWorkload) -> Trace:
+    """The workload's trace, from its seed alone (a `LongWorkload` also reads its recorded trace)."""
+    if isinstance(workload, LongWorkload):
+        return long_client.generate(workload)
     rng = random.Random(workload.seed)
     tools = make_tools(rng, workload.tools)
     instructions = text.prose(rng, workload.system_tokens)
@@ -316,7 +324,7 @@ def generate(workload: Workload) -> Trace:
     return Trace(workload.name, workload.description, tuple(_merge(streams)))
 
 
-def trace_path(workload: Workload, cache_dir: Path) -> Path:
+def trace_path(workload: Workload | LongWorkload, cache_dir: Path) -> Path:
     """Where the workload's trace file lives: `workloads/` if committed and shipped, else `cache_dir`."""
     shipped = COMMITTED_DIR / f"{workload.name}.jsonl"
     if workload.committed and shipped.is_file():

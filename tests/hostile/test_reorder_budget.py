@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.pipeline.segments import BudgetSpent, Classifier
+from proxy.pipeline.segments import BudgetSpent, Classifier, Segment
 from proxy.rules import Budget
 from tests.fakes.upstream import ANTHROPIC_MESSAGE
 from tests.pipeline.helpers import RULES
@@ -129,8 +129,23 @@ def test_lines_classified_before_the_budget_ran_out_are_kept_for_the_next_reques
     with pytest.raises(BudgetSpent):
         classifier.segments(text, budget)
     assert budget.is_spent
-    assert budget.left == 3_000 - (len(CLOCK_LINE) + 64) - 2 * (1_000 + 64)
-    second = Budget(6 * (1_000 + 64))  # exactly the six lines left
+    lines = text.count("\n") + 1  # every line of a new text costs 1 up front (10 here)
+    assert budget.left == 3_000 - lines - (len(CLOCK_LINE) + 64) - 2 * (1_000 + 64)
+    second = Budget(lines + 6 * (1_000 + 64))  # exactly the six lines left
     assert classifier.segments(text, second) == Classifier(RULES).segments(text)
     assert second.left == 0 and not second.is_spent
     assert classifier.segments(text, Budget(0)) == Classifier(RULES).segments(text)  # cached: free
+
+
+def test_a_text_of_remembered_lines_still_costs_one_per_line() -> None:
+    """A million empty lines: each is remembered after the first, but walking them held the
+    loop for seconds (ten million: 8.9 s of `/healthz` stall); refused up front now."""
+    classifier = Classifier(RULES)
+    assert classifier.segments("\n", Budget(100)) == (Segment("\n"),)
+    budget = Budget(512 * 1024)
+    with pytest.raises(BudgetSpent):
+        classifier.segments("\n" * 1_000_000, budget)
+    assert (budget.left, budget.is_spent) == (512 * 1024, True)
+    small = Budget(512 * 1024)
+    assert classifier.segments("\n" * 1_000, small) == (Segment("\n" * 1_000),)
+    assert small.left == 512 * 1024 - 1_001

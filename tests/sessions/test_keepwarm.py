@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.keepwarm import MARGIN, ping_pays, return_chance
+from proxy.keepwarm import MARGIN, ping_pays, return_chance, silence_model
 from proxy.pacing import FIVE_MINUTES, RETURN_PRIOR, RETURN_WEIGHT, Pacing
 from proxy.pricing import default_pricing
 from proxy.providers.anthropic_request import PING_TEXT, prefix_request
@@ -243,3 +243,56 @@ async def test_a_new_tenant_s_pings_stop_once_the_silence_says_the_person_is_gon
     # the first ping pays (r = 0.533 at 4.5 minutes), the second would not (9 minutes away)
     assert pings == [start + FIVE_MINUTES - MARGIN]
     assert second["cache_read_input_tokens"] == 0  # the entry lapsed: written again
+
+
+LS_TOOL = {"name": "ls", "description": "List a folder.", "input_schema": {"type": "object", "properties": {}}}
+
+
+async def test_a_tool_call_left_unanswered_for_minutes_is_kept_warm_for_a_new_tenant(
+    start_proxy: Any, sim: Sim, client: Client
+) -> None:
+    # a new tenant's first request ends in a tool call; the result comes 6 minutes later (a
+    # permission prompt): one ping at 4.5 minutes pays (`silence_model`: chance 0.140)
+    proxy = await warm_proxy(start_proxy, sim, returning=False)
+    history = [first_message("2026-11-29T20:00:00Z")]
+    start = sim.clock.now()
+    headers = {**SESSION, "x-sim-tool-call": "ls"}
+    status, response = await client.messages(proxy, body(history, tools=[LS_TOOL]), headers=headers)
+    assert status == 200 and response["stop_reason"] == "tool_use", response
+    await client.settle(proxy)
+    window = proxy.services.keep_warm.windows[next(iter(proxy.services.keep_warm.windows))]
+    assert window.turn == "tool"
+    pings = await pause(proxy, sim, 360.0)
+    assert pings == [start + FIVE_MINUTES - MARGIN]
+    call = next(b for b in response["content"] if b["type"] == "tool_use")
+    result = {"type": "tool_result", "tool_use_id": call["id"], "content": "a b c"}
+    history = [*history, {"role": "assistant", "content": response["content"]}, {"role": "user", "content": [result]}]
+    status, second = await client.messages(proxy, body(history, tools=[LS_TOOL]), headers=SESSION)
+    assert status == 200, second
+    first = usage(response)
+    assert first["cache_creation"]["ephemeral_5m_input_tokens"] > 0
+    assert usage(second)["cache_read_input_tokens"] == first["cache_creation_input_tokens"]
+    assert (
+        proxy.sample("promptcache_keepwarm_saved_read_tokens_total", provider="anthropic")
+        == (first["cache_creation_input_tokens"])
+    )
+
+
+def test_after_a_tool_call_held_tool_gaps_and_abandonment_time_the_silence() -> None:
+    # returning = q / (q + 0.015), q = (held + 0.02 * 2) / (tool gaps + 2)
+    human = Pacing(human=(60.0,) * 4, ends=4, responses=8, returns=4)
+    assert silence_model(human, "human") == ((60.0,) * 4, human.return_share)
+    new_gaps, new_r = silence_model(Pacing(), "tool")
+    assert new_gaps == () and new_r == pytest.approx(0.02 / 0.035)
+    assert return_chance((), 270.0, returning=new_r) == pytest.approx(0.1403, abs=1e-4)
+    assert ping_pays((), 270.0, returning=new_r) and not ping_pays((), 540.0, returning=new_r)
+    # tool results that always came within seconds: an open call is an abandoned one, no ping
+    fast_gaps, fast_r = silence_model(Pacing(tool=(5.0, 8.0, 20.0)), "tool")
+    assert fast_gaps == () and fast_r == pytest.approx(0.008 / 0.023)
+    assert not ping_pays(fast_gaps, 270.0, returning=fast_r)
+    # a person approving each call 6 minutes later: back within 5 more minutes
+    held_gaps, held_r = silence_model(Pacing(tool=(20.0, 360.0, 360.0, 360.0)), "tool")
+    assert held_gaps == (360.0,) * 3 and held_r == pytest.approx((3.04 / 6) / (3.04 / 6 + 0.015))
+    assert return_chance(held_gaps, 270.0, returning=held_r) == pytest.approx(held_r / (held_r + 1 - held_r))
+    # held calls that come back only after the hour: none within the next 5 minutes
+    assert return_chance(silence_model(Pacing(tool=(4000.0,) * 3), "tool")[0], 270.0) == 0.0

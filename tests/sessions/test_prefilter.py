@@ -59,3 +59,21 @@ def test_filtered_masking_is_masking(values: list[str]) -> None:
     value = {"content": [{"type": "text", "text": t} for t in values], "role": "user"}
     filters = tuple((p, needs(p)) for p in PATTERNS)
     assert mask_filtered(value, filters) == mask_strings(value, PATTERNS)
+
+
+def test_a_budget_charges_every_string_looked_at_and_stops_walking_once_spent() -> None:
+    """100,000 tiny blocks held the loop for seconds in the prefilter alone (no pattern ran):
+    each string now costs `LINE_SCAN_COST`, and a spent budget returns the rest unwalked."""
+    from proxy.rules import LINE_SCAN_COST, Budget
+
+    filters = tuple((p, needs(p)) for p in RULE_SPANS)
+    stamp = "at 2026-11-29T20:07:13Z"
+    value = [stamp, "b1", "b2", stamp]
+    budget = Budget(3 * LINE_SCAN_COST + len(stamp))  # the first stamp's run and three looks
+    out = mask_filtered(value, filters, budget)
+    assert out[0] != stamp and out[1:] == ["b1", "b2", stamp]
+    assert (budget.left, budget.is_spent) == (0, True)
+    many = [f"b{i}" for i in range(100_000)]
+    spent = Budget(10 * LINE_SCAN_COST)
+    assert mask_filtered(many, filters, spent) == many
+    assert (spent.left, spent.is_spent) == (0, True)
