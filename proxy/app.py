@@ -37,6 +37,7 @@ from proxy.providers import Router
 from proxy.rules import load_rules
 from proxy.services import Services
 from proxy.settings import Settings
+from proxy.shutdown import close_when_draining
 from proxy.store import store_ctx
 from proxy.teams import TeamResolver, load_team_file
 from proxy.upstreams import resolve_upstreams
@@ -207,6 +208,7 @@ def create_app(
         ledger=TenantLedger(),
         pricing=pricing,
     )
+    app.on_response_prepare.append(close_when_draining)
     app.cleanup_ctx.append(_resolve_upstreams)
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_recorder_ctx)

@@ -132,6 +132,9 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    from proxy.shutdown import drain
+
+    await drain(runner, settings.shutdown_grace_seconds)
     for item in reversed(runners):
         await item.cleanup()
     return 0

@@ -16,7 +16,17 @@ installed by `LimitedRunner`:
 - `max_connections`: connections open at once. The connection over the limit is accepted, its
   first request answered 503 (`Retry-After: 1`) and the connection closed (never queued: an
   SDK retries at once on its own, and a queued connection would hold a socket with no
-  deadline). `/healthz` is answered 503 too on such a connection.
+  deadline).
+- `max_connections_per_client`: connections open at once from one client address (default a
+  quarter of `max_connections`, at least 1), so one client cannot hold every slot. The
+  connection over it is answered like one over `max_connections` (503, counted as
+  `too_many_client_connections`), and closed after `LINGER_SECONDS` if its request head has
+  not arrived by then, so a flood of half-sent requests from one address holds at most this
+  many connections for longer than that.
+- Probes are never refused by either cap: such a connection is accepted and its request
+  head read as usual (aiohttp's parser); a request for `PROBE_PATHS` (`/healthz`, `/readyz`,
+  `/metrics`) is then served by the app, and only other paths get the 503. The connection
+  closes after that one response either way.
 
 Every local answer is in the provider's error shape, chosen from the request line's path as the
 handler would route it (and from the credential headers already received, for shared paths);
@@ -32,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import unquote
@@ -52,6 +62,8 @@ from proxy.providers.base import (
     ProviderAdapter,
 )
 
+PROBE_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Paths a connection over a cap is still served (health, readiness and metrics probes)."""
 LINGER_SECONDS: Final = 2.0
 """After a local error answer the connection is half-closed (FIN after the answer) and closed
 for good when the client closes or after this long, so the client reads the answer instead of a
@@ -71,15 +83,49 @@ class ConnectionLimits:
     body_timeout: float
     max_header_bytes: int
     max_connections: int
+    max_client_connections: int
+    """Connections open at once from one client address (`max_connections_per_client`)."""
     closed: dict[str, Counter]
     """`promptcache_connections_closed_total` children by `reason` (`CLOSE_REASONS`)."""
     route_error: Callable[[str, str, bool], ProviderAdapter]
     """`(path, raw path, openai credential shape) -> adapter` whose `error_body` renders."""
     open: int = 0
     """Connections open now on this listener."""
+    by_client: dict[str, int] = field(default_factory=dict)
+    """Open connections per client address (addresses with none are removed)."""
+    _all_closed: asyncio.Event | None = None
 
     def count(self, reason: str) -> None:
         self.closed[reason].inc()
+
+    def opened(self, client: str) -> int:
+        """Count a new connection from `client`; its client's open connections now."""
+        self.open += 1
+        n = self.by_client.get(client, 0) + 1
+        self.by_client[client] = n
+        return n
+
+    def closed_one(self, client: str) -> None:
+        self.open -= 1
+        n = self.by_client.get(client, 1) - 1
+        if n > 0:
+            self.by_client[client] = n
+        else:
+            self.by_client.pop(client, None)
+        if self.open == 0 and self._all_closed is not None:
+            self._all_closed.set()
+
+    async def wait_closed(self, timeout: float) -> None:
+        """Return once no connection is open on this listener, or after `timeout` seconds."""
+        if self.open == 0:
+            return
+        self._all_closed = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._all_closed.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._all_closed = None
 
 
 def _default_adapter(path: str, raw: str, openai: bool) -> ProviderAdapter:
@@ -103,9 +149,16 @@ def limits_for(settings: Any, metrics: Any, router: Any = None) -> ConnectionLim
         body_timeout=settings.client_body_timeout,
         max_header_bytes=settings.max_header_bytes,
         max_connections=settings.max_connections,
+        max_client_connections=client_connection_cap(settings),
         closed=metrics.connections_closed_by_reason,
         route_error=route_error,
     )
+
+
+def client_connection_cap(settings: Any) -> int:
+    """`max_connections_per_client`, or a quarter of `max_connections` (at least 1) when unset."""
+    cap = settings.max_connections_per_client
+    return int(cap) if cap is not None else max(1, settings.max_connections // 4)
 
 
 def _head_facts(head: bytes) -> tuple[str, str, bool]:
@@ -146,23 +199,42 @@ class LimitedRequestHandler(RequestHandler):
         self._timer: asyncio.TimerHandle | None = None
         self._is_counted_open = False
         self._is_lingering = False
+        self._client = ""
+        self._app_handler = self._request_handler
+        self._refusal = ""
+        """Why this connection is over a cap (`""` when it is not): the 503's message."""
+        self._cap_timer: asyncio.TimerHandle | None = None
 
     # connection lifecycle -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limits = self._limits
-        limits.open += 1
+        peer = transport.get_extra_info("peername")
+        self._client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        from_client = limits.opened(self._client)
         self._is_counted_open = True
         if limits.open > limits.max_connections:
             limits.count("too_many_connections")
+            self._refusal = f"promptcache has {limits.max_connections} connections open (max_connections); retry"
+        elif from_client > limits.max_client_connections:
+            limits.count("too_many_client_connections")
+            self._refusal = (
+                f"promptcache has {limits.max_client_connections} connections open from this client address "
+                "(max_connections_per_client); retry"
+            )
+            self._cap_timer = self._loop.call_later(LINGER_SECONDS, self._cap_timed_out)
+        if self._refusal:
             self._request_handler = self._answer_overloaded
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._is_counted_open:
             self._is_counted_open = False
-            self._limits.open -= 1
+            self._limits.closed_one(self._client)
         self._cancel_timer()
+        if self._cap_timer is not None:
+            self._cap_timer.cancel()
+            self._cap_timer = None
         super().connection_lost(exc)
 
     def eof_received(self) -> None:
@@ -246,6 +318,11 @@ class LimitedRequestHandler(RequestHandler):
         self._limits.count("header_timeout")
         self._answer_locally(CLIENT_TIMEOUT, f"request headers not received within {self._limits.header_timeout:g} s")
 
+    def _cap_timed_out(self) -> None:
+        self._cap_timer = None
+        if self._request_count == 0:  # no request head within LINGER_SECONDS: close
+            self.force_close()
+
     def _body_timer(self) -> None:
         self._timer = None
         body = self._body
@@ -304,11 +381,17 @@ class LimitedRequestHandler(RequestHandler):
         return response
 
     async def _answer_overloaded(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The request handler of a connection over a cap: a probe is served, anything else
+        answered 503 (`Retry-After: 1`) in the path's error shape; the connection then closes."""
+        if request.path in PROBE_PATHS and self._app_handler is not None:
+            served = await self._app_handler(request)
+            served.force_close()
+            return served
         raw = request.raw_path.partition("?")[0]
         headers = request.headers
         openai = "authorization" in headers and "x-api-key" not in headers and "anthropic-version" not in headers
         adapter = self._limits.route_error(request.path, raw, openai)
-        message = f"promptcache has {self._limits.max_connections} connections open (max_connections); retry"
+        message = self._refusal
         response = web.Response(
             status=OVERLOADED.status,
             body=adapter.error_body(OVERLOADED, message),
@@ -339,7 +422,7 @@ class LimitedRunner(web.AppRunner):
 
     def __init__(self, app: web.Application, *, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._limits = limits
+        self.limits = limits
         self._server_kwargs = kwargs
 
     async def _make_server(self) -> web.Server:
@@ -349,6 +432,6 @@ class LimitedRunner(web.AppRunner):
             server.request_handler,
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
-            limits=self._limits,
+            limits=self.limits,
             **kwargs,
         )

@@ -213,7 +213,8 @@ async def readyz(request: web.Request) -> web.Response:
     `upstream: auto` fell back to the built-in simulator, and the store's health (checked now,
     `proxy.store.RecordStore.check`): `status` is `store_unhealthy` (503) while the store
     cannot take writes, naming the cause (`store.problem`: `disk_full`, `read_only` ...).
-    Requests are served meanwhile, without replay."""
+    Requests are served meanwhile, without replay. While `serve` drains for shutdown, `status`
+    is `draining` (503)."""
     services = request.app[SERVICES]
     ready = CLIENT_SESSIONS in request.app and bool(request.app[CLIENT_SESSIONS])
     active = services.active_upstreams or {}
@@ -222,6 +223,8 @@ async def readyz(request: web.Request) -> web.Response:
     health = await store.check() if store is not None else None
     if ready and health is not None and not health.is_healthy:
         ready, status = False, "store_unhealthy"
+    if services.draining:
+        ready, status = False, "draining"
     body: dict[str, object] = {
         "status": status,
         "upstreams": {name: item.as_json() for name, item in active.items()},

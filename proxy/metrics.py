@@ -52,6 +52,7 @@ CLOSE_REASONS: Final = (
     "body_timeout",
     "header_too_large",
     "too_many_connections",
+    "too_many_client_connections",
     "bad_request",
 )
 """Why promptcache closed a client connection (`promptcache_connections_closed_total{reason}`)."""
@@ -533,7 +534,7 @@ class Metrics:
         self.connections_closed = Counter(
             "promptcache_connections_closed_total",
             "Client connections promptcache closed because a limit was exceeded: idle, "
-            "header_timeout, body_timeout, header_too_large, too_many_connections "
+            "header_timeout, body_timeout, header_too_large, too_many_connections, too_many_client_connections "
             "(proxy.connections).",
             ["reason"],
             registry=r,

@@ -54,6 +54,9 @@ class Services:
     sessions: SessionState | None = None
     """Per-process session state (`proxy.session_identity.SessionState`: tenant secret, session
     inference index, pacing statistics); set with `store` by `proxy.store.store_ctx`."""
+    draining: bool = False
+    """Set by `proxy.shutdown.drain` once the stop signal came: responses close their connection
+    and `/readyz` answers 503."""
     pricing: PricingTable = field(default_factory=default_pricing)
     """Prices per provider and model family (`proxy.pricing`): measurement's costs, the session
     history, keep-warm's expected ping cost. Defaults to the packaged `rules/pricing.yaml`."""

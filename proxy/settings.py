@@ -137,6 +137,15 @@ class Settings(BaseModel):
     max_connections: int = Field(512, ge=1)
     """Client connections open at once; the one over it gets 503 (`Retry-After: 1`) and is
     closed. Each may also hold an upstream connection: keep it under the open-file limit."""
+    shutdown_grace_seconds: float = Field(5.0, ge=0)
+    """Seconds `serve` keeps answering requests on connections already open after SIGTERM or
+    SIGINT (no new connection is accepted; every response says `Connection: close`; `/readyz`
+    answers 503 `draining`); it stops sooner once every connection has closed
+    (`proxy.shutdown`)."""
+    max_connections_per_client: int | None = Field(None, ge=1)
+    """Client connections open at once from one client address; the one over it gets 503 like
+    one over `max_connections`. Unset: a quarter of `max_connections` (at least 1). Probes
+    (`/healthz`, `/readyz`, `/metrics`) are served over either cap (`proxy.connections`)."""
     classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in

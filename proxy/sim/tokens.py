@@ -14,6 +14,12 @@ Contract:
   which is what cache accounting needs, are exact.
 - Media is not decoded: an image is `IMAGE_TOKENS` (Anthropic) / `OPENAI_IMAGE_TOKENS` (OpenAI)
   tokens, a non-text document `DOCUMENT_TOKENS`, whatever its size.
+- Text is tokenised in bounded pieces: a whitespace run longer than `MAX_PIECE` characters is cut
+  into `MAX_PIECE`-character pieces (the rest stays with the text that follows), because tiktoken's
+  pre-tokeniser overflows its stack on a run of about 1M spaces (`pyo3_runtime.PanicException`, a
+  BaseException). Pieces are multiples of the 128-space token, so a long run of spaces counts as
+  it would whole; should a piece still panic, text is cut every `MAX_PIECE` characters, and if
+  that panics too a `ValueError` is raised (an Exception, so callers' fail-open catches it).
 - Results are memoised by the xxh3-128 digest of the text's UTF-8 bytes (bounded), so a 600 KB
   body whose blocks were seen before costs hashing only.
 """
@@ -25,7 +31,9 @@ import functools
 import gzip
 import hashlib
 import importlib.resources
+import re
 from array import array
+from collections.abc import Iterator
 from typing import Final
 
 import tiktoken
@@ -55,6 +63,11 @@ DOCUMENT_TOKENS: Final = 1_600
 """Tokens for one Anthropic document block whose source is not plain text (PDF, URL, file)."""
 OPENAI_IMAGE_TOKENS: Final = 765
 """Tokens for one OpenAI image part, any size (a 512x512 high-detail tile count: 85 + 4 x 170)."""
+
+MAX_PIECE: Final = 65_536
+"""Longest whitespace run handed to tiktoken in one call (a multiple of 128; 300K spaces pass)."""
+_LONG_WHITESPACE: Final = re.compile(rf"(?<!\s)\s{{{MAX_PIECE + 1},}}")
+"""A whole long run (the look-behind keeps the scan linear: no retry inside a run)."""
 
 _MAX_MEMO_COUNTS: Final = 262_144
 _MAX_MEMO_TOKENS: Final = 16_000_000
@@ -87,6 +100,40 @@ def load_o200k() -> tiktoken.Encoding:
     return encoding
 
 
+def _pieces(text: str) -> Iterator[str]:
+    """`text` cut inside its whitespace runs longer than `MAX_PIECE` (concatenation is `text`)."""
+    pos = 0
+    for run in _LONG_WHITESPACE.finditer(text):
+        start, end = run.span()
+        if start > pos:
+            yield text[pos:start]
+        while end - start > MAX_PIECE:
+            yield text[start : start + MAX_PIECE]
+            start += MAX_PIECE
+        pos = start
+    yield text[pos:]
+
+
+def encode_bounded(encoding: tiktoken.Encoding, text: str) -> list[int]:
+    """`encoding.encode_ordinary(text)` in bounded pieces (see the module docstring); raises
+    `ValueError`, never a BaseException, when tiktoken cannot tokenise the text."""
+    try:
+        if len(text) <= MAX_PIECE:
+            return encoding.encode_ordinary(text)
+        return [t for piece in _pieces(text) for t in encoding.encode_ordinary(piece)]
+    except (Exception, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # pyo3_runtime.PanicException (not importable by name)
+        pass
+    try:
+        step = range(0, len(text), MAX_PIECE)
+        return [t for i in step for t in encoding.encode_ordinary(text[i : i + MAX_PIECE])]
+    except (Exception, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        raise ValueError("tiktoken could not tokenise the text") from exc
+
+
 class TokenCounter:
     """Memoised `o200k_base` counting and encoding (not thread-safe; use from one loop)."""
 
@@ -106,7 +153,7 @@ class TokenCounter:
         n = self._counts.get(key)
         if n is None:
             seq = self._seqs.get(key)
-            n = len(seq) if seq is not None else len(self._encoding.encode_ordinary(text))
+            n = len(seq) if seq is not None else len(encode_bounded(self._encoding, text))
             if len(self._counts) >= _MAX_MEMO_COUNTS:
                 self._counts.clear()
             self._counts[key] = n
@@ -119,7 +166,7 @@ class TokenCounter:
         key = xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass"))
         seq = self._seqs.get(key)
         if seq is None:
-            seq = array("I", self._encoding.encode_ordinary(text))
+            seq = array("I", encode_bounded(self._encoding, text))
             if self._seq_tokens + len(seq) > _MAX_MEMO_TOKENS:
                 self._seqs.clear()
                 self._seq_tokens = 0

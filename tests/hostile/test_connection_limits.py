@@ -194,7 +194,7 @@ async def test_headers_just_under_the_limit_pass(make_proxy: Any) -> None:
 
 
 async def test_connection_over_max_connections_gets_503_and_is_closed(make_proxy: Any) -> None:
-    proxy = await make_proxy(upstream="http://127.0.0.1:9", max_connections=2)
+    proxy = await make_proxy(upstream="http://127.0.0.1:9", max_connections=2, max_connections_per_client=2)
     host, port = host_port(proxy.url)
     first = await asyncio.open_connection(host, port)
     second = await asyncio.open_connection(host, port)
@@ -242,3 +242,82 @@ def test_defaults() -> None:
         32768,
         512,
     )
+
+
+HALF_SENT = b"POST /v1/messages HTTP/1.1\r\n"  # a request line, then nothing
+
+
+async def test_one_client_address_cannot_take_every_connection(make_proxy: Any) -> None:
+    """`max_connections_per_client`: a third connection from 127.0.0.1 while two of its
+    half-sent requests are open is refused (503 in the path's shape); a probe on such a
+    connection is served; one that sends nothing is closed after `LINGER_SECONDS`."""
+    proxy = await make_proxy(upstream="http://127.0.0.1:9", max_connections=16, max_connections_per_client=2)
+    host, port = host_port(proxy.url)
+    held = [await asyncio.open_connection(host, port) for _ in range(2)]
+    try:
+        for _, writer in held:
+            writer.write(HALF_SENT)
+        over = await asyncio.open_connection(host, port)
+        over[1].write(b"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nx-api-key: k\r\nContent-Length: 2\r\n\r\n{}")
+        status, headers, body = await response_then_eof(over[0])
+        assert (status, headers["retry-after"], headers["connection"]) == (503, "1", "close")
+        assert body == {
+            "type": "error",
+            "error": {
+                "type": "overloaded_error",
+                "message": "promptcache has 2 connections open from this client address "
+                "(max_connections_per_client); retry",
+            },
+        }
+        probe = await asyncio.open_connection(host, port)
+        probe[1].write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        status, headers, body = await response_then_eof(probe[0])
+        assert (status, headers["connection"], body) == (200, "close", {"status": "ok"})
+        silent = await asyncio.open_connection(host, port)
+        assert await closed_by_server(silent[0])
+        for _, writer in (over, probe, silent):
+            writer.close()
+    finally:
+        for _, writer in held:
+            writer.close()
+    assert proxy.sample(CLOSED, reason="too_many_client_connections") == 3
+    assert proxy.sample(CLOSED, reason="too_many_connections") == 0
+
+
+async def test_probes_are_served_over_max_connections(make_proxy: Any) -> None:
+    """A flood holding every connection slot (each sending only a request line) does not
+    lock out `/healthz`, `/readyz` or `/metrics`; other paths still get the 503."""
+    proxy = await make_proxy(upstream="http://127.0.0.1:9", max_connections=3, max_connections_per_client=3)
+    host, port = host_port(proxy.url)
+    held = [await asyncio.open_connection(host, port) for _ in range(3)]
+    try:
+        for _, writer in held:
+            writer.write(HALF_SENT)
+        statuses = {}
+        for path in ("/healthz", "/readyz", "/metrics", "/v1/models"):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: proxy\r\n\r\n".encode())
+            async with asyncio.timeout(OUTER):
+                response = await read_response(reader)
+                assert await reader.read() == b""
+            statuses[path] = (response.status, response.headers["connection"])
+            writer.close()
+    finally:
+        for _, writer in held:
+            writer.close()
+    assert statuses == {
+        "/healthz": (200, "close"),
+        "/readyz": (200, "close"),
+        "/metrics": (200, "close"),
+        "/v1/models": (503, "close"),
+    }
+    assert proxy.sample(CLOSED, reason="too_many_connections") == 4
+
+
+def test_client_cap_default_is_a_quarter_of_max_connections() -> None:
+    from proxy.connections import client_connection_cap
+    from proxy.settings import Settings
+
+    assert client_connection_cap(Settings()) == 128
+    assert client_connection_cap(Settings(max_connections=2)) == 1
+    assert client_connection_cap(Settings(max_connections=512, max_connections_per_client=300)) == 300
