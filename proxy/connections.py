@@ -52,7 +52,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import Counter
 
-from proxy.providers import route
+from proxy.providers import is_openai_credential_shape, route
 from proxy.providers.base import (
     BAD_REQUEST,
     CLIENT_TIMEOUT,
@@ -168,8 +168,10 @@ def _head_facts(head: bytes) -> tuple[str, str, bool]:
     raw = parts[1].decode("latin-1").partition("?")[0] if complete and len(parts) >= 2 else ""
     if not raw.startswith("/"):
         raw = "/"
-    names = {header.partition(b":")[0].strip().lower() for header in rest.split(b"\r\n") if b":" in header}
-    openai = b"authorization" in names and b"x-api-key" not in names and b"anthropic-version" not in names
+    names = {
+        header.partition(b":")[0].strip().lower().decode("latin-1") for header in rest.split(b"\r\n") if b":" in header
+    }
+    openai = is_openai_credential_shape(names)
     return unquote(raw), raw, openai
 
 
@@ -388,8 +390,7 @@ class LimitedRequestHandler(RequestHandler):
             served.force_close()
             return served
         raw = request.raw_path.partition("?")[0]
-        headers = request.headers
-        openai = "authorization" in headers and "x-api-key" not in headers and "anthropic-version" not in headers
+        openai = is_openai_credential_shape(request.headers)
         adapter = self._limits.route_error(request.path, raw, openai)
         message = self._refusal
         response = web.Response(

@@ -32,7 +32,7 @@ from proxy.pipeline import run_request_stages
 from proxy.pipeline.observe import record_usage
 from proxy.pipeline.parse import invalid_utf8_message
 from proxy.profiles import Profile, load_profiles
-from proxy.providers import Route, Router, route
+from proxy.providers import Route, Router, is_openai_credential_shape, route
 from proxy.providers.base import BAD_REQUEST, CLIENT_TIMEOUT, NOT_FOUND, TOO_LARGE
 from proxy.response import run_response_stages
 from proxy.services import Services
@@ -63,8 +63,7 @@ def outcome_for(status: int) -> str:
 
 
 def _is_openai_shaped(request: web.Request) -> bool:
-    headers = request.headers
-    return "authorization" in headers and "x-api-key" not in headers and "anthropic-version" not in headers
+    return is_openai_credential_shape(request.headers)  # case-insensitive names
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:

@@ -17,7 +17,7 @@ except one under a routing prefix (Azure's `/openai/v1/...`), which needs its pr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote
@@ -48,6 +48,14 @@ _OPENAI_PREFIXES: Final = (
     "/v1/realtime",
     "/v1/conversations",
 )
+
+
+def is_openai_credential_shape(header_names: Container[str]) -> bool:
+    """True when a request's header names (lower case) are OpenAI-only: `authorization`
+    without `x-api-key` and without `anthropic-version` (Anthropic's own headers). Decides
+    shared paths in `route` / `Router.route`."""
+    names = header_names
+    return "authorization" in names and "x-api-key" not in names and "anthropic-version" not in names
 
 
 def route(path: str, openai_markers: bool = False) -> tuple[ProviderAdapter, str]:

@@ -96,3 +96,15 @@ def test_the_log_handler_redacts_messages_and_tracebacks(log_format: str, monkey
     assert out.count("[redacted]") == 3
     assert "ValueError: bad header b'Authorization: [redacted]'" in out
 
+
+
+def test_the_openai_credential_shape_is_one_rule() -> None:
+    from multidict import CIMultiDict
+
+    from proxy.providers import is_openai_credential_shape
+
+    assert is_openai_credential_shape({"authorization"}) is True
+    assert is_openai_credential_shape({"authorization", "x-api-key"}) is False
+    assert is_openai_credential_shape({"authorization", "anthropic-version"}) is False
+    assert is_openai_credential_shape(set()) is False
+    assert is_openai_credential_shape(CIMultiDict({"Authorization": "Bearer k"})) is True
