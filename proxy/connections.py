@@ -187,6 +187,17 @@ def error_response_bytes(adapter: ProviderAdapter, kind: ErrorKind, message: str
     return head.encode("ascii") + body
 
 
+def _closing_error(
+    adapter: ProviderAdapter, kind: ErrorKind, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    """`kind` as a JSON response in `adapter`'s error shape, the connection closed after it."""
+    response = web.Response(
+        status=kind.status, body=adapter.error_body(kind, message), content_type="application/json", headers=headers
+    )
+    response.force_close()
+    return response
+
+
 class LimitedRequestHandler(RequestHandler):
     """aiohttp's connection protocol with the limits of the module docstring."""
 
@@ -374,13 +385,7 @@ class LimitedRequestHandler(RequestHandler):
         self._limits.count("bad_request")
         path, raw, openai = _head_facts(bytes(self._head)) if self._head else ("/", "/", False)
         adapter = self._limits.route_error(path, raw, openai)
-        response = web.Response(
-            status=BAD_REQUEST.status,
-            body=adapter.error_body(BAD_REQUEST, f"malformed HTTP request ({type(exc).__name__})"),
-            content_type="application/json",
-        )
-        response.force_close()
-        return response
+        return _closing_error(adapter, BAD_REQUEST, f"malformed HTTP request ({type(exc).__name__})")
 
     async def _answer_overloaded(self, request: web.BaseRequest) -> web.StreamResponse:
         """The request handler of a connection over a cap: a probe is served, anything else
@@ -392,15 +397,7 @@ class LimitedRequestHandler(RequestHandler):
         raw = request.raw_path.partition("?")[0]
         openai = is_openai_credential_shape(request.headers)
         adapter = self._limits.route_error(request.path, raw, openai)
-        message = self._refusal
-        response = web.Response(
-            status=OVERLOADED.status,
-            body=adapter.error_body(OVERLOADED, message),
-            content_type="application/json",
-            headers={"Retry-After": "1"},
-        )
-        response.force_close()
-        return response
+        return _closing_error(adapter, OVERLOADED, self._refusal, {"Retry-After": "1"})
 
 
 class LimitedServer(web.Server):
