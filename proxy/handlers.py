@@ -128,13 +128,18 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         response = await forward(request, exchange, session, upstream_base, pm, read_timeout, body)
         status = exchange.status
         return response
-    except (asyncio.CancelledError, ConnectionResetError):
+    except (asyncio.CancelledError, ConnectionResetError) as exc:
         # The client disconnected before the last byte (mid-body or mid-stream): a client
         # outcome, not ours; usage the upstream already reported is counted (once).
         status = CLIENT_CLOSED
         if exchange is not None and exchange.is_pipeline:
             record_usage(exchange, services)
-        raise
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        # A write met the closed connection before the cancellation did: re-raised, aiohttp
+        # would log it as a server error with a traceback. A stub goes nowhere (aiohttp's
+        # final write on the closed connection is dropped quietly).
+        return web.Response(status=CLIENT_CLOSED)
     finally:
         elapsed = time.perf_counter() - started
         pm.in_flight.dec()
