@@ -489,6 +489,14 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.store_local_reads = Counter(
+            "promptcache_session_store_local_reads_total",
+            "Session record loads answered from this process's memory of its own newest write, "
+            "with no store read: only when no other process writes the store (a single-process "
+            "`serve` on SQLite) (proxy.store).",
+            ["backend"],
+            registry=r,
+        )
         self.store_faults = Counter(
             "promptcache_session_store_faults_total",
             "Session store failures by cause (file_gone, disk_full, read_only, cannot_open, corrupt, "
@@ -555,6 +563,7 @@ class Metrics:
                 self.store_errors.labels(backend, operation)
             self.store_pending_writes.labels(backend)
             self.store_dropped_writes.labels(backend)
+            self.store_local_reads.labels(backend)
             for kind in FAULT_KINDS:
                 self.store_faults.labels(backend, kind)
         self.by_provider: dict[str, ProviderMetrics] = {}
