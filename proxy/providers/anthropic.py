@@ -93,8 +93,8 @@ ERROR_TYPES: Final[dict[str, str]] = {
     "headers_too_large": "request_too_large",
     "overloaded": "overloaded_error",
 }
-"""`ErrorKind.name` -> the Messages API's error `type` (platform.claude.com/docs/en/api/errors:
-`overloaded_error` is the API's own "try again")."""
+"""`ErrorKind.name` -> the Messages API's error `type` (`overloaded_error`, over
+`max_connections`, is the API's own for "try again")."""
 
 
 class AnthropicUsage:
