@@ -25,7 +25,7 @@ from proxy.prefix import chain_blocks
 from proxy.providers import ANTHROPIC
 from proxy.providers.base import Block, Usage
 from proxy.store.codec import SessionRecord
-from tests.measure.bodies import BASE, variant
+from tests.measure.bodies import BASE, record_for, variant
 
 PATH = "/v1/messages"
 RULES = read_rules(ANTHROPIC, PATH, BASE)
@@ -42,15 +42,7 @@ def predict_read(*args: Any, **kwargs: Any) -> tuple[int | None, int]:
 
 def record_of(body: dict[str, Any]) -> SessionRecord:
     """The record the session stage would keep after sending `body`."""
-    blocks = ANTHROPIC.prefix_blocks(PATH, body)
-    chain = chain_blocks(blocks)
-    return SessionRecord(
-        chain=chain.chain,
-        ends=chain.ends,
-        model=body["model"],
-        params_digest=params_digest(ANTHROPIC, PATH, body),
-        breakpoints=marker_positions(blocks, body),
-    )
+    return record_for(ANTHROPIC, PATH, body)
 
 
 def divergence_of(name: str, **kwargs: Any) -> Divergence:

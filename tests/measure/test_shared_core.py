@@ -25,7 +25,6 @@ from proxy.divergence import (
     compare,
     is_rewrite,
     marker_positions,
-    params_digest,
     predict_read,
     prompt_of,
     read_rules,
@@ -35,14 +34,12 @@ from proxy.exchange import Exchange
 from proxy.forensics import explain
 from proxy.measure import measure
 from proxy.metrics import Metrics
-from proxy.prefix import chain_blocks
 from proxy.providers import ANTHROPIC, OPENAI
 from proxy.providers.base import ProviderAdapter, Usage
 from proxy.rules import RuleSet, load_rules
 from proxy.services import Services
 from proxy.settings import Settings
-from proxy.store.codec import SessionRecord
-from tests.measure.bodies import BASE, variant
+from tests.measure.bodies import BASE, record_for, variant
 from tests.pipeline.strategies import anthropic_bodies
 
 MESSAGES = "/v1/messages"
@@ -51,17 +48,7 @@ NO_MINIMUM = RuleSet(rules=(), min_tokens_by_prefix=(), default_min_tokens=0)
 RULES = load_rules()
 
 
-def record_of(adapter: ProviderAdapter, path: str, body: dict[str, Any]) -> SessionRecord:
-    """The record the session stage keeps after sending `body` (its adapter's marker rules)."""
-    blocks = adapter.prefix_blocks(path, body)
-    chain = chain_blocks(blocks)
-    return SessionRecord(
-        chain=chain.chain,
-        ends=chain.ends,
-        model=body["model"],
-        params_digest=params_digest(adapter, path, body),
-        breakpoints=marker_positions([b.value for b in blocks], body, read_rules(adapter, path, body)),
-    )
+record_of = record_for
 
 
 def live(
