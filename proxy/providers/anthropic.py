@@ -42,6 +42,9 @@ from proxy.providers.base import (
     platform_error_body,
 )
 
+KEY_PREFIXES: Final = ("sk-ant-",)
+"""How an Anthropic credential starts: API keys `sk-ant-api03-...`, OAuth tokens
+`sk-ant-oat01-...` (redacted wherever a path carries one, `proxy.providers.redact_path`)."""
 _USAGE_KEYS: Final = (
     "input_tokens",
     "output_tokens",

@@ -54,6 +54,9 @@ from proxy.providers.base import (
     platform_error_body,
 )
 
+KEY_PREFIXES: Final = ("sk-",)
+"""How an OpenAI credential starts: `sk-...`, `sk-proj-...`, `sk-svcacct-...`, `sk-admin-...`
+(OpenRouter's `sk-or-...` too); redacted wherever a path carries one (`proxy.providers.redact_path`)."""
 CHAT_PATH: Final = "/v1/chat/completions"
 CHAT_OPTIONAL: Final[Mapping[str, frozenset[str]]] = {"tool": frozenset({"name"})}
 """Keys a Chat client may drop on re-sending a message (`OpenAIAdapter.identity_optional`)."""
