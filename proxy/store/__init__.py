@@ -30,6 +30,11 @@
   replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`);
   beyond that a save is dropped and counted (`promptcache_session_store_writes_dropped_total`).
   `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
+- Bounded in bytes: a record encoded larger than `max_record_bytes` (the setting
+  `store_max_bytes_per_tenant`) is not written, and the session's older record is removed
+  (`promptcache_session_store_records_skipped_total`); the SQLite backend also caps bytes per
+  tenant and in total, evicting the least recently written records
+  (`promptcache_session_store_evictions_total{cap}`, `proxy.store.sqlite`).
 - Health: every failure is counted by cause in `promptcache_session_store_faults_total{backend,
   kind}` (`proxy.store.base.FAULT_KINDS`, named by the backend's `fault_kind`). A cause in
   `UNHEALTHY_KINDS` (disk full, read-only, cannot open, server unavailable or unresponsive)
@@ -137,8 +142,11 @@ def default_store_url(state_dir: Path) -> str:
     return f"sqlite://{Path(state_dir).expanduser().resolve() / 'sessions.db'}"
 
 
-def open_store(url: str) -> SessionStore:
-    """A backend for `url`; raises `ValueError` for an unknown scheme or an empty path."""
+def open_store(url: str, *, max_bytes: int | None = None, max_tenant_bytes: int | None = None) -> SessionStore:
+    """A backend for `url`; raises `ValueError` for an unknown scheme or an empty path.
+
+    `max_bytes` / `max_tenant_bytes` cap the SQLite file's value bytes in total and per tenant
+    (`proxy.store.sqlite`; default 1 GiB / 256 MiB); Redis is bounded by its own `maxmemory`."""
     if url.startswith("memory://"):
         from proxy.store.memory import MemoryStore
 
@@ -151,7 +159,13 @@ def open_store(url: str) -> SessionStore:
             path = path[1:]
         if not path:
             raise ValueError("sqlite:// needs a file path, e.g. sqlite:///var/lib/promptcache/sessions.db")
-        return SqliteStore(path)
+        from proxy.store.sqlite import DEFAULT_MAX_BYTES, DEFAULT_MAX_TENANT_BYTES
+
+        return SqliteStore(
+            path,
+            max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+            max_tenant_bytes=DEFAULT_MAX_TENANT_BYTES if max_tenant_bytes is None else max_tenant_bytes,
+        )
     if url.startswith(("redis://", "rediss://", "unix://")):
         from proxy.store.redis import RedisStore
 
@@ -197,15 +211,19 @@ class RecordStore:
         metrics: Metrics,
         get_timeout: float = GET_TIMEOUT,
         put_timeout: float = PUT_TIMEOUT,
+        max_record_bytes: int | None = None,
         *,
         is_sole_writer: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`is_sole_writer`: no other process writes this backend (`store_ctx`: the SQLite file
+        """`max_record_bytes`: a record encoded larger than this is not stored (counted in
+        `promptcache_session_store_records_skipped_total`; `None`: no limit).
+        `is_sole_writer`: no other process writes this backend (`store_ctx`: the SQLite file
         of a single-process `serve`), so a record this process wrote is the newest and a load
         returns it from memory (module docstring). `clock`: epoch seconds, the backend's
         expiry clock."""
         self.backend = backend
+        self.max_record_bytes = max_record_bytes
         self.get_timeout = get_timeout
         self.put_timeout = put_timeout
         self.is_sole_writer = is_sole_writer
@@ -232,8 +250,9 @@ class RecordStore:
         self._put_errors = metrics.store_errors.labels(name, "put")
         self._pending_gauge = metrics.store_pending_writes.labels(name)
         self._dropped = metrics.store_dropped_writes.labels(name)
-        self._pending: dict[tuple[str, str], tuple[SessionRecord, bytes, float]] = {}
-        """Newest record per session not yet written: `(record, encoded, ttl)`."""
+        self._pending: dict[tuple[str, str], tuple[SessionRecord | None, bytes, float]] = {}
+        """Newest record per session not yet written: `(record, encoded, ttl)`; `None`, `b""`
+        and 0 remove the session's record (one too large to store)."""
         self._pending_bytes = 0
         self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
         """Newest small value per key not yet written (`save_bytes_soon`)."""
@@ -246,6 +265,18 @@ class RecordStore:
         self._checking: asyncio.Task[StoreHealth] | None = None
         if hasattr(backend, "on_fault"):
             backend.on_fault = self._repaired
+        self._skipped = metrics.store_skipped.labels(name)
+        self._evictions = {cap: metrics.store_evictions.labels(name, cap) for cap in ("tenant", "total")}
+        if hasattr(backend, "on_evict"):
+            backend.on_evict = self._evicted
+
+    def _evicted(self, cap: str, rows: int) -> None:
+        """Records the backend evicted to stay within a cap, or did not store (`too_large`);
+        its writer thread may call this."""
+        if cap == "too_large":
+            self._skipped.inc(rows)
+        else:
+            self._evictions[cap].inc(rows)
 
     def _repaired(self, kind: str, message: str) -> None:
         """A fault the backend repaired itself (its worker thread may call this): counted. The
@@ -305,7 +336,7 @@ class RecordStore:
         key = (tenant, session)
         pending = self._pending.get(key)
         if pending is not None:
-            return pending[0]
+            return pending[0]  # `None`: a removal is pending
         if self._forget_all:
             self._forget_all = False
             self._memo.clear()
@@ -442,14 +473,14 @@ class RecordStore:
         The request path uses `save_soon`."""
         return await self._put((tenant, session), encode_record(record), record, ttl)
 
-    async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord, ttl: float) -> bool:
+    async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord | None, ttl: float) -> bool:
         expires = self._clock() + ttl
         if not await self._put_bytes(key, data, ttl):
             self._forget(key)  # a failed write may still have landed (a timeout): read it next time
             return False
-        if ttl > 0:
+        if record is not None and ttl > 0:
             self._remember(key, data, record, expires)
-        else:  # deleted
+        else:  # removed
             self._forget(key)
         return True
 
@@ -458,13 +489,18 @@ class RecordStore:
         was dropped because too many writes are pending (counted)."""
         key = (tenant, session)
         data = encode_record(record)
+        stored: SessionRecord | None = record
+        if self.max_record_bytes is not None and len(data) > self.max_record_bytes:
+            # too large to keep: the older record goes too (the next turn goes without replay)
+            self._skipped.inc()
+            stored, data, ttl = None, b"", 0.0
         old = self._pending.get(key)
         held = self._pending_bytes - (len(old[1]) if old is not None else 0)
         if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + len(data) > MAX_PENDING_BYTES:
             self._dropped.inc()
             _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
             return False
-        self._pending[key] = (record, data, ttl)
+        self._pending[key] = (stored, data, ttl)
         self._pending_bytes = held + len(data)
         self._pending_gauge.set(len(self._pending))
         if old is None:
@@ -551,7 +587,7 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     settings = services.settings
     url = settings.store or default_store_url(settings.state_dir)
-    backend = open_store(url)
+    backend = open_store(url, max_bytes=settings.store_max_bytes, max_tenant_bytes=settings.store_max_bytes_per_tenant)
     if backend.backend != "memory":
         tighten_state_dir(Path(settings.state_dir))
     if backend.backend == "redis" and not settings.secret:
@@ -562,7 +598,12 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         )
     # one `serve` process on a SQLite file is its only writer (`--workers N` share it; Redis is
     # shared by replicas): what it wrote last is what the file holds
-    store = RecordStore(backend, services.metrics, is_sole_writer=backend.backend == "sqlite" and settings.workers == 1)
+    store = RecordStore(
+        backend,
+        services.metrics,
+        max_record_bytes=settings.store_max_bytes_per_tenant,
+        is_sole_writer=backend.backend == "sqlite" and settings.workers == 1,
+    )
     # The file is created (and the store's health known) now, not on the first request's
     # bounded read; a broken store costs replay and readiness, never the start.
     await store.check()
