@@ -51,6 +51,7 @@ CLOSE_REASONS: Final = (
     "header_timeout",
     "body_timeout",
     "header_too_large",
+    "too_many_headers",
     "too_many_connections",
     "too_many_client_connections",
     "bad_request",

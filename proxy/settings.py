@@ -134,6 +134,9 @@ class Settings(BaseModel):
     connection closed."""
     max_header_bytes: int = Field(32 * 1024, ge=1024)
     """Bytes of a request line and headers together; more: 431 and the connection closed."""
+    max_header_count: int = Field(128, ge=1)
+    """Header lines a request may carry (aiohttp's own limit, 128, by default); more: 431 in the
+    provider's error shape and the connection closed."""
     max_connections: int = Field(512, ge=1)
     """Client connections open at once; the one over it gets 503 (`Retry-After: 1`) and is
     closed. Each may also hold an upstream connection: keep it under the open-file limit."""
