@@ -149,6 +149,13 @@ class Settings(BaseModel):
     """Client connections open at once from one client address; the one over it gets 503 like
     one over `max_connections`. Unset: a quarter of `max_connections` (at least 1). Probes
     (`/healthz`, `/readyz`, `/metrics`) are served over either cap (`proxy.connections`)."""
+    pipeline_budget_bytes: int = Field(8 * 1024 * 1024, ge=0)
+    """Request bodies larger than this (bytes) skip every stage after `parse`: forwarded as
+    sent, usage counted, nothing measured or stored (`proxy.pipeline.budget`), so one huge body
+    cannot hold the event loop every tenant shares."""
+    pipeline_budget_blocks: int = Field(10_000, ge=0)
+    """The same for bodies of more blocks than this (messages, input items, tools, system and
+    content blocks)."""
     store_max_bytes: int = Field(1024 * 1024 * 1024, ge=1)
     """Bytes of session records the SQLite store may hold; past it the least recently written
     records (of any tenant) are evicted (`proxy.store.sqlite`). Redis: bounded by its own
