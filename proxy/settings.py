@@ -15,6 +15,7 @@ import difflib
 import importlib.util
 import os
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +45,21 @@ class UpstreamCapabilities(BaseModel):
     """Remove `scope` (Bedrock, Vertex, Foundry reject `scope: "global"`)."""
     no_tool_message_markers: bool = False
     """Never place a marker on a tool message / tool_result block."""
+
+
+class ProviderSettings(BaseModel):
+    """One provider's settings (`Settings.providers[name]`): where its requests go and what
+    that upstream accepts. Set through the flat `<provider>_upstream`, `<provider>_profile` and
+    `<provider>_capabilities` settings (environment variables and YAML keys keep those names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    upstream: str
+    """Base URL of the provider's API (`anthropic_upstream`, `openai_upstream`)."""
+    profile: str
+    """Upstream profile on its paths (`rules/profiles.yaml`)."""
+    capabilities: UpstreamCapabilities
+    """Overrides of the profile's marker capabilities."""
 
 
 class Settings(BaseModel):
@@ -189,6 +205,21 @@ class Settings(BaseModel):
         if not cap >= 0:
             raise ValueError("keep_warm must be off, on, or a cap in USD per tenant per hour")
         return text
+
+    @cached_property
+    def providers(self) -> dict[str, ProviderSettings]:
+        """Provider name (`anthropic`, `openai`: the adapters' `name`) -> its settings, the one
+        mapping per-provider code reads (never an attribute name built from the provider's)."""
+        return {
+            "anthropic": ProviderSettings(
+                upstream=self.anthropic_upstream,
+                profile=self.anthropic_profile,
+                capabilities=self.anthropic_capabilities,
+            ),
+            "openai": ProviderSettings(
+                upstream=self.openai_upstream, profile=self.openai_profile, capabilities=self.openai_capabilities
+            ),
+        }
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod
