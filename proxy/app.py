@@ -29,6 +29,7 @@ from proxy.debug import LastMeasurements
 from proxy.handlers import healthz, not_found, proxy_handler, readyz
 from proxy.keepwarm import KeepWarm, parse_setting
 from proxy.ledger import TenantLedger
+from proxy.memory_budget import MemoryBudget
 from proxy.metrics import PROVIDERS, Metrics
 from proxy.pacing import Pacing
 from proxy.pricing import pricing_for
@@ -209,7 +210,10 @@ def create_app(
             settings.providers["openai"].profile,
         ),
         last_measurements=LastMeasurements(
-            settings.history_sessions, settings.history_sessions_per_tenant, settings.history_requests
+            settings.history_sessions,
+            settings.history_sessions_per_tenant,
+            settings.history_requests,
+            max_bytes=MemoryBudget.of_mb(settings.memory_budget_mb).history,
         ),
         teams=teams,
         ledger=TenantLedger(),

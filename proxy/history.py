@@ -11,8 +11,10 @@ One `SessionEntry` per `(tenant, session_id)` holds what the forensic map draws:
 - totals over every request of the session (also the ones whose rows were dropped);
 - the newest `Measurement` (`/debug/sessions/{id}`'s `last_request`).
 
-Bounds: at most `max_sessions` entries, at most `max_per_tenant` per tenant (the least recently
-seen go first). No credential ever reaches it (tenants are keyed hashes). Prompt text is kept
+Bounds: at most `max_sessions` entries, at most `max_per_tenant` per tenant, at most
+`max_bytes` estimated bytes over all entries (`entry_bytes`; `serve` passes the memory budget's
+`history` share, `proxy.memory_budget`): the least recently seen go first. No credential ever
+reaches it (tenants are keyed hashes). Prompt text is kept
 only as the rows' short excerpts, plus, to cut the next request's excerpt, the newest request's
 tools and system block bytes when they fit in `HEAD_BYTES_CAP` (kept in memory, never written
 anywhere, dropped with the entry); an earlier message's old text comes from the session
@@ -36,6 +38,12 @@ MAX_SESSIONS: Final = 512
 MAX_PER_TENANT: Final = 64
 MAX_REQUESTS: Final = 200
 MAX_MAP_BLOCKS: Final = 2000
+ENTRY_BYTES: Final = 2048
+ROW_BYTES: Final = 512
+MAP_BLOCK_BYTES: Final = 64
+"""Estimated memory of a `SessionEntry` (its fields and last measurement), of one
+`RequestRow` (with its excerpts) and of one block of a `PromptMap`; `entry_bytes` adds them to
+the head bytes held."""
 HEAD_BYTES_CAP: Final = 64 * 1024
 """Tools + system bytes of the newest request kept for the next excerpt (per session)."""
 TENANT_PREFIX_CHARS: Final = 8
@@ -121,6 +129,8 @@ class SessionEntry:
     last_measurement: Any = None
     _head: tuple[bytes, ...] | None = None
     """orjson bytes of the newest request's tools + system blocks (module docstring)."""
+    _bytes: int = 0
+    """Estimated memory of the entry (`entry_bytes`, as of its last `add`)."""
 
     @property
     def blocks(self) -> tuple[MapBlock, ...]:
@@ -381,8 +391,12 @@ class SessionHistory:
         max_sessions: int = MAX_SESSIONS,
         max_per_tenant: int = MAX_PER_TENANT,
         requests_per_session: int = MAX_REQUESTS,
+        max_bytes: int | None = None,
     ) -> None:
         self._entries: OrderedDict[tuple[str, str], SessionEntry] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes_held = 0
+        """Sum of the entries' `entry_bytes` estimates."""
         self._per_tenant: dict[str, int] = {}
         self.max_sessions = max(1, max_sessions)
         """At least 1 (`history_sessions: 0` means no index at all: nothing calls `add`)."""
@@ -429,7 +443,7 @@ class SessionHistory:
         return entry
 
     def _drop(self, key: tuple[str, str]) -> None:
-        self._entries.pop(key)
+        self.bytes_held -= self._entries.pop(key)._bytes
         left = self._per_tenant[key[0]] - 1
         if left:
             self._per_tenant[key[0]] = left
@@ -506,11 +520,25 @@ class SessionHistory:
             after=after,
         )
         entry.rows.append(row)
+        size = entry_bytes(entry)
+        self.bytes_held += size - entry._bytes
+        entry._bytes = size
+        key = (tenant, session_id)
+        while self.max_bytes is not None and self.bytes_held > self.max_bytes and len(self._entries) > 1:
+            oldest = next(iter(self._entries))
+            self._drop(oldest if oldest != key else list(self._entries)[1])
         entry.read_tokens += row.read
         entry.prompt_tokens += row.prompt_usage
         entry.cost_usd += measurement.cost_usd or 0.0
         entry.uncached_cost_usd += measurement.uncached_cost_usd or 0.0
         return entry
+
+
+def entry_bytes(entry: SessionEntry) -> int:
+    """Estimated memory of `entry` (`ENTRY_BYTES`, `ROW_BYTES`, `MAP_BLOCK_BYTES`, head bytes)."""
+    head = sum(map(len, entry._head)) if entry._head else 0
+    blocks = len(entry.map.ends) if entry.map is not None else 0
+    return ENTRY_BYTES + head + ROW_BYTES * len(entry.rows) + MAP_BLOCK_BYTES * blocks
 
 
 def _model(body: Any) -> str:

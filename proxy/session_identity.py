@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import orjson
 import xxhash
 
+from proxy.memory_budget import BOUNDARY_BYTES, INDEX_SESSION_BYTES, MemoryBudget
 from proxy.pacing import MAX_ARRIVALS, Pacing
 from proxy.providers.base import JSONObject, ProviderAdapter
 from proxy.settings import Settings
@@ -111,8 +112,11 @@ class _Entry:
 
 class SessionIndex:
     """Recent requests per tenant, for inference (module docstring, rule 4). Bounded: at most
-    `max_sessions` sessions and `max_boundaries` boundaries over all tenants (LRU), each usable
-    for `ttl` seconds after its last registration."""
+    `max_sessions` sessions and `max_boundaries` boundaries over all tenants (LRU), and at most
+    `max_bytes` bytes at `proxy.memory_budget.BOUNDARY_BYTES` per boundary and `INDEX_SESSION_BYTES`
+    per session (`SessionState.start`: the memory budget's `index` share); each usable for `ttl`
+    seconds after its last registration. A session that falls out keeps its id (a root id
+    derives from its first boundary) but a fork of it is no longer recognised."""
 
     def __init__(
         self,
@@ -120,9 +124,11 @@ class SessionIndex:
         max_boundaries: int = MAX_INDEX_BOUNDARIES,
         ttl: float = INDEX_TTL,
         clock: Callable[[], float] = time.monotonic,
+        max_bytes: int | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_boundaries = max_boundaries
+        self.max_bytes = max_bytes
         self.ttl = ttl
         self._clock = clock
         self._owner: dict[str, dict[bytes, str]] = {}
@@ -132,6 +138,11 @@ class SessionIndex:
     @property
     def boundaries_held(self) -> int:
         return self._count
+
+    @property
+    def bytes_held(self) -> int:
+        """Estimated bytes (`proxy.memory_budget.BOUNDARY_BYTES`, `INDEX_SESSION_BYTES`)."""
+        return self._count * BOUNDARY_BYTES + len(self._sessions) * INDEX_SESSION_BYTES
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -176,7 +187,11 @@ class SessionIndex:
                 self._count += 1
         while len(entry.owned) > MAX_BOUNDARIES_PER_SESSION:
             self._release(owner, session, entry.owned.popleft())
-        while len(self._sessions) > self.max_sessions or self._count > self.max_boundaries:
+        while (
+            len(self._sessions) > self.max_sessions
+            or self._count > self.max_boundaries
+            or (self.max_bytes is not None and self.bytes_held > self.max_bytes)
+        ):
             (old_tenant, old_session), old = self._sessions.popitem(last=False)
             old_owner = self._owner[old_tenant]
             for digest in old.owned:
@@ -315,7 +330,7 @@ class SessionState:
         """
         if not is_persistent and not settings.secret:
             secret = secrets.token_hex(32).encode()
-            return cls(secret, tuple(h.lower() for h in settings.session_headers), upstream_hosts(settings))
+            return cls._of(secret, settings)
         try:
             secret = await asyncio.to_thread(load_secret, settings.secret, settings.state_dir)
         except OSError as exc:
@@ -325,7 +340,12 @@ class SessionState:
                 type(exc).__name__,
             )
             secret = secrets.token_hex(32).encode()
-        return cls(secret, tuple(h.lower() for h in settings.session_headers), upstream_hosts(settings))
+        return cls._of(secret, settings)
+
+    @classmethod
+    def _of(cls, secret: bytes, settings: Settings) -> SessionState:
+        index = SessionIndex(max_bytes=MemoryBudget.of_mb(settings.memory_budget_mb).index)
+        return cls(secret, tuple(h.lower() for h in settings.session_headers), upstream_hosts(settings), index)
 
     def tenant_of(self, provider: str, headers: Mapping[str, str]) -> str:
         """The request's tenant (keyed hash of credential and upstream host)."""

@@ -108,6 +108,11 @@ class Settings(BaseModel):
     admin_token: str = ""
     """When set, `/metrics`, `/debug` and `/ui` need `Authorization: Bearer <token>` or
     `?token=<token>`; required when those routes listen on a non-loopback address."""
+    memory_budget_mb: int = Field(16, ge=1)
+    """MiB for the in-memory caches that grow with the sessions seen (decoded records, the
+    session inference index, the forensic map's history, the replay masker's memos), split by
+    fixed shares (`proxy.memory_budget`); the interpreter, the tokenizer and requests in flight come on
+    top."""
     history_sessions: int = Field(512, ge=0)
     """Recent sessions kept in memory for `/ui/` and `/debug/sessions` (0 = none)."""
     history_sessions_per_tenant: int = Field(64, ge=1)

@@ -50,6 +50,7 @@ import xxhash
 from proxy.divergence import request_model
 from proxy.exchange import Exchange
 from proxy.measure import sent_body, sent_marker_positions, sent_params_digest, sent_prompt
+from proxy.memory_budget import MemoryBudget
 from proxy.pacing import FIVE_MINUTES, MAX_ARRIVALS, ONE_HOUR, Pacing, forecast
 from proxy.pipeline import delivered
 from proxy.pipeline.blocks import marker_ttl
@@ -91,10 +92,13 @@ def masker_for(state: SessionState, services: Services) -> Masker:
     cached = state.masker
     if cached is not None and cached[0] is rules:
         return cached[1]
+    memo_size = MemoryBudget.of_mb(services.settings.memory_budget_mb).masker_entries
     if rules is None:
-        masker = Masker(())
+        masker = Masker((), memo_size)
     else:
-        masker = Masker(volatile_patterns(rules), system_text=partial(without_volatile, classifier_for(rules)))
+        masker = Masker(
+            volatile_patterns(rules), memo_size, system_text=partial(without_volatile, classifier_for(rules))
+        )
     state.masker = (rules, masker)
     return masker
 
@@ -394,9 +398,7 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
     shape = adapter.tool_shape(exchange.path)
     values, kinds, call_kinds = prompt.values, prompt.kinds, shape.call_kinds
     calls = [
-        values[i]
-        for i in range(prompt.tools, len(values))
-        if kinds[i] in call_kinds and isinstance(values[i], dict)
+        values[i] for i in range(prompt.tools, len(values)) if kinds[i] in call_kinds and isinstance(values[i], dict)
     ]
     usage = exchange.usage
     turn = usage.turn if usage is not None else None

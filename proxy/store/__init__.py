@@ -10,8 +10,8 @@
   failure (timeout, refused connection, locked or corrupt file, unreadable record) into
   `promptcache_session_store_errors_total{backend, operation}` and a `None` / `False` result. It
   never raises, so the request is forwarded without replay. It remembers the bytes and the
-  decoded record of the sessions it read or wrote last (LRU, `MEMO_ENTRIES` entries and
-  `MEMO_BYTES` bytes, counting a record as twice its encoded size): a read whose bytes equal
+  decoded record of the sessions it read or wrote last (LRU, bounded in bytes: `memo_bytes`,
+  the memory budget's `records` share, counting a record as twice its encoded size): a read whose bytes equal
   the remembered ones returns that record without
   decoding (the backend is still read, so a replica's newer write is seen). Records are
   immutable: callers never edit one (or its `pins`).
@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Final
 import xxhash
 
 from proxy.aio import TaskSet, create_task
+from proxy.memory_budget import MemoryBudget
 from proxy.store.base import FAULT_KINDS, UNHEALTHY_KINDS, SessionStore
 from proxy.store.codec import RecordError, SessionRecord, Sidecar, decode_record, encode_record
 
@@ -94,10 +95,9 @@ RECORD_TTL: Final = 3600.0 + 600.0
 """Seconds a record lives: the longest provider cache TTL in use (1 h) plus a margin. Past it
 the provider's cache is gone anyway, so replay would buy at most one cache write."""
 
-MEMO_ENTRIES: Final = 512
-"""Sessions whose last record `RecordStore` keeps decoded."""
 MEMO_BYTES: Final = 16 * 1024 * 1024
-"""Memory those records may take, counted as twice their encoded size (the bytes and the
+"""Memory the decoded records `RecordStore` keeps may take by default (`serve` uses the memory
+budget's share, `proxy.memory_budget`), counted as twice their encoded size (the bytes and the
 decoded record; a 600 KB conversation's record is about 600 KB encoded)."""
 
 MAX_PENDING_WRITES: Final = 1024
@@ -215,13 +215,15 @@ class RecordStore:
         *,
         is_sole_writer: bool = False,
         clock: Callable[[], float] = time.time,
+        memo_bytes: int | None = None,
     ) -> None:
         """`max_record_bytes`: a record encoded larger than this is not stored (counted in
         `promptcache_session_store_records_skipped_total`; `None`: no limit).
         `is_sole_writer`: no other process writes this backend (`store_ctx`: the SQLite file
         of a single-process `serve`), so a record this process wrote is the newest and a load
         returns it from memory (module docstring). `clock`: epoch seconds, the backend's
-        expiry clock."""
+        expiry clock. `memo_bytes`: bytes the decoded records may take (`MEMO_BYTES` when
+        `None`; `store_ctx` passes the memory budget's share, `proxy.memory_budget`)."""
         self.backend = backend
         self.max_record_bytes = max_record_bytes
         self.get_timeout = get_timeout
@@ -232,6 +234,7 @@ class RecordStore:
         """`(encoded, record, expires)` per session; `expires` is the epoch second the written
         copy expires in the backend, `0.0` for a record that was read (its expiry unknown)."""
         self._memo_bytes = 0
+        self.memo_bytes = MEMO_BYTES if memo_bytes is None else memo_bytes
         self._forget_all = False
         """Set (from the backend's thread) when the backend lost its data (`file_gone`): the
         memo no longer mirrors it and is cleared on the next load."""
@@ -533,11 +536,11 @@ class RecordStore:
         """Keep `data` and its decoded `record` for `key` (bounded LRU; see the module docstring);
         `expires`: when the backend's copy expires (epoch seconds), `0.0` when unknown."""
         self._forget(key)
-        if 2 * len(data) > MEMO_BYTES:
+        if 2 * len(data) > self.memo_bytes:
             return
         self._memo[key] = (data, record, expires)
         self._memo_bytes += 2 * len(data)
-        while len(self._memo) > MEMO_ENTRIES or self._memo_bytes > MEMO_BYTES:
+        while self._memo_bytes > self.memo_bytes:
             _, (dropped, _, _) = self._memo.popitem(last=False)
             self._memo_bytes -= 2 * len(dropped)
 
@@ -603,6 +606,7 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         services.metrics,
         max_record_bytes=settings.store_max_bytes_per_tenant,
         is_sole_writer=backend.backend == "sqlite" and settings.workers == 1,
+        memo_bytes=MemoryBudget.of_mb(settings.memory_budget_mb).records,
     )
     # The file is created (and the store's health known) now, not on the first request's
     # bounded read; a broken store costs replay and readiness, never the start.

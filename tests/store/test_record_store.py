@@ -131,15 +131,15 @@ async def test_a_read_of_unchanged_bytes_is_not_decoded_again(metrics: Metrics) 
     assert await store.load("u", "s") is None
 
 
-async def test_the_decoded_memo_is_bounded(metrics: Metrics, monkeypatch: pytest.MonkeyPatch) -> None:
-    import proxy.store as store_module
+async def test_the_decoded_memo_is_bounded_in_bytes(metrics: Metrics) -> None:
+    from proxy.store.codec import encode_record
 
-    monkeypatch.setattr(store_module, "MEMO_ENTRIES", 3)
-    store = RecordStore(open_store("memory://"), metrics)
+    size = len(encode_record(RECORD))
+    store = RecordStore(open_store("memory://"), metrics, memo_bytes=3 * 2 * size)
     for i in range(10):
         assert await store.save("t", f"s{i}", RECORD)
-    assert len(store._memo) == 3
     assert list(store._memo) == [("t", "s7"), ("t", "s8"), ("t", "s9")]
+    assert store._memo_bytes == 3 * 2 * size
 
 
 def local_reads(metrics: Metrics, backend: str) -> float:

@@ -1,0 +1,67 @@
+"""One memory budget for the proxy's in-memory caches (the setting `memory_budget_mb`).
+
+The caches that grow with the number of sessions a process sees are each bounded in bytes by a
+fixed share of the budget (`SHARES`), so RSS levels off once they are full whatever the traffic:
+
+- `records`: the decoded session records `proxy.store.RecordStore` keeps (counted as twice
+  their encoded size: the bytes and the decoded record);
+- `index`: the session inference index (`proxy.session_identity.SessionIndex`), at
+  `BOUNDARY_BYTES` per boundary held and `INDEX_SESSION_BYTES` per session;
+- `history`: the forensic map's recent sessions (`proxy.history.SessionHistory`, its own
+  per-entry estimate), besides its `history_sessions` count;
+- `masker`: the replay masker's two digest memos (`proxy.pipeline.replay.Masker`), at
+  `MASKER_ENTRY_BYTES` per entry of each.
+
+Per-entry sizes are measured with `tracemalloc` on CPython 3.11 (64-bit), rounded up. What the
+budget does not cover: the interpreter and its imports (about 53 MB), the `o200k_base`
+tokenizer (about 45 MB, `proxy.app`), the bounded text caches of `proxy.pipeline.segments`
+(their own character limits) and the requests in flight. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+MIB: Final = 1024 * 1024
+DEFAULT_BUDGET_MB: Final = 16
+SHARES: Final = {"records": 0.35, "index": 0.30, "history": 0.20, "masker": 0.15}
+BOUNDARY_BYTES: Final = 224
+"""Measured 205 B per boundary held by `SessionIndex` (the 16-byte digest, its owner-dict slot,
+its deque slot)."""
+INDEX_SESSION_BYTES: Final = 512
+"""Per session of the index (its `_Entry`, deque and LRU slot)."""
+MASKER_ENTRY_BYTES: Final = 192
+"""Measured 170 B per entry of one masker memo (two 16-byte digests and the LRU slot)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """Bytes per cache out of `total` bytes (`SHARES`)."""
+
+    total: int = DEFAULT_BUDGET_MB * MIB
+
+    @classmethod
+    def of_mb(cls, mb: int) -> MemoryBudget:
+        return cls(mb * MIB)
+
+    def share(self, cache: str) -> int:
+        """Bytes for `cache` (a key of `SHARES`)."""
+        return int(self.total * SHARES[cache])
+
+    @property
+    def records(self) -> int:
+        return self.share("records")
+
+    @property
+    def index(self) -> int:
+        return self.share("index")
+
+    @property
+    def history(self) -> int:
+        return self.share("history")
+
+    @property
+    def masker_entries(self) -> int:
+        """Entries of each of the masker's two memos."""
+        return max(1, self.share("masker") // (2 * MASKER_ENTRY_BYTES))
