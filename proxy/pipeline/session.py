@@ -12,7 +12,9 @@ Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also
 3. `Exchange.message_view`: masked digests of the client's messages
    (`proxy.pipeline.replay.view_messages`, volatile patterns of the rules in use), over the
    layout runs the rewriting stages share (`support.layout_cache`); the runs per prefix key
-   are left in `Exchange.client_runs` for the response side (`proxy.measure.sent_prompt`);
+   are left in `Exchange.client_runs` for the response side (`proxy.measure.sent_prompt`).
+   Leading messages whose raw bytes a recent request of the tenant held too are not walked
+   again (`proxy.pipeline.rawprefix`: an appended turn costs its new bytes);
 4. `Exchange.history_rewritten` = the first earlier message whose real content changed
    (absent when none); `Exchange.arrivals` (epoch seconds, this request included);
    `Exchange.tail_misses`: the previous record's count plus one when this request rewrote the
@@ -64,6 +66,7 @@ from proxy.pipeline.pins import PINS_KEY
 from proxy.pipeline.replay import (
     Masker,
     MessageView,
+    RawBody,
     aligned_items,
     compact,
     first_mismatch,
@@ -124,15 +127,17 @@ class SessionStage:
         runs = client_runs(exchange, services, body)
         budget = services.settings.classify_budget_chars
         segment_budget = scan_budget(exchange, services)
+        # the body is the parse of these bytes (no stage before this one rewrites it)
+        raw = RawBody(exchange.raw, f"{tenant}\x00{exchange.path}") if exchange.upstream_body is None else None
         if explicit is not None:
             sid = explicit_id(explicit[1])
             inference = Inference(sid, "explicit", sid)
             previous = await store.load(tenant, sid) if store is not None else None
             if previous is not None:
                 masker.seed(previous.sidecars)
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget, raw)
         else:
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget, raw)
             inference = state.index.infer(tenant, view.boundaries)
             source = inference.parent if inference.kind == "fork" else inference.session_id
             if source is not None and store is not None:
