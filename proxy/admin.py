@@ -9,6 +9,14 @@ Access (`admin_token`): when set, every admin route answers 401 unless the reque
 would listen on a non-loopback address without a token (`admin_exposure_error`, checked by
 `proxy.settings.load_settings`).
 
+Cross-tenant pages (`/ui/`, `/ui/sessions/{id}`: every tenant's sessions and their excerpts)
+always need a credential, `admin_token` or, when none is set, a token generated at start
+(`ui_token_for`: 32 random bytes, URL-safe, in memory only; `serve` prints it once in its
+start-up banner as the URL to open, as Jupyter does; the workers of `--workers N` share the
+supervisor's through `UI_TOKEN_ENV`). `/debug` answers only the caller's own tenant (found from
+its credential header) and `/metrics` no tenant at all, so they stay open on loopback without a
+configured token.
+
 A bearer header that is the admin token is not a tenant credential: `/debug/sessions` then reads
 the caller's tenant from `x-api-key` (or `?token=` carries the admin token and `Authorization`
 the caller's key).
@@ -18,6 +26,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import os
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -28,6 +38,15 @@ from proxy.appkeys import SERVICES
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+UI_TOKEN_ENV: Final = "_PROMPTCACHE_UI_TOKEN"
+"""Environment variable a `--workers` supervisor hands its generated UI token to its workers in
+(not a `PROMPTCACHE_` setting; never written anywhere else)."""
+
+
+def ui_token_for(settings: Any) -> str:
+    """The credential of the cross-tenant pages: `admin_token`, else the supervisor's (workers),
+    else a new random one (module docstring)."""
+    return str(settings.admin_token) or os.environ.get(UI_TOKEN_ENV) or secrets.token_urlsafe(32)
 
 
 def is_loopback(host: str) -> bool:
@@ -67,8 +86,11 @@ def _matches(presented: str | None, token: str) -> bool:
     return presented is not None and hmac.compare_digest(presented.encode(), token.encode())
 
 
-def is_authorised(request: web.Request) -> bool:
-    token = request.app[SERVICES].settings.admin_token
+def is_authorised(request: web.Request, *, is_cross_tenant: bool = False) -> bool:
+    """Whether the request carries the admin credential: `admin_token` (every admin route
+    when set), or for a cross-tenant page the generated UI token."""
+    services = request.app[SERVICES]
+    token = services.ui_token if is_cross_tenant else services.settings.admin_token
     if not token:
         return True
     header = request.headers.get("Authorization", "")
@@ -76,11 +98,12 @@ def is_authorised(request: web.Request) -> bool:
     return _matches(request.query.get("token"), token) or _matches(bearer, token)
 
 
-def guarded(handler: Handler) -> Handler:
-    """`handler` behind the admin token (module docstring)."""
+def guarded(handler: Handler, *, is_cross_tenant: bool = False) -> Handler:
+    """`handler` behind the admin token; a cross-tenant one behind the UI token too (module
+    docstring)."""
 
     async def check(request: web.Request) -> web.StreamResponse:
-        if not is_authorised(request):
+        if not is_authorised(request, is_cross_tenant=is_cross_tenant):
             headers = {"WWW-Authenticate": 'Bearer realm="promptcache admin"'}
             if request.path.startswith("/ui"):
                 return web.Response(
@@ -96,7 +119,7 @@ def guarded(handler: Handler) -> Handler:
 
 def caller_headers(request: web.Request) -> Mapping[str, str]:
     """The request's headers without an `Authorization` that is the admin token (module docstring)."""
-    token = request.app[SERVICES].settings.admin_token
+    token = request.app[SERVICES].ui_token
     headers = request.headers
     value = headers.get("Authorization", "")
     if token and value[:7].lower() == "bearer " and _matches(value[7:].strip(), token):
@@ -127,5 +150,5 @@ def add_admin_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/debug/sessions/{session_id}", guarded(session_handler))
     router.add_get("/debug/tenants", guarded(tenants_handler))
     router.add_get("/ui", ui_redirect)
-    router.add_get("/ui/", guarded(ui_index))
-    router.add_get("/ui/sessions/{session_id}", guarded(ui_session))
+    router.add_get("/ui/", guarded(ui_index, is_cross_tenant=True))
+    router.add_get("/ui/sessions/{session_id}", guarded(ui_session, is_cross_tenant=True))

@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy.admin import add_admin_routes
+from proxy.admin import add_admin_routes, ui_token_for
 from proxy.affinity import Affinity, base_urls
 from proxy.aio import create_task
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
@@ -207,6 +207,7 @@ def create_app(
         teams=teams,
         ledger=TenantLedger(),
         pricing=pricing,
+        ui_token=ui_token_for(settings),
     )
     app.on_response_prepare.append(close_when_draining)
     app.cleanup_ctx.append(_resolve_upstreams)

@@ -119,7 +119,13 @@ async def _serve_forever(args: argparse.Namespace) -> int:
             return 1
     _tune_gc()
     services = runner.app[SERVICES]
-    lines = banner_lines(settings, url, services.active_upstreams or {})
+    ui_base = url
+    if settings.admin_port is not None:
+        admin_address = runners[1].addresses[0]
+        ui_base = f"http://{admin_address[0]}:{admin_address[1]}"
+        if ":" in str(admin_address[0]):
+            ui_base = f"http://[{admin_address[0]}]:{admin_address[1]}"
+    lines = banner_lines(settings, url, services.active_upstreams or {}, ui_base, services.ui_token)
     if args.ready_fd is not None:  # a worker under `--workers`: the supervisor prints (proxy.workers)
         from proxy.workers import report_ready
 
@@ -140,10 +146,14 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     return 0
 
 
-def banner_lines(settings: Settings, url: str, active: Mapping[str, ActiveUpstream]) -> list[str]:
+def banner_lines(
+    settings: Settings, url: str, active: Mapping[str, ActiveUpstream], ui_base: str = "", ui_token: str = ""
+) -> list[str]:
     """What `serve` prints once it listens: the URL clients use, each provider's upstream mode and
     host (a loud line when `upstream: auto` fell back to the simulator), the store and the state
-    directory (a store password is never printed)."""
+    directory (a store password is never printed), and the forensic map's URL at `ui_base`: with
+    the generated `ui_token` in it when no `admin_token` is set (the one place that token is
+    ever written, proxy.admin), else naming the setting."""
     from proxy.store import default_store_url
     from proxy.upstreams import redact_url
 
@@ -160,6 +170,11 @@ def banner_lines(settings: Settings, url: str, active: Mapping[str, ActiveUpstre
         )
     lines.append(f"  store: {redact_url(settings.store or default_store_url(settings.state_dir))}")
     lines.append(f"  state dir: {Path(settings.state_dir).expanduser().resolve()}")
+    if ui_base:
+        if settings.admin_token:
+            lines.append(f"  forensic map: {ui_base}/ui/ (with admin_token)")
+        elif ui_token:
+            lines.append(f"  forensic map: {ui_base}/ui/?token={ui_token}")
     if settings.workers > 1:
         lines.append(f"  workers: {settings.workers} processes on one port (SO_REUSEPORT)")
     return lines

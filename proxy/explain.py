@@ -44,6 +44,7 @@ from typing import Any, Final, TextIO
 
 import orjson
 
+from proxy.divergence import marker_positions, read_rules, request_model
 from proxy.forensics import (
     ANTHROPIC_PATH,
     CHAT_PATH,
@@ -53,7 +54,7 @@ from proxy.forensics import (
     explain,
     first_difference,
 )
-from proxy.measure import marker_positions, request_model, volatile_checker
+from proxy.measure import volatile_checker
 from proxy.prefix import estimate_tokens
 from proxy.providers import route
 from proxy.providers.base import JSONObject, ProviderAdapter, Usage
@@ -456,9 +457,10 @@ def explain_command(
         except (OSError, orjson.JSONDecodeError) as exc:
             err.write(f"promptcache explain: {usage_path}: cannot read a response: {exc}\n")
             return 2
-    min_tokens = rules.min_tokens(request_model(b))
     adapter, _ = route(path)
-    previous = marker_positions(adapter.prefix_blocks(path, a), a)
+    model = request_model(b)
+    min_tokens = adapter.min_cacheable_tokens(model, rules.min_tokens(model))
+    previous = marker_positions([blk.value for blk in adapter.prefix_blocks(path, a)], a, read_rules(adapter, path, a))
 
     def planner(adapter: ProviderAdapter, path: str, body: JSONObject) -> list[str] | None:
         return plan_lines(adapter, path, body, min_tokens=min_tokens, previous_breakpoints=previous)

@@ -1,14 +1,16 @@
 """Offline divergence forensics: the pure core of `promptcache explain` (`proxy/explain.py`).
 
 `explain(a, b, path)` -> `Explanation`: why request body B does (not) share the prefix of the
-reference body A as sent to `path`. It makes the comparison `proxy.measure` makes on live
-traffic (`find_divergence`, `predict_read`) and adds what only an offline diff can show:
+reference body A as sent to `path`. It makes the comparison live measurement makes, with the
+same core (`proxy.divergence.compare`, the adapter's read rules), and adds what only an offline
+diff can show:
 - the first divergent block (index and body path, e.g. `system[2]`), the first differing value
   inside it (`system[2].text`, `first_difference`) and, for strings, the character offset;
 - the byte offset of the first differing byte in the canonical stream (`proxy.prefix` block
   bytes, markers removed) and the estimated tokens before it (bytes / 4, rounded up);
-- the cause (`proxy.measure`); offline, `history_rewritten` means an earlier message of A
-  (not its last one) changed, and `expired` needs B's response usage;
+- the cause (`proxy.divergence`); offline, `history_rewritten` means an earlier message of A
+  (not its last one) changed (`proxy.divergence.is_rewrite`), and `expired` needs B's response
+  usage;
 - a short one-line before/after excerpt around the difference (`excerpt`, `EXCERPT_CHARS` of
   context on each side);
 - the breakpoint plan lines a caller-supplied planner returns for B.
@@ -25,16 +27,8 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.measure import (
-    find_divergence,
-    is_expired,
-    lookback_positions,
-    marker_positions,
-    params_digest,
-    predict_read,
-    request_model,
-)
-from proxy.prefix import MARKER_KEYS, PrefixChain, block_bytes, chain_blocks, estimate_tokens
+from proxy.divergence import compare, prompt_of, read_predictor, read_rules, reference_of, request_model
+from proxy.prefix import MARKER_KEYS, PrefixChain, block_bytes, estimate_tokens
 from proxy.providers import route
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
 
@@ -146,17 +140,6 @@ def _one_line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
-@dataclass(frozen=True, slots=True)
-class _Reference:
-    """A as the `PreviousRequest` measurement compares against."""
-
-    chain: bytes
-    ends: tuple[int, ...]
-    model: str
-    params_digest: bytes
-    breakpoints: tuple[int, ...]
-
-
 def _params_detail(adapter: ProviderAdapter, path: str, a: JSONObject, b: JSONObject) -> str:
     fa, fb = adapter.params_fingerprint(path, a), adapter.params_fingerprint(path, b)
     keys = [k for k in dict.fromkeys([*fa, *fb]) if fa.get(k) != fb.get(k)]
@@ -172,54 +155,35 @@ def explain(
     planner: Any = None,
     is_volatile: Callable[[Block], bool] | None = None,
     min_tokens: int = 0,
+    count: Callable[[str], int] | None = None,
 ) -> Explanation:
     """Compare request body `b` with the reference `a` as sent to `path` (see module docstring).
 
     `usage` is B's response usage (enables `expired`); `planner(adapter, path, body)` returns
     plan lines for B, or `None` when no planner is available (also when `planner` is `None`);
     `is_volatile(block)` says whether a changed system block matched a volatile rule;
-    `min_tokens` is B's model's minimum cacheable prefix (tokens), below which nothing is read.
+    `min_tokens` is B's model's minimum cacheable prefix (tokens), below which nothing is read;
+    `count` counts a text's tokens where the adapter's read rule can use it (OpenAI, `o200k_base`;
+    `None`: its bytes/4 estimate), as live measurement does with the loaded tokenizer.
     """
     adapter, _ = route(path)
-    blocks_a = adapter.prefix_blocks(path, a)
-    blocks_b = adapter.prefix_blocks(path, b)
-    chain_a, chain_b = chain_blocks(blocks_a), chain_blocks(blocks_b)
-    is_first = not a
-    reference = (
-        None
-        if is_first
-        else _Reference(
-            chain_a.chain,
-            chain_a.ends,
-            request_model(a),
-            params_digest(adapter, path, a),
-            marker_positions(blocks_a, a),
-        )
+    # A's read rules (its markers); B's (the lookback and minimum its read is judged by)
+    prompt_a = prompt_of(adapter, path, a, read_rules(adapter, path, a))
+    rules = read_rules(adapter, path, b, min_tokens)
+    prompt_b = prompt_of(adapter, path, b, rules)
+    blocks_a, blocks_b = prompt_a.blocks, prompt_b.blocks
+    chain_a, chain_b = prompt_a.chain, prompt_b.chain
+    reference = reference_of(prompt_a) if a else None
+    found = compare(
+        reference,
+        prompt_b,
+        rules,
+        previous_messages=[blk.message_index if blk.section == "messages" else None for blk in blocks_a],
+        is_volatile=is_volatile,
+        usage=usage,
+        predictor=read_predictor(adapter, path, b, len(blocks_b), min_tokens, count),
     )
-    model_b = request_model(b)
-    params_b = params_digest(adapter, path, b)
-    # Offline: a changed block of an earlier message of A (not its last one) is a rewrite.
-    last_message = max((blk.message_index or 0 for blk in blocks_a if blk.section == "messages"), default=-1)
-    probe = find_divergence(reference, chain_b, blocks_b, model_b, params_b)
-    rewritten = (
-        probe.section == "messages"
-        and probe.block_index < len(blocks_a)
-        and (blocks_a[probe.block_index].message_index or 0) < last_message
-    )
-    divergence = find_divergence(
-        reference, chain_b, blocks_b, model_b, params_b, history_rewritten=rewritten, is_volatile=is_volatile
-    )
-    predicted = 0
-    if reference is not None and divergence.cause not in ("model_changed", "params_changed"):
-        _, predicted = predict_read(
-            reference.breakpoints,
-            reference.ends,
-            divergence.shared_blocks,
-            marker_positions(blocks_b, b),
-            lookback_positions(blocks_b),
-            min_tokens=min_tokens,
-        )
-    cause = "expired" if is_expired(predicted, usage) else divergence.cause
+    divergence, cause, predicted = found.divergence, found.cause, found.predicted_read_tokens
     fields = _locate(divergence.section, divergence.block_index, blocks_a, blocks_b, chain_b)
     detail = _detail(divergence.cause, adapter, path, a, b, blocks_a, blocks_b)
     byte_offset = fields[4] if fields is not None else divergence.byte_offset

@@ -32,7 +32,7 @@ from proxy.pipeline import run_request_stages
 from proxy.pipeline.observe import record_usage
 from proxy.pipeline.parse import invalid_utf8_message
 from proxy.profiles import Profile, load_profiles
-from proxy.providers import Route, Router, is_openai_credential_shape, route
+from proxy.providers import Route, Router, is_openai_credential_shape, redact_path, route
 from proxy.providers.base import BAD_REQUEST, CLIENT_TIMEOUT, NOT_FOUND, TOO_LARGE
 from proxy.response import run_response_stages
 from proxy.services import Services
@@ -95,7 +95,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 status = CLIENT_TIMEOUT.status
                 return closing(local_error(adapter, CLIENT_TIMEOUT, str(exc)))
             if services.recorder is not None:
-                services.recorder.record(path, request.headers, raw)
+                services.recorder.record(redact_path(path, credential_of(request.headers)), request.headers, raw)
             exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
             exchange.is_anonymous = not credential_of(request.headers)
             exchange.is_pipeline = True
@@ -145,7 +145,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         pm.in_flight.dec()
         pm.outcome[outcome_for(status)].inc()
         pm.duration.observe(elapsed)
-        log_access(_log, access_fields(adapter.name, request.method, request.path, status, elapsed, exchange))
+        logged_path = redact_path(request.path, credential_of(request.headers))
+        log_access(_log, access_fields(adapter.name, request.method, logged_path, status, elapsed, exchange))
 
 
 async def not_found(request: web.Request) -> web.Response:

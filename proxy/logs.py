@@ -3,12 +3,14 @@
 - `log_format: text` (default) prints `time LEVEL logger: message`; `json` prints one JSON object
   per line: `ts` (ISO 8601, UTC), `level`, `logger`, `message`, plus the access line's fields
   for `promptcache.access` records.
-- The access line (`access_fields`) carries provider, method, path (never the query string),
+- The access line (`access_fields`) carries provider, method, path (never the query string; a
+  path segment holding a credential is `[redacted]` by the caller, `proxy.providers.redact_path`),
   status, duration, tokens read / written / uncached / output, cost in USD, the divergence cause
   and the session id. It never carries a header value, a body or a key: every field is built
   here from typed values, and only these fields are logged.
-- Every record passes `RedactCredentials` on the way out: a credential header's value quoted in
-  a message or traceback (a library quoting raw request bytes) is replaced by `[redacted]`.
+- Every record passes `RedactCredentials` on the way out: a credential header's value, or a
+  provider key shape, quoted in a message or traceback (a library quoting raw request bytes or
+  a URL) is replaced by `[redacted]`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 from typing import Any, Final
 
 import orjson
+
+from proxy.providers import CREDENTIAL_SHAPE, REDACTED
 
 ACCESS_LOGGER: Final = "promptcache.access"
 ACCESS_KEY: Final = "access"
@@ -108,8 +112,10 @@ backslash of a bytes repr such as `\\x01`)."""
 
 
 def redact(text: str) -> str:
-    """`text` with every credential header value replaced by `[redacted]`."""
-    return _CREDENTIAL.sub(r"\1[redacted]", text)
+    """`text` with every credential header value, and every provider key shape anywhere (a key
+    a client put in the URL path, quoted by a library: `proxy.providers.CREDENTIAL_SHAPE`),
+    replaced by `[redacted]`."""
+    return CREDENTIAL_SHAPE.sub(REDACTED, _CREDENTIAL.sub(r"\1[redacted]", text))
 
 
 class RedactCredentials(logging.Filter):

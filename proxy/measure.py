@@ -1,28 +1,12 @@
 """measure: per request, where the prefix diverged from the session's previous request, why, what
 the cache should have read, what it did read, and what that cost.
 
-Pure core (plain data in, plain data out, no I/O), used by `measure()` and by `proxy.explain`:
-- `find_divergence(previous, current, ...)` compares chain digests (`proxy.prefix`) and returns
-  a `Divergence`: the first block the current request does not share with the previous one, as
-  block index, byte offset in the canonical stream and estimated tokens before it, with the
-  section it lies in and one cause from `proxy.metrics.CAUSES`. Precedence follows the provider's render order
-  (the earliest change wins, as in Anthropic's cache diagnostics): `model_changed`, then a
-  change in `tools`, then `params_changed`, then `system` (`system_volatile_text` when the
-  changed block matched a volatile rule) and `messages` (`history_rewritten` when the session
-  stage saw an earlier message's real content change). A model or params change invalidates
-  the whole cache, so its divergence is block 0. A request that shares all of the previous one
-  (append, identical retry or a shorter fork) has cause `none` and ratio 1.
-- `predict_read(...)` is the expected cache read in estimated tokens: the furthest previous
-  breakpoint inside the shared prefix that one of the current breakpoints reaches within the
-  lookback window (20 positions counting itself; a run of `tool_use` or of `tool_result` blocks
-  is one position: docs/provider-rules.md 1.5, platform.claude.com/docs/en/build-with-claude/prompt-caching).
-  TTLs are deliberately ignored: a predicted read that comes back as a write is `expired`.
-  An adapter that can count its provider's tokens offline replaces the estimate with its own
-  rule (`predict_read_tokens`: OpenAI in `o200k_base`, `proxy.providers.openai_tokens`, so the
-  prediction equals what the cache reads); Claude's tokenizer is not public, so Anthropic keeps
-  bytes/4.
-- `is_expired(predicted, usage)`: a write happened and less than `EXPIRED_READ_SHARE` of the
-  predicted read came back as a read (the share absorbs the bytes/4 token estimate).
+The comparison itself (divergence position and cause, predicted read, `expired`) is the pure
+core `proxy.divergence` (`compare`), shared with `promptcache explain` and the replay's cause
+counts; the provider's rules (marker key, lookback, minimum, its own read rule such as OpenAI's
+prefix caching in `o200k_base` tokens) come from the request's adapter (`read_rules`,
+`read_predictor`). Claude's tokenizer is not public, so Anthropic keeps bytes/4. Also pure here:
+`agreement` (the upstream's diagnosis against promptcache's cause) and `upstream_reason_label`.
 
 `measure(exchange, services)` is the thin wrapper the response side calls once per pipeline
 request, after the last byte went to the client: 2xx responses with a JSON body only. It
@@ -39,16 +23,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import orjson
 import xxhash
 
+from proxy.divergence import (
+    Divergence,
+    Prompt,
+    ReadRules,
+    compare,
+    marked_positions,
+    params_digest,
+    read_predictor,
+    read_rules,
+    request_model,
+)
 from proxy.exchange import Exchange
 from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
-from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, Reuse, estimate_tokens, scan_prompt, shared_blocks
-from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
+from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, Reuse, scan_prompt
+from proxy.providers.base import Block, JSONObject, Usage
 from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, volatile_patterns
 from proxy.services import Services
 
@@ -58,50 +53,6 @@ VOLATILE_SCAN_CHARS: Final = 512 * 1024
 """Characters of a changed system block the volatile check scans (each line costs its length
 plus `LINE_SCAN_COST`); the rest reads as not volatile (the divergence is then reported as a
 plain system change)."""
-
-
-LOOKBACK_POSITIONS: Final = 20
-"""Positions a breakpoint checks for an earlier entry, counting itself (docs/provider-rules.md 1.5)."""
-RUN_KINDS: Final = frozenset({"tool_use", "tool_result"})
-"""Block kinds whose consecutive runs count as one lookback position (docs/provider-rules.md 1.5)."""
-EXPIRED_READ_SHARE: Final = 0.5
-"""A read below this share of the predicted read, with a write, counts as `expired`."""
-_SECTION_CAUSE: Final = {"tools": "tools_changed", "system": "system_changed", "messages": "messages_changed"}
-
-
-class PreviousRequest(Protocol):
-    """What measurement reads from the session's previous `SessionRecord` (proxy.store.codec)."""
-
-    @property
-    def chain(self) -> bytes: ...
-    @property
-    def ends(self) -> tuple[int, ...]: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def params_digest(self) -> bytes: ...
-    @property
-    def breakpoints(self) -> tuple[int, ...]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Divergence:
-    """Where and why the current request stops sharing the previous request's prefix."""
-
-    cause: str
-    """One of `proxy.metrics.CAUSES` (never `expired`: that needs the response)."""
-    section: str
-    """`tools`, `system`, `messages`, or `none` when no block changed."""
-    block_index: int
-    """First block not shared (`prefix_blocks` index); the previous length for an append."""
-    byte_offset: int
-    """Canonical bytes before that block."""
-    tokens: int
-    """Estimated tokens before that block (`estimate_tokens(byte_offset)`)."""
-    ratio: float
-    """`byte_offset` / the current prompt's bytes; 1 when nothing changed, 0 on a first request."""
-    shared_blocks: int
-    """Leading blocks whose chain digests equal the previous request's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +83,8 @@ class Measurement:
     """The upstream's own cache-miss reason, when cache diagnostics were requested."""
     diagnosis: str | None = None
     """`agree`, `disagree` or `unknown` (`agreement`), when cache diagnostics were requested."""
+    block_kind: str | None = None
+    """Kind of the first divergent block (`text`, `tool_result` ...)."""
 
     @property
     def savings_usd(self) -> float | None:
@@ -144,12 +97,6 @@ class Measurement:
 # --- pure core ---------------------------------------------------------------------------------
 
 
-def params_digest(adapter: ProviderAdapter, path: str, body: JSONObject) -> bytes:
-    """xxh3-128 of the prompt-affecting parameters outside the blocks (16 bytes)."""
-    fingerprint = adapter.params_fingerprint(path, body)
-    return xxhash.xxh3_128_digest(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS))
-
-
 def sent_params_digest(exchange: Exchange, body: JSONObject) -> bytes:
     """`params_digest` of `body` (the body sent), once per request (`Exchange.sent_params`)."""
     found = exchange.sent_params
@@ -158,135 +105,6 @@ def sent_params_digest(exchange: Exchange, body: JSONObject) -> bytes:
     digest = params_digest(exchange.adapter, exchange.path, body)
     exchange.sent_params = (body, digest)
     return digest
-
-
-def request_model(body: JSONObject) -> str:
-    """The request's `model`, or `""` when absent or not a string."""
-    model = body.get("model")
-    return model if isinstance(model, str) else ""
-
-
-def find_divergence(
-    previous: PreviousRequest | None,
-    current: PrefixChain,
-    blocks: Sequence[Block],
-    model: str,
-    params: bytes,
-    *,
-    history_rewritten: bool = False,
-    is_volatile: Callable[[Block], bool] | None = None,
-) -> Divergence:
-    """Compare the current request (`current` chain of `blocks`) with `previous`.
-
-    `model` and `params` (`params_digest`) are the current request's. `history_rewritten` is
-    the session stage's verdict that an earlier message's real content changed; `is_volatile`
-    says whether a system block matched a volatile rule.
-    """
-    total = current.total_bytes
-    if previous is None:
-        return Divergence("first_request", "none", 0, 0, 0, 0.0, 0)
-    before = PrefixChain(previous.chain, tuple(previous.ends))
-    shared = shared_blocks(before, current)
-    if previous.model != model:
-        return Divergence("model_changed", "none", 0, 0, 0, 0.0, shared)
-    changed = shared < len(current) and shared < len(before)
-    section = blocks[shared].section if changed else "none"
-    if section == "tools":
-        cause = "tools_changed"
-    elif previous.params_digest != params:
-        return Divergence("params_changed", "none", 0, 0, 0, 0.0, shared)
-    elif section == "none":
-        offset = current.bytes_before(min(shared, len(before)))
-        index = min(len(before), len(current))
-        return Divergence("none", "none", index, offset, estimate_tokens(offset), 1.0, shared)
-    elif section == "system" and is_volatile is not None and is_volatile(blocks[shared]):
-        cause = "system_volatile_text"
-    elif section == "messages" and history_rewritten:
-        cause = "history_rewritten"
-    else:
-        cause = _SECTION_CAUSE[section]
-    offset = current.bytes_before(shared)
-    ratio = offset / total if total else 0.0
-    return Divergence(cause, section, shared, offset, estimate_tokens(offset), ratio, shared)
-
-
-def lookback_positions(blocks: Sequence[Block]) -> list[int]:
-    """Lookback position of each block: consecutive `tool_use` (or `tool_result`) blocks share one."""
-    return kind_positions([block.kind for block in blocks])
-
-
-def kind_positions(kinds: Sequence[str]) -> list[int]:
-    """`lookback_positions` of blocks of these kinds."""
-    positions: list[int] = []
-    position = -1
-    previous_kind = ""
-    for kind in kinds:
-        if not (kind == previous_kind and kind in RUN_KINDS):
-            position += 1
-        positions.append(position)
-        previous_kind = kind
-    return positions
-
-
-def marker_positions(blocks: Sequence[Block], body: JSONObject) -> tuple[int, ...]:
-    """Indices of the blocks that carry a cache marker in `body` as sent.
-
-    A marker key (`cache_control`, `prompt_cache_breakpoint`) with a non-null value on the block
-    counts; a top-level one (Anthropic automatic caching) marks the last block.
-    """
-    found = [
-        i
-        for i, block in enumerate(blocks)
-        if isinstance(block.value, dict) and any(block.value.get(k) is not None for k in MARKER_KEYS)
-    ]
-    return with_top_marker(found, len(blocks), body)
-
-
-def with_top_marker(found: Sequence[int], n_blocks: int, body: JSONObject) -> tuple[int, ...]:
-    """`found` (blocks carrying their own marker) plus the last block when `body` has a top-level
-    marker (`marker_positions`)."""
-    if n_blocks and any(body.get(k) is not None for k in MARKER_KEYS) and (not found or found[-1] != n_blocks - 1):
-        return (*found, n_blocks - 1)
-    return tuple(found)
-
-
-def predict_read(
-    previous_breakpoints: Sequence[int],
-    previous_ends: Sequence[int],
-    shared: int,
-    current_breakpoints: Sequence[int],
-    positions: Sequence[int],
-    *,
-    lookback: int = LOOKBACK_POSITIONS,
-    min_tokens: int = 0,
-) -> tuple[int | None, int]:
-    """`(breakpoint, tokens)`: the previous breakpoint the current request should read, and the
-    estimated tokens up to and including it; `(None, 0)` when none is reachable.
-
-    A previous breakpoint `b` is readable when it lies in the shared prefix (`b < shared`), its
-    prefix reaches `min_tokens`, and some current breakpoint `p >= b` has
-    `positions[p] - positions[b] < lookback`.
-    """
-    best: int | None = None
-    for b in previous_breakpoints:
-        if not 0 <= b < shared or b >= len(previous_ends) or b >= len(positions):
-            continue
-        if best is not None and b <= best:
-            continue
-        if estimate_tokens(previous_ends[b]) < min_tokens:
-            continue
-        if any(p >= b and p < len(positions) and positions[p] - positions[b] < lookback for p in current_breakpoints):
-            best = b
-    if best is None:
-        return None, 0
-    return best, estimate_tokens(previous_ends[best])
-
-
-def is_expired(predicted_tokens: int, usage: Usage | None) -> bool:
-    """A predicted read came back (mostly) as a write: TTL ran out or the entry was evicted."""
-    if usage is None or predicted_tokens <= 0 or usage.cache_write <= 0:
-        return False
-    return usage.cache_read < predicted_tokens * EXPIRED_READ_SHARE
 
 
 def agreement(causes: Mapping[str | None, frozenset[str]], reason: str | None, cause: str) -> str:
@@ -451,38 +269,29 @@ def _checker(rules: Any) -> Callable[[Block], bool] | None:
     return found[1]
 
 
-def _min_tokens(rules: Any, model: str) -> int:
-    """Minimum cacheable prefix of `model` (tokens) from the rules' model table, else 0."""
-    minimum = getattr(rules, "min_tokens", None)
-    return int(minimum(model)) if callable(minimum) else 0
+def sent_marker_positions(exchange: Exchange, body: JSONObject, prompt: PromptScan) -> tuple[int, ...]:
+    """The blocks of the body as sent (`body`, scanned as `prompt`) that carry a marker by its
+    adapter's rules (`proxy.divergence.marked_positions`): what measurement compares and the
+    session record keeps."""
+    return _markers(body, prompt, read_rules(exchange.adapter, exchange.path, body))
 
 
-def _token_prediction(
-    exchange: Exchange,
-    services: Services,
-    body: JSONObject,
-    n_blocks: int,
-    divergence: Divergence,
-    previous: Any,
-    min_tokens: int,
-) -> tuple[int | None, int] | None:
-    """The adapter's prediction in real tokens (`predict_read_tokens`, OpenAI: `o200k_base`)
-    when it has one and the tokenizer is loaded (`services.tokens`), else `None` (bytes/4)."""
-    predictor = getattr(exchange.adapter, "predict_read_tokens", None)
-    counter = services.tokens
-    if predictor is None or counter is None:
-        return None
-    result: tuple[int | None, int] | None = predictor(
-        exchange.path,
-        body,
-        counter.count,
-        n_blocks,
-        divergence.shared_blocks,
-        len(previous.ends),
-        previous.breakpoints,
-        min_tokens,
+def _markers(body: JSONObject, prompt: PromptScan, rules: ReadRules) -> tuple[int, ...]:
+    values = prompt.values
+    candidates: Sequence[int] = prompt.marked if rules.marker_key in MARKER_KEYS else range(len(values))
+    return marked_positions(candidates, values, body, rules)
+
+
+def _current(exchange: Exchange, body: JSONObject, prompt: PromptScan, rules: ReadRules) -> Prompt:
+    """The sent body as `proxy.divergence` compares it, from its scan."""
+    return Prompt(
+        prompt.chain,
+        prompt.blocks,
+        prompt.kinds,
+        _markers(body, prompt, rules),
+        request_model(body),
+        sent_params_digest(exchange, body),
     )
-    return result
 
 
 def measure(exchange: Exchange, services: Services) -> None:
@@ -492,40 +301,28 @@ def measure(exchange: Exchange, services: Services) -> None:
     body = sent_body(exchange)
     if body is None:
         return
+    from proxy.pipeline.support import min_tokens_for, model_for  # the pipeline imports this module
+
     prompt = sent_prompt(exchange, body)
-    blocks = prompt.blocks
-    chain = prompt.chain
-    exchange.sent_chain = chain
-    previous = exchange.previous
-    model = request_model(body)
-    rules = _rules(services)
-    divergence = find_divergence(
-        previous,
-        chain,
-        blocks,
-        model,
-        sent_params_digest(exchange, body),
-        history_rewritten=exchange.history_rewritten is not None,
-        is_volatile=_checker(rules),
-    )
-    predicted_at, predicted = (None, 0)
-    if previous is not None and divergence.cause not in ("model_changed", "params_changed"):
-        predicted_at, predicted = predict_read(
-            previous.breakpoints,
-            previous.ends,
-            divergence.shared_blocks,
-            with_top_marker(prompt.marked, len(blocks), body),
-            kind_positions(prompt.kinds),
-            min_tokens=_min_tokens(rules, model),
-        )
-        counted = _token_prediction(
-            exchange, services, body, len(blocks), divergence, previous, _min_tokens(rules, model)
-        )
-        if counted is not None:
-            predicted_at, predicted = counted
+    exchange.sent_chain = prompt.chain
+    adapter, path = exchange.adapter, exchange.path
+    min_tokens = min_tokens_for(services, exchange, model_for(exchange))
+    rules = read_rules(adapter, path, body, min_tokens)
+    counter = services.tokens
     usage = exchange.usage
-    cause = "expired" if is_expired(predicted, usage) else divergence.cause
-    family, prices = services.pricing.lookup(exchange.provider, model)
+    found = compare(
+        exchange.previous,
+        _current(exchange, body, prompt, rules),
+        rules,
+        history_rewritten=exchange.history_rewritten is not None,
+        is_volatile=_checker(_rules(services)),
+        usage=usage,
+        predictor=read_predictor(
+            adapter, path, body, len(prompt.blocks), min_tokens, counter.count if counter is not None else None
+        ),
+    )
+    divergence, cause, predicted = found.divergence, found.cause, found.predicted_read_tokens
+    family, prices = services.pricing.lookup(exchange.provider, request_model(body))
     cost = uncached = None
     if usage is not None and prices is not None:
         cost, uncached = prices.cost(usage), prices.uncached_cost(usage)
@@ -534,21 +331,20 @@ def measure(exchange: Exchange, services: Services) -> None:
         provider=exchange.provider,
         family=family,
         divergence=divergence,
-        block_path=blocks[divergence.block_index].path
-        if divergence.section != "none" and divergence.block_index < len(blocks)
-        else None,
-        prompt_blocks=len(blocks),
-        prompt_bytes=chain.total_bytes,
+        block_path=found.block_path,
+        prompt_blocks=len(prompt.blocks),
+        prompt_bytes=prompt.chain.total_bytes,
         predicted_read_tokens=predicted,
-        predicted_breakpoint=predicted_at,
+        predicted_breakpoint=found.predicted_breakpoint,
         cause=cause,
         usage=usage,
         cost_usd=cost,
         uncached_cost_usd=uncached,
         upstream_reason=(usage.cache_miss_reason if usage is not None else None) if requested else None,
-        diagnosis=agreement(getattr(exchange.adapter, "diagnostic_causes", {}), usage.cache_miss_reason, cause)
+        diagnosis=agreement(adapter.diagnostic_causes, usage.cache_miss_reason, cause)
         if requested and usage is not None
         else None,
+        block_kind=found.block_kind,
     )
     exchange.measurement = result
     _record(result, services, requested)

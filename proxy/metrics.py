@@ -113,6 +113,8 @@ BREAKPOINT_ACTIONS: Final = ("injected", "moved", "dropped", "kept")
 STORE_BACKENDS: Final = ("memory", "sqlite", "redis")
 BUDGET_STAGES: Final = ("session", "reorder", "pin", "history")
 STORE_OPERATIONS: Final = ("get", "put")
+STORE_CAPS: Final = ("tenant", "total")
+"""`cap` label of `promptcache_session_store_evictions_total`."""
 
 _LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _FAST_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
@@ -489,6 +491,21 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.store_evictions = Counter(
+            "promptcache_session_store_evictions_total",
+            "Session records the store evicted, least recently written first, to stay within a byte "
+            "cap: cap=tenant (store_max_bytes_per_tenant) or total (store_max_bytes); that "
+            "session's next turn goes without replay (proxy.store).",
+            ["backend", "cap"],
+            registry=r,
+        )
+        self.store_skipped = Counter(
+            "promptcache_session_store_records_skipped_total",
+            "Session records not stored because one alone is larger than store_max_bytes_per_tenant "
+            "(proxy.store).",
+            ["backend"],
+            registry=r,
+        )
         self.store_faults = Counter(
             "promptcache_session_store_faults_total",
             "Session store failures by cause (file_gone, disk_full, read_only, cannot_open, corrupt, "
@@ -555,6 +572,9 @@ class Metrics:
                 self.store_errors.labels(backend, operation)
             self.store_pending_writes.labels(backend)
             self.store_dropped_writes.labels(backend)
+            self.store_skipped.labels(backend)
+            for cap in STORE_CAPS:
+                self.store_evictions.labels(backend, cap)
             for kind in FAULT_KINDS:
                 self.store_faults.labels(backend, kind)
         self.by_provider: dict[str, ProviderMetrics] = {}

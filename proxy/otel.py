@@ -37,8 +37,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy import __version__
-from proxy.providers import route
+from proxy.providers import redact_path, route
 from proxy.providers.base import Usage
+from proxy.tenant import credential_of
 from proxy.tracing import CURRENT
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -129,7 +130,7 @@ class _RequestTrace:
             "http.request.method": method,
             "server.address": parts.hostname or "",
             "server.port": parts.port or (443 if parts.scheme == "https" else 80),
-            "url.path": parts.path,
+            "url.path": redact_path(parts.path, credential_of(headers)),
             "promptcache.provider": self._provider,
         }
         with self._tracer.start_as_current_span(
@@ -158,7 +159,7 @@ def tracing_middleware(provider: trace.TracerProvider) -> Middleware:
         parent = _PROPAGATOR.extract(request.headers)
         attributes = {
             "http.request.method": request.method,
-            "url.path": request.path,
+            "url.path": redact_path(request.path, credential_of(request.headers)),
             "promptcache.provider": adapter.name,
         }
         with tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes) as span:

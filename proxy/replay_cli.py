@@ -19,7 +19,7 @@ Prints, per trace and strategy and in total: input tokens read / written / neith
 (read / all input), input-side cost in USD (`rules/pricing.yaml`), savings against no caching,
 the oracle's clairvoyant optimum and minimum cost with the causal bound beside them
 (`proxy/workloads/oracle.py`), attainment = read / clairvoyant read, cost / minimum, and the
-requests per divergence cause as promptcache measures them (`proxy/workloads/divergence.py`:
+requests per divergence cause as promptcache measures them (`proxy/workloads/causes.py`:
 the proxy's own `promptcache_prefix_divergences_total` for `promptcache`, the same pure core on
 the bytes sent for `none` / `naive`). `--json` carries the same, `--per-request` adds each
 request's usage and cause.

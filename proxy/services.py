@@ -57,6 +57,9 @@ class Services:
     draining: bool = False
     """Set by `proxy.shutdown.drain` once the stop signal came: responses close their connection
     and `/readyz` answers 503."""
+    ui_token: str = ""
+    """The credential the cross-tenant pages (`/ui/`) need: `admin_token` when set, else one
+    generated at start (`proxy.admin.ui_token_for`), printed once in the start-up banner."""
     pricing: PricingTable = field(default_factory=default_pricing)
     """Prices per provider and model family (`proxy.pricing`): measurement's costs, the session
     history, keep-warm's expected ping cost. Defaults to the packaged `rules/pricing.yaml`."""

@@ -146,6 +146,14 @@ class Settings(BaseModel):
     """Client connections open at once from one client address; the one over it gets 503 like
     one over `max_connections`. Unset: a quarter of `max_connections` (at least 1). Probes
     (`/healthz`, `/readyz`, `/metrics`) are served over either cap (`proxy.connections`)."""
+    store_max_bytes: int = Field(1024 * 1024 * 1024, ge=1)
+    """Bytes of session records the SQLite store may hold; past it the least recently written
+    records (of any tenant) are evicted (`proxy.store.sqlite`). Redis: bounded by its own
+    `maxmemory` (README)."""
+    store_max_bytes_per_tenant: int = Field(256 * 1024 * 1024, ge=1)
+    """Bytes of session records one tenant may hold in the SQLite store; past it that tenant's
+    least recently written records are evicted, so one tenant cannot evict the others. A record
+    larger than this alone is not stored, on every backend."""
     classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in

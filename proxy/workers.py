@@ -151,6 +151,9 @@ def supervise(args: argparse.Namespace, settings: Settings) -> int:
     for stale in metrics_dir.glob("*.db"):
         stale.unlink()
     env = {**os.environ, MULTIPROC_ENV: str(metrics_dir)}
+    from proxy.admin import UI_TOKEN_ENV, ui_token_for
+
+    env[UI_TOKEN_ENV] = ui_token_for(settings)  # one UI token for the set (proxy.admin)
     try:
         return asyncio.run(_run(args, settings.workers, port, admin_port, env))
     finally:

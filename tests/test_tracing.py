@@ -264,3 +264,14 @@ async def test_default_provider_exports_otlp_http_to_the_configured_collector(
     assert names == [*stage_names, "upstream POST", "POST /v1/messages"]
     [scope] = resource_spans.scope_spans
     assert (scope.scope.name, scope.scope.version) == ("promptcache", __version__)
+
+
+async def test_a_key_in_the_path_is_redacted_in_both_spans(
+    fake_upstream: FakeUpstream, exporter: InMemorySpanExporter
+) -> None:
+    key = "sk-ant-api03-" + "Z" * 40
+    spans = await _traced_requests(fake_upstream, exporter, (f"/{key}/v1/messages", {}))
+    upstream, request = spans[-2:]
+    assert (request.attributes or {})["url.path"] == "/[redacted]/v1/messages"
+    assert (upstream.attributes or {})["url.path"] == "/[redacted]/v1/messages"
+    assert all(key not in str(s.to_json()) for s in spans)

@@ -40,7 +40,7 @@ async def _spawn(tmp_path: object, *options: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(*argv, stdout=pipe, stderr=pipe, env=_env(tmp_path))
 
 
-async def _start(tmp_path: object, upstream: str = "sim") -> tuple[asyncio.subprocess.Process, str]:
+async def _start(tmp_path: object, upstream: str = "sim") -> tuple[asyncio.subprocess.Process, str, list[str]]:
     proc = await _spawn(tmp_path, "--upstream", upstream)
     assert proc.stdout is not None
     banner: list[str] = []
@@ -49,14 +49,14 @@ async def _start(tmp_path: object, upstream: str = "sim") -> tuple[asyncio.subpr
         assert line, "serve exited before its banner"
         banner.append(line.rstrip("\n"))
     assert banner[-1] == "  workers: 2 processes on one port (SO_REUSEPORT)"
-    return proc, banner[0].split(" listening on ")[1].split(" ")[0]
+    return proc, banner[0].split(" listening on ")[1].split(" ")[0], banner
 
 
 @pytest.fixture
 async def served(tmp_path: object) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     # one simulator for both workers (each worker's built-in one would keep its own cache)
     sim_runner, sim_url = await start_sim("127.0.0.1", 0)
-    proc, url = await _start(tmp_path, sim_url)
+    proc, url, _ = await _start(tmp_path, sim_url)
     # both workers listen: the second may still be starting when the first printed the banner
     await _until(url, lambda m: True)
     try:
@@ -178,8 +178,19 @@ async def test_a_session_continues_on_the_other_worker(served) -> None:
 
 
 async def test_sigterm_stops_every_worker(tmp_path) -> None:
-    proc, url = await _start(tmp_path)
+    proc, url, banner = await _start(tmp_path)
     await _until(url, lambda m: True)
+    # the forensic map's generated token is one for the set: every worker takes it
+    [line] = [line for line in banner if line.startswith("  forensic map: ")]
+    page = line.removeprefix("  forensic map: ")
+    assert page.startswith(f"{url}/ui/?token=")
+    for _ in range(8):
+        connector = aiohttp.TCPConnector(force_close=True)  # a new connection: the kernel picks a worker
+        async with aiohttp.ClientSession(connector=connector) as http:
+            async with http.get(page) as r:
+                assert r.status == 200
+            async with http.get(f"{url}/ui/") as r:
+                assert r.status == 401
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), WAIT) == 0
     connector = aiohttp.TCPConnector(force_close=True)

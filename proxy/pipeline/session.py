@@ -49,15 +49,9 @@ from typing import Any, Final
 
 import xxhash
 
+from proxy.divergence import request_model
 from proxy.exchange import Exchange
-from proxy.measure import (
-    marker_positions,
-    request_model,
-    sent_body,
-    sent_params_digest,
-    sent_prompt,
-    with_top_marker,
-)
+from proxy.measure import sent_body, sent_marker_positions, sent_params_digest, sent_prompt
 from proxy.pacing import FIVE_MINUTES, MAX_ARRIVALS, ONE_HOUR, Pacing, forecast
 from proxy.pipeline import delivered
 from proxy.pipeline.blocks import marker_ttl
@@ -262,13 +256,10 @@ def make_plan_context(
 
 
 def sent_markers(
-    blocks: Sequence[Block], body: JSONObject, positions: tuple[int, ...] | None = None
+    blocks: Sequence[Block], body: JSONObject, positions: tuple[int, ...]
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Marker positions of the body as sent (`proxy.measure.marker_positions`, unless the caller
-    has them) and the TTL of each (a top-level automatic marker lends its TTL to the last
-    block)."""
-    if positions is None:
-        positions = marker_positions(blocks, body)
+    """The marker `positions` of the body as sent (`proxy.divergence.marker_positions`) and the
+    TTL of each (a top-level automatic marker lends its TTL to the last block)."""
     ttls = []
     for i in positions:
         value = blocks[i].value
@@ -392,7 +383,7 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
     prompt = sent_prompt(exchange, body)
     chain = prompt.chain
     blocks = prompt.blocks
-    breakpoints, ttls = sent_markers(blocks, body, with_top_marker(prompt.marked, len(blocks), body))
+    breakpoints, ttls = sent_markers(blocks, body, sent_marker_positions(exchange, body, prompt))
     previous = exchange.previous
     sidecars: tuple[Sidecar, ...] = ()
     if view is not None and view.array_key is not None and view.is_list:

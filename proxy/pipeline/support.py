@@ -53,14 +53,9 @@ def model_for(exchange: Exchange) -> str | None:
 
 
 def min_tokens_for(services: Services, exchange: Exchange, model: str | None) -> int:
-    """Minimum cacheable prefix (tokens) of `model`: the platform's own table where it differs
-    (`Profile.min_tokens`), else the rules' `models.yaml`."""
-    profile: Any = getattr(exchange.adapter, "profile", None)
-    if isinstance(profile, Profile):
-        own = profile.min_tokens_for(model)
-        if own is not None:
-            return own
-    return rules_for(services).min_tokens(model)
+    """Minimum cacheable prefix (tokens) of `model`: the adapter's (`min_cacheable_tokens`: the
+    platform's own table where it differs), else the rules' `models.yaml`."""
+    return exchange.adapter.min_cacheable_tokens(model, rules_for(services).min_tokens(model))
 
 
 def count_markers(exchange: Exchange, services: Services, **actions: int) -> None:

@@ -17,12 +17,15 @@ except one under a routing prefix (Azure's `/openai/v1/...`), which needs its pr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote
 
 from proxy.profiles import PathRule, Profile, Profiles
+from proxy.providers import anthropic as _anthropic
+from proxy.providers import openai as _openai
 from proxy.providers.anthropic import AnthropicAdapter
 from proxy.providers.base import ProviderAdapter
 from proxy.providers.converse import CONVERSE_PATH, ConverseAdapter
@@ -56,6 +59,34 @@ def is_openai_credential_shape(header_names: Container[str]) -> bool:
     shared paths in `route` / `Router.route`."""
     names = header_names
     return "authorization" in names and "x-api-key" not in names and "anthropic-version" not in names
+
+
+CREDENTIAL_PREFIXES: Final = tuple(
+    sorted({*_anthropic.KEY_PREFIXES, *_openai.KEY_PREFIXES}, key=len, reverse=True)
+)
+"""How the providers' credentials start (each adapter module's `KEY_PREFIXES`)."""
+CREDENTIAL_SHAPE: Final = re.compile(
+    r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, CREDENTIAL_PREFIXES)) + r")[A-Za-z0-9_\-]{16,}"
+)
+"""A provider credential in text: a known prefix (not inside a longer word) and at least 16 key
+characters; one prefix and one character class, so it runs in time linear in the text."""
+REDACTED: Final = "[redacted]"
+_MIN_CREDENTIAL_CHARS: Final = 8
+"""A request's own credential shorter than this is not searched for in its path."""
+
+
+def redact_path(path: str, credential: str = "") -> str:
+    """`path` with every `/`-separated segment that holds a credential replaced by `[redacted]`:
+    a provider key shape (`CREDENTIAL_SHAPE`), or the request's own `credential` (any shape, at
+    least 8 characters). For log lines, spans and recorded traces; never for forwarding."""
+    own = credential if len(credential) >= _MIN_CREDENTIAL_CHARS else None
+    if CREDENTIAL_SHAPE.search(path) is None and (own is None or own not in path):
+        return path
+    segments = path.split("/")
+    for i, segment in enumerate(segments):
+        if CREDENTIAL_SHAPE.search(segment) or (own is not None and own in segment):
+            segments[i] = REDACTED
+    return "/".join(segments)
 
 
 def route(path: str, openai_markers: bool = False) -> tuple[ProviderAdapter, str]:

@@ -18,7 +18,7 @@ Provider rules (docs: platform.claude.com/docs/en/build-with-claude/prompt-cachi
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -42,6 +42,9 @@ from proxy.providers.base import (
     platform_error_body,
 )
 
+KEY_PREFIXES: Final = ("sk-ant-",)
+"""How an Anthropic credential starts: API keys `sk-ant-api03-...`, OAuth tokens
+`sk-ant-oat01-...` (redacted wherever a path carries one, `proxy.providers.redact_path`)."""
 _USAGE_KEYS: Final = (
     "input_tokens",
     "output_tokens",
@@ -81,6 +84,20 @@ DIAGNOSTIC_CAUSES: Final[dict[str | None, frozenset[str]]] = {
 """Cache-diagnostics reason (`None` = no divergence: `diagnostics: null`) -> promptcache causes
 that agree with it (an `expired` read had an unchanged prefix: the entry was gone). `pending`,
 `previous_message_not_found`, `unavailable` and unknown types are inconclusive (docs/provider-rules.md 1.12)."""
+
+
+ERROR_TYPES: Final[dict[str, str]] = {
+    "bad_gateway": "api_error",
+    "gateway_timeout": "timeout_error",
+    "too_large": "request_too_large",
+    "bad_request": "invalid_request_error",
+    "not_found": "not_found_error",
+    "client_timeout": "timeout_error",
+    "headers_too_large": "request_too_large",
+    "overloaded": "overloaded_error",
+}
+"""`ErrorKind.name` -> the Messages API's error `type` (`overloaded_error`, over
+`max_connections`, is the API's own for "try again")."""
 
 
 class AnthropicUsage:
@@ -201,7 +218,7 @@ class AnthropicAdapter:
         platform = platform_error_body(self.profile.error_shape, kind, message)
         if platform is not None:
             return platform
-        return orjson.dumps({"type": "error", "error": {"type": kind.anthropic_type, "message": message}})
+        return orjson.dumps({"type": "error", "error": {"type": ERROR_TYPES[kind.name], "message": message}})
 
     def usage_reader(self, path: str) -> AnthropicUsage:
         return AnthropicUsage()
@@ -275,3 +292,22 @@ class AnthropicAdapter:
     def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
         """Markers here are keys on blocks (the shared planner's): `None`."""
         return None
+
+    def predict_read_tokens(
+        self,
+        path: str,
+        body: JSONObject,
+        count: Callable[[str], int] | None,
+        n_blocks: int,
+        shared: int,
+        previous_blocks: int,
+        previous_breakpoints: Sequence[int],
+        min_tokens: int,
+    ) -> tuple[int | None, int] | None:
+        """Reads follow the markers within the 20-position lookback of `POLICY`
+        (docs/provider-rules.md 1.5): `None`."""
+        return None
+
+    def min_cacheable_tokens(self, model: str | None, default: int) -> int:
+        own = self.profile.min_tokens_for(model)
+        return own if own is not None else default

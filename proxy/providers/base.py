@@ -19,7 +19,7 @@ Invariant: adapters are stateless and pure; the same input gives the same output
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, overload
 
@@ -111,23 +111,24 @@ class UsageReader(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ErrorKind:
-    """A local error the proxy itself answers with, before or instead of the upstream."""
+    """A local error the proxy itself answers with, before or instead of the upstream. Each
+    adapter names it in its own API's error types (`error_body`)."""
 
     status: int
-    anthropic_type: str
-    openai_type: str
+    name: str
+    """What went wrong, in the proxy's words (`bad_gateway`, `too_large` ...)."""
 
 
-BAD_GATEWAY = ErrorKind(502, "api_error", "server_error")
-GATEWAY_TIMEOUT = ErrorKind(504, "timeout_error", "server_error")
-TOO_LARGE = ErrorKind(413, "request_too_large", "invalid_request_error")
-BAD_REQUEST = ErrorKind(400, "invalid_request_error", "invalid_request_error")
-NOT_FOUND = ErrorKind(404, "not_found_error", "invalid_request_error")
-CLIENT_TIMEOUT = ErrorKind(408, "timeout_error", "invalid_request_error")
+BAD_GATEWAY = ErrorKind(502, "bad_gateway")
+GATEWAY_TIMEOUT = ErrorKind(504, "gateway_timeout")
+TOO_LARGE = ErrorKind(413, "too_large")
+BAD_REQUEST = ErrorKind(400, "bad_request")
+NOT_FOUND = ErrorKind(404, "not_found")
+CLIENT_TIMEOUT = ErrorKind(408, "client_timeout")
 """The client did not send its request head or body in time (`proxy.connections`)."""
-HEADERS_TOO_LARGE = ErrorKind(431, "request_too_large", "invalid_request_error")
-OVERLOADED = ErrorKind(503, "overloaded_error", "server_error")
-"""Over `max_connections`; the Anthropic type is the API's own for "try again"."""
+HEADERS_TOO_LARGE = ErrorKind(431, "headers_too_large")
+OVERLOADED = ErrorKind(503, "overloaded")
+"""Over `max_connections`."""
 
 _GOOGLE_STATUS = {
     400: "INVALID_ARGUMENT",
@@ -303,6 +304,12 @@ class ProviderAdapter(Protocol):
         """`(source, raw session id)` from provider-defined body fields, else `None`."""
         ...
 
+    @property
+    def diagnostic_causes(self) -> Mapping[str | None, frozenset[str]]:
+        """The provider's cache-diagnostics reason (`None` = no divergence) -> promptcache causes
+        that agree with it (`proxy.measure.agreement`); empty without diagnostics."""
+        ...
+
     def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
         """Per message role, keys a client may drop when it re-sends a message without making
         it another message (session identity and replay ignore them; replay sends them back)."""
@@ -365,6 +372,32 @@ class ProviderAdapter(Protocol):
         """`body` with markers that are blocks of their own (Bedrock Converse `cachePoint`),
         placed by the adapter; `None` when the shared planner's key markers are the only kind.
         `min_tokens`: the model's minimum prefix; `keep_ttl`: the upstream accepts `ttl`."""
+        ...
+
+    # Read side, used by measurement and `explain` (`proxy.divergence`).
+
+    def predict_read_tokens(
+        self,
+        path: str,
+        body: JSONObject,
+        count: Callable[[str], int] | None,
+        n_blocks: int,
+        shared: int,
+        previous_blocks: int,
+        previous_breakpoints: Sequence[int],
+        min_tokens: int,
+    ) -> tuple[int | None, int] | None:
+        """`(block, tokens)` of the read the provider's own cache rule gives `body` (its
+        `n_blocks` prefix blocks sharing `shared` with a previous request of `previous_blocks`
+        blocks and markers at `previous_breakpoints`), counting text with `count` (`None`: the
+        adapter's estimate); `None` when reads follow the markers and the `MarkerPolicy`
+        lookback (`proxy.divergence.predict_read`)."""
+        ...
+
+    def min_cacheable_tokens(self, model: str | None, default: int) -> int:
+        """The model's minimum cacheable prefix (tokens) on this upstream: the profile's own
+        table where the platform differs (`Profile.min_tokens`, docs/provider-rules.md 4), else
+        `default` (the rules' `models.yaml`, docs/provider-rules.md 1.6, 2.1)."""
         ...
 
 

@@ -14,7 +14,7 @@ Provider rules (AWS Bedrock prompt-caching and Converse API docs; docs/provider-
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -38,7 +38,10 @@ from proxy.providers.base import (
 
 CONVERSE_PATH: Final = "/converse"
 _USAGE_KEYS: Final = ("inputTokens", "outputTokens", "cacheReadInputTokens", "cacheWriteInputTokens")
-POLICY: Final = MarkerPolicy(key=converse_request.CACHE_POINT, max_markers=0, kinds=frozenset())
+POLICY: Final = MarkerPolicy(key=converse_request.CACHE_POINT, max_markers=0, kinds=frozenset(), lookback=20)
+"""Checkpoints are blocks the adapter places itself (`with_platform_markers`), so the shared
+planner places none; reads walk back about 20 blocks from a checkpoint, as on the Messages API
+(docs/provider-rules.md 1.5, 4)."""
 TOOL_SHAPE: Final = ToolShape(name_path=("toolSpec", "name"), schema_path=("toolSpec", "inputSchema", "json"))
 
 
@@ -122,6 +125,9 @@ class ConverseAdapter:
         """Keep-warm pings only follow TTL markers (Anthropic): not cut here."""
         return None
 
+    diagnostic_causes: Final[Mapping[str | None, frozenset[str]]] = {}
+    """Converse has no cache diagnostics."""
+
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         return None
 
@@ -151,6 +157,24 @@ class ConverseAdapter:
 
     def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         return None
+
+    def predict_read_tokens(
+        self,
+        path: str,
+        body: JSONObject,
+        count: Callable[[str], int] | None,
+        n_blocks: int,
+        shared: int,
+        previous_blocks: int,
+        previous_breakpoints: Sequence[int],
+        min_tokens: int,
+    ) -> tuple[int | None, int] | None:
+        """Reads follow the checkpoints within `POLICY`'s lookback: `None`."""
+        return None
+
+    def min_cacheable_tokens(self, model: str | None, default: int) -> int:
+        own = self.profile.min_tokens_for(model)
+        return own if own is not None else default
 
     def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject:
         """`cachePoint` blocks placed (`converse_request.place_cache_points`)."""

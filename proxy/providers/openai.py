@@ -54,6 +54,9 @@ from proxy.providers.base import (
     platform_error_body,
 )
 
+KEY_PREFIXES: Final = ("sk-",)
+"""How an OpenAI credential starts: `sk-...`, `sk-proj-...`, `sk-svcacct-...`, `sk-admin-...`
+(OpenRouter's `sk-or-...` too); redacted wherever a path carries one (`proxy.providers.redact_path`)."""
 CHAT_PATH: Final = "/v1/chat/completions"
 CHAT_OPTIONAL: Final[Mapping[str, frozenset[str]]] = {"tool": frozenset({"name"})}
 """Keys a Chat client may drop on re-sending a message (`OpenAIAdapter.identity_optional`)."""
@@ -87,6 +90,19 @@ DIAGNOSTIC_CAUSES: Final[dict[str | None, frozenset[str]]] = {
 }
 """Upstream reason (`None` = `cache_hit`) -> promptcache causes that agree with it; a reason
 not listed (`comparison_response_not_found`, `unavailable`, a new one) is inconclusive."""
+
+
+ERROR_TYPES: Final[dict[str, str]] = {
+    "bad_gateway": "server_error",
+    "gateway_timeout": "server_error",
+    "too_large": "invalid_request_error",
+    "bad_request": "invalid_request_error",
+    "not_found": "invalid_request_error",
+    "client_timeout": "invalid_request_error",
+    "headers_too_large": "invalid_request_error",
+    "overloaded": "server_error",
+}
+"""`ErrorKind.name` -> the API's error `type` (the SDK's error shape, `{"error": {"type": ...}}`)."""
 
 
 class OpenAIUsage:
@@ -228,7 +244,8 @@ class OpenAIAdapter:
         platform = platform_error_body(self.profile.error_shape, kind, message)
         if platform is not None:
             return platform
-        return orjson.dumps({"error": {"message": message, "type": kind.openai_type, "param": None, "code": None}})
+        error = {"message": message, "type": ERROR_TYPES[kind.name], "param": None, "code": None}
+        return orjson.dumps({"error": error})
 
     def usage_reader(self, path: str) -> OpenAIUsage:
         return OpenAIUsage(path)
@@ -262,16 +279,21 @@ class OpenAIAdapter:
         self,
         path: str,
         body: JSONObject,
-        count: Callable[[str], int],
+        count: Callable[[str], int] | None,
         n_blocks: int,
         shared: int,
         previous_blocks: int,
         previous_breakpoints: Sequence[int],
         min_tokens: int,
     ) -> tuple[int | None, int] | None:
-        """`(block, tokens)` of the cache read due, counted in `o200k_base` tokens with `count`
-        (`proxy.providers.openai_tokens`); `None` when the body's shape is not covered."""
-        offsets = openai_tokens.prompt_offsets(path, body, count, n_blocks)
+        """`(block, tokens)` of the cache read due by OpenAI's prefix caching (docs/provider-rules.md
+        2.1, 2.3: no block lookback), on the token offsets of `proxy.providers.openai_tokens`
+        counted with `count` (`o200k_base`), or with the bytes/4 estimate when `count` is `None`.
+        `None` when the body's shape is not covered, and for a Claude model behind a gateway
+        (`CLAUDE_CHAT_POLICY`: Anthropic's marker reads and its 20-position lookback apply)."""
+        if self.marker_policy(path, body) is openai_request.CLAUDE_CHAT_POLICY:
+            return None
+        offsets = openai_tokens.prompt_offsets(path, body, count or openai_tokens.estimate, n_blocks)
         if offsets is None:
             return None
         options = body.get("prompt_cache_options")
@@ -285,6 +307,10 @@ class OpenAIAdapter:
             has_breakpoints=openai_request.has_breakpoints(body.get("model")),
             implicit=mode == "implicit",
         )
+
+    def min_cacheable_tokens(self, model: str | None, default: int) -> int:
+        own = self.profile.min_tokens_for(model)
+        return own if own is not None else default
 
     def prefix_request(self, path: str, body: JSONObject, last: int) -> JSONObject | None:
         """Keep-warm pings only follow TTL markers (Anthropic): not cut here."""

@@ -44,6 +44,15 @@ _TURN_ROLES: Final = frozenset({"user", "tool"})
 
 Count = Callable[[str], int]
 
+ESTIMATE_BYTES_PER_TOKEN: Final = 4
+"""The proxy's offline estimate when no tokenizer is loaded: UTF-8 bytes / 4, rounded up (as
+`proxy.prefix.estimate_tokens` counts canonical bytes)."""
+
+
+def estimate(text: str) -> int:
+    """`Count` of `text` by the bytes/4 estimate (`ESTIMATE_BYTES_PER_TOKEN`)."""
+    return -(-len(text.encode()) // ESTIMATE_BYTES_PER_TOKEN)
+
 
 @dataclass(slots=True)
 class PromptOffsets:

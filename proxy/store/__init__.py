@@ -23,6 +23,11 @@
   replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`);
   beyond that a save is dropped and counted (`promptcache_session_store_writes_dropped_total`).
   `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
+- Bounded in bytes: a record encoded larger than `max_record_bytes` (the setting
+  `store_max_bytes_per_tenant`) is not written, and the session's older record is removed
+  (`promptcache_session_store_records_skipped_total`); the SQLite backend also caps bytes per
+  tenant and in total, evicting the least recently written records
+  (`promptcache_session_store_evictions_total{cap}`, `proxy.store.sqlite`).
 - Health: every failure is counted by cause in `promptcache_session_store_faults_total{backend,
   kind}` (`proxy.store.base.FAULT_KINDS`, named by the backend's `fault_kind`). A cause in
   `UNHEALTHY_KINDS` (disk full, read-only, cannot open, server unavailable or unresponsive)
@@ -128,8 +133,11 @@ def default_store_url(state_dir: Path) -> str:
     return f"sqlite://{Path(state_dir).expanduser().resolve() / 'sessions.db'}"
 
 
-def open_store(url: str) -> SessionStore:
-    """A backend for `url`; raises `ValueError` for an unknown scheme or an empty path."""
+def open_store(url: str, *, max_bytes: int | None = None, max_tenant_bytes: int | None = None) -> SessionStore:
+    """A backend for `url`; raises `ValueError` for an unknown scheme or an empty path.
+
+    `max_bytes` / `max_tenant_bytes` cap the SQLite file's value bytes in total and per tenant
+    (`proxy.store.sqlite`; default 1 GiB / 256 MiB); Redis is bounded by its own `maxmemory`."""
     if url.startswith("memory://"):
         from proxy.store.memory import MemoryStore
 
@@ -142,7 +150,13 @@ def open_store(url: str) -> SessionStore:
             path = path[1:]
         if not path:
             raise ValueError("sqlite:// needs a file path, e.g. sqlite:///var/lib/promptcache/sessions.db")
-        return SqliteStore(path)
+        from proxy.store.sqlite import DEFAULT_MAX_BYTES, DEFAULT_MAX_TENANT_BYTES
+
+        return SqliteStore(
+            path,
+            max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+            max_tenant_bytes=DEFAULT_MAX_TENANT_BYTES if max_tenant_bytes is None else max_tenant_bytes,
+        )
     if url.startswith(("redis://", "rediss://", "unix://")):
         from proxy.store.redis import RedisStore
 
@@ -159,8 +173,12 @@ class RecordStore:
         metrics: Metrics,
         get_timeout: float = GET_TIMEOUT,
         put_timeout: float = PUT_TIMEOUT,
+        max_record_bytes: int | None = None,
     ) -> None:
+        """`max_record_bytes`: a record encoded larger than this is not stored (counted in
+        `promptcache_session_store_records_skipped_total`; `None`: no limit)."""
         self.backend = backend
+        self.max_record_bytes = max_record_bytes
         self.get_timeout = get_timeout
         self.put_timeout = put_timeout
         self._memo: OrderedDict[tuple[str, str], tuple[bytes, SessionRecord]] = OrderedDict()
@@ -174,8 +192,9 @@ class RecordStore:
         self._put_errors = metrics.store_errors.labels(name, "put")
         self._pending_gauge = metrics.store_pending_writes.labels(name)
         self._dropped = metrics.store_dropped_writes.labels(name)
-        self._pending: dict[tuple[str, str], tuple[SessionRecord, bytes, float]] = {}
-        """Newest record per session not yet written: `(record, encoded, ttl)`."""
+        self._pending: dict[tuple[str, str], tuple[SessionRecord | None, bytes, float]] = {}
+        """Newest record per session not yet written: `(record, encoded, ttl)`; `None`, `b""`
+        and 0 remove the session's record (one too large to store)."""
         self._pending_bytes = 0
         self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
         """Newest small value per key not yet written (`save_bytes_soon`)."""
@@ -188,6 +207,18 @@ class RecordStore:
         self._checking: asyncio.Task[StoreHealth] | None = None
         if hasattr(backend, "on_fault"):
             backend.on_fault = self._repaired
+        self._skipped = metrics.store_skipped.labels(name)
+        self._evictions = {cap: metrics.store_evictions.labels(name, cap) for cap in ("tenant", "total")}
+        if hasattr(backend, "on_evict"):
+            backend.on_evict = self._evicted
+
+    def _evicted(self, cap: str, rows: int) -> None:
+        """Records the backend evicted to stay within a cap, or did not store (`too_large`);
+        its writer thread may call this."""
+        if cap == "too_large":
+            self._skipped.inc(rows)
+        else:
+            self._evictions[cap].inc(rows)
 
     def _repaired(self, kind: str, message: str) -> None:
         """A fault the backend repaired itself (its worker thread may call this): counted."""
@@ -244,7 +275,7 @@ class RecordStore:
         A record saved on this replica and not yet written is returned without a backend read."""
         pending = self._pending.get((tenant, session))
         if pending is not None:
-            return pending[0]
+            return pending[0]  # `None`: a removal is pending
         data = await self._get(tenant, session)
         if data is None:
             return None
@@ -340,10 +371,13 @@ class RecordStore:
         The request path uses `save_soon`."""
         return await self._put((tenant, session), encode_record(record), record, ttl)
 
-    async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord, ttl: float) -> bool:
+    async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord | None, ttl: float) -> bool:
         if not await self._put_bytes(key, data, ttl):
             return False
-        self._remember(key, data, record)
+        if record is not None:
+            self._remember(key, data, record)
+        elif (old := self._memo.pop(key, None)) is not None:
+            self._memo_bytes -= 2 * len(old[0])
         return True
 
     def save_soon(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
@@ -351,13 +385,18 @@ class RecordStore:
         was dropped because too many writes are pending (counted)."""
         key = (tenant, session)
         data = encode_record(record)
+        stored: SessionRecord | None = record
+        if self.max_record_bytes is not None and len(data) > self.max_record_bytes:
+            # too large to keep: the older record goes too (the next turn goes without replay)
+            self._skipped.inc()
+            stored, data, ttl = None, b"", 0.0
         old = self._pending.get(key)
         held = self._pending_bytes - (len(old[1]) if old is not None else 0)
         if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + len(data) > MAX_PENDING_BYTES:
             self._dropped.inc()
             _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
             return False
-        self._pending[key] = (record, data, ttl)
+        self._pending[key] = (stored, data, ttl)
         self._pending_bytes = held + len(data)
         self._pending_gauge.set(len(self._pending))
         if old is None:
@@ -440,7 +479,7 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     settings = services.settings
     url = settings.store or default_store_url(settings.state_dir)
-    backend = open_store(url)
+    backend = open_store(url, max_bytes=settings.store_max_bytes, max_tenant_bytes=settings.store_max_bytes_per_tenant)
     if backend.backend != "memory":
         tighten_state_dir(Path(settings.state_dir))
     if backend.backend == "redis" and not settings.secret:
@@ -449,7 +488,7 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
             "share %s (set `secret` on every replica)",
             Path(settings.state_dir) / "secret",
         )
-    store = RecordStore(backend, services.metrics)
+    store = RecordStore(backend, services.metrics, max_record_bytes=settings.store_max_bytes_per_tenant)
     # The file is created (and the store's health known) now, not on the first request's
     # bounded read; a broken store costs replay and readiness, never the start.
     await store.check()

@@ -11,6 +11,16 @@
   Schema version in `PRAGMA user_version` (`SCHEMA_VERSION`).
 - Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
   invisible to `get` and purged at most once a minute during `put`.
+- Bounded in bytes: at most `max_bytes` of values in the file and `max_tenant_bytes` per tenant
+  (settings `store_max_bytes`, `store_max_bytes_per_tenant`). Each row keeps its value's size and
+  a write sequence number (`written`); triggers keep the bytes per tenant (and the total, under
+  the tenant `''`, which no key can name) in the `usage` table, so every worker process sharing
+  the file sees the same figures. A `put` that takes its tenant (then the file) over its cap
+  evicts that tenant's (then anyone's) least recently written rows, in the same transaction, at
+  most `MAX_EVICTIONS_PER_PUT` rows per write (a lowered cap is reached over the next writes). A
+  value over the per-tenant cap is not stored (and the key's older value is removed). Each eviction
+  and each skipped value is reported through `on_evict(cap, rows)` (`tenant`, `total`,
+  `too_large`). The per-tenant cap is what keeps one tenant's flood from evicting the others.
 - A locked file fails fast (`busy_timeout` 20 ms) with `sqlite3.OperationalError`; the caller
   counts it and the request goes on without replay. A file that is not a database (corrupt) is
   moved aside to `<name>.corrupt-<epoch>` when the connection is (re)opened, and a fresh file is
@@ -42,7 +52,9 @@ from urllib.parse import quote
 
 from proxy.store.base import StoreFault, check_key
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+"""1: `sessions(tenant, session, expires, value)`; 2 adds `size`, `written` and `usage`
+(migrated in place when an older file is opened)."""
 BUSY_TIMEOUT_MS: Final = 20
 PURGE_INTERVAL: Final = 60.0
 """Seconds between purges of expired rows."""
@@ -72,17 +84,50 @@ _ERRNO_KINDS: Final = {
 _log = logging.getLogger("promptcache.store.sqlite")
 _T = TypeVar("_T")
 
-_SCHEMA: Final = (
+DEFAULT_MAX_BYTES: Final = 1024 * 1024 * 1024
+"""Value bytes the file may hold (setting `store_max_bytes`)."""
+DEFAULT_MAX_TENANT_BYTES: Final = 256 * 1024 * 1024
+"""Value bytes one tenant may hold (setting `store_max_bytes_per_tenant`)."""
+MAX_EVICTIONS_PER_PUT: Final = 1024
+"""Rows one write may evict (keeps a write's time bounded whatever the caps were before)."""
+TOTAL: Final = ""
+"""The `usage` row of the whole file (no tenant key can be empty)."""
+
+_SCHEMA_V1: Final = (
     "CREATE TABLE IF NOT EXISTS sessions ("
     " tenant TEXT NOT NULL, session TEXT NOT NULL, expires REAL NOT NULL, value BLOB NOT NULL,"
     " PRIMARY KEY (tenant, session))",
     "CREATE INDEX IF NOT EXISTS sessions_expires ON sessions (expires)",
 )
+_SCHEMA_V2: Final = (
+    "ALTER TABLE sessions ADD COLUMN size INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE sessions ADD COLUMN written INTEGER NOT NULL DEFAULT 0",
+    "UPDATE sessions SET size = length(value), written = rowid",
+    "CREATE INDEX sessions_written ON sessions (written)",
+    "CREATE INDEX sessions_tenant_written ON sessions (tenant, written)",
+    "CREATE TABLE usage (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL) WITHOUT ROWID",
+    "INSERT INTO usage SELECT tenant, sum(size) FROM sessions GROUP BY tenant",
+    "INSERT INTO usage SELECT '', ifnull(sum(size), 0) FROM sessions",
+    "CREATE TRIGGER sessions_added AFTER INSERT ON sessions BEGIN"
+    " INSERT INTO usage VALUES (new.tenant, new.size), ('', new.size)"
+    " ON CONFLICT (tenant) DO UPDATE SET bytes = bytes + excluded.bytes; END",
+    "CREATE TRIGGER sessions_removed AFTER DELETE ON sessions BEGIN"
+    " UPDATE usage SET bytes = bytes - old.size WHERE tenant IN (old.tenant, ''); END",
+    "CREATE TRIGGER sessions_changed AFTER UPDATE OF size ON sessions BEGIN"
+    " UPDATE usage SET bytes = bytes - old.size + new.size WHERE tenant IN (new.tenant, ''); END",
+)
+"""Version 1 to 2, run in one transaction (a new file runs both)."""
 _GET: Final = "SELECT value FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
 _PUT: Final = (
-    "INSERT INTO sessions (tenant, session, expires, value) VALUES (?, ?, ?, ?)"
-    " ON CONFLICT (tenant, session) DO UPDATE SET expires = excluded.expires, value = excluded.value"
+    "INSERT INTO sessions (tenant, session, expires, value, size, written)"
+    " VALUES (?, ?, ?, ?, ?, (SELECT ifnull(max(written), 0) + 1 FROM sessions))"
+    " ON CONFLICT (tenant, session) DO UPDATE SET expires = excluded.expires, value = excluded.value,"
+    " size = excluded.size, written = excluded.written"
 )
+_USAGE: Final = "SELECT bytes FROM usage WHERE tenant = ?"
+_OLDEST_OF_TENANT: Final = "SELECT rowid, size FROM sessions WHERE tenant = ? ORDER BY written LIMIT ?"
+_OLDEST: Final = "SELECT rowid, size FROM sessions ORDER BY written LIMIT ?"
+_EVICT: Final = "DELETE FROM sessions WHERE rowid = ?"
 _DELETE: Final = "DELETE FROM sessions WHERE tenant = ? AND session = ?"
 _PURGE: Final = "DELETE FROM sessions WHERE expires <= ?"
 
@@ -107,10 +152,22 @@ class SqliteStore:
 
     backend: Final = "sqlite"
 
-    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
-        """`clock`: epoch seconds for expiry (tests pass a manual one)."""
+    def __init__(
+        self,
+        path: str | Path,
+        clock: Callable[[], float] = time.time,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_tenant_bytes: int = DEFAULT_MAX_TENANT_BYTES,
+    ) -> None:
+        """`clock`: epoch seconds for expiry (tests pass a manual one); `max_bytes`,
+        `max_tenant_bytes`: the caps on value bytes (module docstring)."""
         self.path = str(path)
         self._clock = clock
+        self.max_bytes = max_bytes
+        self.max_tenant_bytes = min(max_tenant_bytes, max_bytes)
+        self.on_evict: Callable[[str, int], None] | None = None
+        """Called on the writer thread with `(cap, rows)`: `rows` records evicted by the
+        `tenant` or `total` cap, or a value not stored (`too_large`); set by `RecordStore`."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-sqlite")
         self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-sqlite-read")
         self._conn: sqlite3.Connection | None = None
@@ -146,6 +203,10 @@ class SqliteStore:
     async def delete(self, tenant: str, session: str) -> None:
         check_key(tenant, session)
         await self._call(self._delete, tenant, session)
+
+    async def usage(self) -> dict[str, int]:
+        """Value bytes held now per tenant with any, and in total under `TOTAL` (`''`)."""
+        return dict(await self._call(self._usage))
 
     async def check(self) -> None:
         """Raise what the next write would: the file gone and not recreatable, less than
@@ -247,12 +308,20 @@ class SqliteStore:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             _size_wal(conn)
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            if version == 0:
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            elif version != SCHEMA_VERSION:
+            if version not in (0, 1, SCHEMA_VERSION):
                 raise sqlite3.DatabaseError(f"unknown schema version {version}")
+            if version != SCHEMA_VERSION:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    # another process may have migrated the file meanwhile
+                    if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                        for statement in (*_SCHEMA_V1, *_SCHEMA_V2):
+                            conn.execute(statement)
+                        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
         except BaseException:
             conn.close()
             raise
@@ -320,14 +389,51 @@ class SqliteStore:
     def _put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
         conn = self._connection()
         now = self._clock()
-        if ttl <= 0:
+        if ttl <= 0 or len(value) > self.max_tenant_bytes:
             conn.execute(_DELETE, (tenant, session))
+            if ttl > 0:
+                self._evicted("too_large", 1)
             return
-        conn.execute(_PUT, (tenant, session, now + ttl, value))
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(_PUT, (tenant, session, now + ttl, value, len(value)))
+            by_tenant = self._evict(conn, _OLDEST_OF_TENANT, (tenant,), self.max_tenant_bytes, tenant)
+            overall = self._evict(conn, _OLDEST, (), self.max_bytes, TOTAL)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self._evicted("tenant", by_tenant)
+        self._evicted("total", overall)
         if now >= self._next_purge:
             self._next_purge = now + PURGE_INTERVAL
             conn.execute(_PURGE, (now,))
             _size_wal(conn)
+
+    @staticmethod
+    def _evict(conn: sqlite3.Connection, oldest: str, args: tuple[str, ...], cap: int, usage: str) -> int:
+        """Delete the least recently written rows `oldest` selects until `usage` is within
+        `cap` (at most `MAX_EVICTIONS_PER_PUT`); returns how many."""
+        row = conn.execute(_USAGE, (usage,)).fetchone()
+        excess = (row[0] if row is not None else 0) - cap
+        if excess <= 0:
+            return 0
+        doomed = []
+        for rowid, size in conn.execute(oldest, (*args, MAX_EVICTIONS_PER_PUT)).fetchall():
+            doomed.append((rowid,))
+            excess -= size
+            if excess <= 0:
+                break
+        conn.executemany(_EVICT, doomed)
+        return len(doomed)
+
+    def _evicted(self, cap: str, rows: int) -> None:
+        if rows and self.on_evict is not None:
+            self.on_evict(cap, rows)
+
+    def _usage(self) -> dict[str, int]:
+        return dict(self._connection().execute("SELECT tenant, bytes FROM usage WHERE bytes > 0 OR tenant = ''"))
 
     def _delete(self, tenant: str, session: str) -> None:
         self._connection().execute(_DELETE, (tenant, session))

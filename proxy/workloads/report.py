@@ -20,7 +20,7 @@ client's prompt (the oracle's token count): the client would have to send it aga
 whatever broke it.
 
 Divergence causes (`Tally.causes`, `RequestOutcome.cause`): requests per cause of
-`proxy.metrics.CAUSES`, measured as `proxy/workloads/divergence.py` describes (2xx requests
+`proxy.metrics.CAUSES`, measured as `proxy/workloads/causes.py` describes (2xx requests
 only). The text output prints them, non-zero ones in `CAUSES` order, on one `causes:` line per
 trace and strategy and per strategy in total; the JSON output carries them as `causes` objects.
 """

@@ -48,7 +48,7 @@ from proxy.settings import Settings
 from proxy.sim.clock import MANUAL_START, Clock
 from proxy.sim.config import SimConfig
 from proxy.sim.tokens import TokenCounter, load_o200k
-from proxy.workloads.divergence import CauseTracker, cause_counts, new_cause
+from proxy.workloads.causes import CauseTracker, cause_counts, new_cause
 from proxy.workloads.oracle import optimum
 from proxy.workloads.replies import reply_headers
 from proxy.workloads.report import KeepWarmTally, Report, RequestOutcome, Tally, TraceResult

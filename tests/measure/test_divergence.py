@@ -11,35 +11,38 @@ from typing import Any
 
 import pytest
 
-from proxy.measure import (
+from proxy.divergence import (
     Divergence,
     find_divergence,
     is_expired,
     lookback_positions,
-    marker_positions,
     params_digest,
-    predict_read,
+    read_rules,
 )
+from proxy.divergence import marker_positions as _marker_positions
+from proxy.divergence import predict_read as _predict_read
 from proxy.prefix import chain_blocks
 from proxy.providers import ANTHROPIC
 from proxy.providers.base import Block, Usage
 from proxy.store.codec import SessionRecord
-from tests.measure.bodies import BASE, variant
+from tests.measure.bodies import BASE, record_for, variant
 
 PATH = "/v1/messages"
+RULES = read_rules(ANTHROPIC, PATH, BASE)
+"""Anthropic's read rules: the 20-position lookback, tool runs counted once (docs/provider-rules.md 1.5)."""
+
+
+def marker_positions(blocks: list[Block], body: dict[str, Any]) -> tuple[int, ...]:
+    return _marker_positions([b.value for b in blocks], body, RULES)
+
+
+def predict_read(*args: Any, **kwargs: Any) -> tuple[int | None, int]:
+    return _predict_read(*args, lookback=RULES.lookback, **kwargs)
 
 
 def record_of(body: dict[str, Any]) -> SessionRecord:
     """The record the session stage would keep after sending `body`."""
-    blocks = ANTHROPIC.prefix_blocks(PATH, body)
-    chain = chain_blocks(blocks)
-    return SessionRecord(
-        chain=chain.chain,
-        ends=chain.ends,
-        model=body["model"],
-        params_digest=params_digest(ANTHROPIC, PATH, body),
-        breakpoints=marker_positions(blocks, body),
-    )
+    return record_for(ANTHROPIC, PATH, body)
 
 
 def divergence_of(name: str, **kwargs: Any) -> Divergence:
@@ -134,7 +137,7 @@ def _blocks(kinds: list[str]) -> list[Block]:
 
 def test_lookback_positions_merge_tool_runs() -> None:
     kinds = ["text", "tool_use", "tool_use", "tool_result", "tool_result", "text", "tool_use"]
-    assert lookback_positions(_blocks(kinds)) == [0, 1, 1, 2, 2, 3, 4]
+    assert lookback_positions(_blocks(kinds), RULES.run_kinds) == [0, 1, 1, 2, 2, 3, 4]
 
 
 def test_predicted_read_is_the_furthest_reachable_shared_breakpoint() -> None:
@@ -142,13 +145,20 @@ def test_predicted_read_is_the_furthest_reachable_shared_breakpoint() -> None:
     blocks = ANTHROPIC.prefix_blocks(PATH, current)
     previous = record_of(BASE)
     got = predict_read(
-        previous.breakpoints, previous.ends, 6, marker_positions(blocks, current), lookback_positions(blocks)
+        previous.breakpoints,
+        previous.ends,
+        6,
+        marker_positions(blocks, current),
+        lookback_positions(blocks, RULES.run_kinds),
     )
     assert got == (5, 80)
     # Diverged at block 5: only the system breakpoint (block 2, 174 bytes) is still shared.
-    assert predict_read(previous.breakpoints, previous.ends, 5, (7,), lookback_positions(blocks)) == (2, 44)
+    assert predict_read(previous.breakpoints, previous.ends, 5, (7,), lookback_positions(blocks, RULES.run_kinds)) == (
+        2,
+        44,
+    )
     # Below the model minimum nothing was written, so nothing can be read.
-    positions = lookback_positions(blocks)
+    positions = lookback_positions(blocks, RULES.run_kinds)
     assert predict_read(previous.breakpoints, previous.ends, 6, (7,), positions, min_tokens=80) == (5, 80)
     assert predict_read(previous.breakpoints, previous.ends, 6, (7,), positions, min_tokens=81) == (None, 0)
 

@@ -21,17 +21,20 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry
 
-from proxy.exchange import Exchange
-from proxy.measure import (
+from proxy.divergence import (
+    Prompt,
     find_divergence,
     kind_positions,
     lookback_positions,
+    marked_positions,
     marker_positions,
     params_digest,
-    predict_read,
+    predict,
+    read_predictor,
+    read_rules,
     request_model,
-    with_top_marker,
 )
+from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.pipeline import run_request_stages
 from proxy.pipeline.replay import Masker, mask_strings, span_pattern, strip_markers, view_messages
@@ -179,8 +182,11 @@ def _check_scan(adapter: Any, path: str, body: dict[str, Any]) -> None:
         assert [scan.blocks[i] for i in range(-len(blocks), 0)] == blocks
         assert scan.kinds == [b.kind for b in blocks]
         assert all(v is b.value for v, b in zip(scan.values, blocks, strict=True))
-        assert with_top_marker(scan.marked, len(blocks), body) == marker_positions(blocks, body)
-        assert kind_positions(scan.kinds) == lookback_positions(blocks)
+        rules = read_rules(adapter, path, body)
+        assert marked_positions(scan.marked, scan.values, body, rules) == marker_positions(
+            [b.value for b in blocks], body, rules
+        )
+        assert kind_positions(scan.kinds, rules.run_kinds) == lookback_positions(blocks, rules.run_kinds)
         assert scan.tools == sum(1 for b in blocks if b.section == "tools")
         assert all(b.section == "tools" for b in blocks[: scan.tools])
     assert list(RunBlocks(adapter.layout(path, body))) == blocks
@@ -284,21 +290,23 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
             )
             assert got.divergence.shared_blocks == expected.shared_blocks
             assert got.prompt_blocks == len(blocks) and got.prompt_bytes == chain.total_bytes
+            model = request_model(sent)
+            rules = read_rules(adapter, path, sent, services.rules.min_tokens(model))
+            markers = marker_positions([b.value for b in blocks], sent, rules)
             if previous is not None and got.divergence.cause not in ("model_changed", "params_changed"):
-                rules = services.rules
-                assert (got.predicted_breakpoint, got.predicted_read_tokens) == predict_read(
-                    previous.breakpoints,
-                    previous.ends,
+                reference = Prompt(chain, blocks, [b.kind for b in blocks], markers, model, b"")
+                assert (got.predicted_breakpoint, got.predicted_read_tokens) == predict(
+                    previous,
+                    reference,
                     got.divergence.shared_blocks,
-                    marker_positions(blocks, sent),
-                    lookback_positions(blocks),
-                    min_tokens=rules.min_tokens(request_model(sent)),
+                    rules,
+                    read_predictor(adapter, path, sent, len(blocks), rules.min_tokens),
                 )
             # the record, from the reference view of the client's body and the bytes sent
             record = await services.store.load(ex.tenant, ex.session_id)
             assert record is not None
             assert (record.chain, record.ends) == (chain.chain, chain.ends)
-            assert (record.breakpoints, record.ttls) == sent_markers(blocks, sent)
+            assert (record.breakpoints, record.ttls) == sent_markers(blocks, sent, markers)
             pins = update_pins(ex.session_pins, blocks, adapter.tool_shape(path))
             segments = record.pins.get("pinned_segments")  # the pin stage's (proxy.pipeline.pins)
             assert {k: v for k, v in record.pins.items() if k != "pinned_segments"} == pins

@@ -65,7 +65,11 @@ def test_openai_chat_tool_names() -> None:
 
 
 def test_sent_markers_positions_and_ttls() -> None:
+    from proxy.divergence import marker_positions, read_rules
     from proxy.pipeline.session import sent_markers
+
+    def positions(body):
+        return marker_positions([b.value for b in blocks], body, read_rules(ANTHROPIC, PATH, body))
 
     sent = {
         "tools": [{"name": "t", "input_schema": {}, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
@@ -73,6 +77,6 @@ def test_sent_markers_positions_and_ttls() -> None:
         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
     }
     blocks = ANTHROPIC.prefix_blocks(PATH, sent)
-    assert sent_markers(blocks, sent) == ((0, 1), ("1h", "5m"))
+    assert sent_markers(blocks, sent, positions(sent)) == ((0, 1), ("1h", "5m"))
     automatic = {**sent, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
-    assert sent_markers(blocks, automatic) == ((0, 1, 3), ("1h", "5m", "1h"))
+    assert sent_markers(blocks, automatic, positions(automatic)) == ((0, 1, 3), ("1h", "5m", "1h"))

@@ -82,14 +82,90 @@ async def test_token_by_bearer_or_query_on_every_admin_route(admin_proxy) -> Non
         assert [s["requests"] for s in listed] == [2]
 
 
-async def test_without_a_token_the_loopback_admin_is_open(admin_proxy) -> None:
+async def test_without_a_token_cross_tenant_pages_need_the_generated_one(admin_proxy) -> None:
+    """No `admin_token` on loopback: `/metrics` and the tenant-scoped `/debug` stay open, the
+    pages listing every tenant's sessions need the token generated at start."""
     proxy = await admin_proxy()
+    await drive_session(proxy.url, turns=2)
+    await drive_session(proxy.url, turns=1, key="sk-ant-ui-other-tenant-key-88", session="other-conv")
+    generated = proxy.services.ui_token
+    assert len(generated) >= 40
     async with aiohttp.ClientSession() as http:
-        for path in ("/metrics", "/debug/sessions", "/ui/"):
-            async with http.get(proxy.admin_url + path) as r:
+        for path in ("/ui/", f"/ui/sessions/{SESSION}", "/ui/sessions/other-conv"):
+            async with http.get(proxy.admin_url + path, headers={"x-api-key": KEY}) as r:
+                assert r.status == 401, path
+                assert r.headers["WWW-Authenticate"] == 'Bearer realm="promptcache admin"'
+                assert "conv" not in await r.text()
+            async with http.get(proxy.admin_url + path, params={"token": "wrong"}) as r:
+                assert r.status == 401, path
+            async with http.get(proxy.admin_url + path, params={"token": generated}) as r:
                 assert r.status == 200, path
+            async with http.get(proxy.admin_url + path, headers={"Authorization": f"Bearer {generated}"}) as r:
+                assert r.status == 200, path
+        async with http.get(proxy.admin_url + "/ui/", params={"token": generated}) as r:
+            listing = await r.text()
+        from proxy.session_identity import explicit_id
+
+        # the admin view lists both tenants' sessions
+        assert explicit_id(SESSION) in listing and explicit_id("other-conv") in listing
+        async with http.get(proxy.admin_url + "/metrics") as r:
+            assert r.status == 200
+        # /debug answers the caller's own tenant only, without any admin credential
+        async with http.get(proxy.admin_url + "/debug/sessions", headers={"x-api-key": KEY}) as r:
+            assert r.status == 200
+            mine = (await r.json())["sessions"]
+        assert [s["requests"] for s in mine] == [2]
+        async with http.get(proxy.admin_url + "/debug/sessions") as r:
+            assert (r.status, await r.json()) == (200, {"sessions": []})
+        async with http.get(proxy.admin_url + "/debug/sessions/other-conv", headers={"x-api-key": KEY}) as r:
+            assert r.status == 404
         async with http.get(proxy.admin_url + "/ui", allow_redirects=False) as r:
             assert (r.status, r.headers["Location"]) == (302, "/ui/")
+
+
+def test_serve_prints_the_generated_token_once_in_its_banner_and_nowhere_else(tmp_path) -> None:
+    """`serve` on loopback without `admin_token`: the banner's forensic-map URL opens `/ui/`;
+    the token is in that one line and in no log line or state file."""
+    import signal
+
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "PROMPTCACHE_LOG_LEVEL": "DEBUG",
+    }
+    argv = [sys.executable, "-m", "proxy", "serve", "--port", "0", "--upstream", "sim"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        banner = []
+        while not banner or not banner[-1].startswith("  forensic map: "):
+            line = proc.stdout.readline()
+            assert line, "serve exited before its banner"
+            banner.append(line.rstrip("\n"))
+        url = banner[0].split(" listening on ")[1].split(" ")[0]
+        page = banner[-1].removeprefix("  forensic map: ")
+        assert page.startswith(f"{url}/ui/?token=")
+        token = page.split("?token=")[1]
+        import urllib.error
+        import urllib.request
+
+        with urllib.request.urlopen(page, timeout=30) as r:
+            assert r.status == 200
+        try:
+            urllib.request.urlopen(f"{url}/ui/", timeout=30)
+            raise AssertionError("/ui/ answered without the token")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert token not in out and token not in err
+    from pathlib import Path
+
+    for path in Path(tmp_path).rglob("*"):
+        if path.is_file():
+            assert token.encode() not in path.read_bytes(), path
 
 
 async def test_main_listener_guards_admin_routes_without_an_admin_port(make_proxy, fake_upstream) -> None:

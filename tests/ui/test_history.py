@@ -117,7 +117,8 @@ async def test_no_key_and_only_short_excerpts(admin_proxy) -> None:
     ]
     async with aiohttp.ClientSession() as http:
         for path in ("/debug/sessions", f"/debug/sessions/{SESSION}", "/ui/", f"/ui/sessions/{SESSION}"):
-            async with http.get(proxy.admin_url + path, headers={"x-api-key": KEY}) as r:
+            params = {"token": proxy.services.ui_token} if path.startswith("/ui") else {}
+            async with http.get(proxy.admin_url + path, headers={"x-api-key": KEY}, params=params) as r:
                 assert r.status == 200, path
                 assert KEY not in await r.text()
 

@@ -1,4 +1,4 @@
-"""Divergence causes of replayed requests (`proxy/workloads/divergence.py`): the tracker applied to
+"""Divergence causes of replayed requests (`proxy/workloads/causes.py`): the tracker applied to
 requests as a strategy sent them, and the proxy's counter read back, with exact values."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from proxy.providers.base import Usage
 from proxy.rules import load_rules
-from proxy.workloads.divergence import CauseTracker, cause_counts, new_cause
+from proxy.workloads.causes import CauseTracker, cause_counts, new_cause
 from tests.workloads.test_oracle import SYSTEM, turns
 
 PATH = "/v1/messages"

@@ -5,14 +5,15 @@
 - `promptcache`: the proxy measures its own traffic; `cause_counts(registry)` sums its
   `promptcache_prefix_divergences_total{provider,section,cause}` by cause, and
   `new_cause(before, after)` names the one cause a single request added.
-- `none` / `naive` (no proxy in the path): `CauseTracker` applies `proxy.measure`'s pure core
-  (`find_divergence`, `predict_read`, `is_expired`) to each request's body as sent upstream,
+- `none` / `naive` (no proxy in the path): `CauseTracker` applies measurement's pure core
+  (`proxy.divergence.compare`, with the adapter's read rules) to each request's body as sent upstream,
   against the previous 2xx request of the same conversation. A conversation is the explicit
   session promptcache would use (`proxy.session_identity.explicit_session`: a session header,
   `metadata.user_id`'s session, `prompt_cache_key`, `user`); requests without one form a single
   conversation (consecutive requests), where the proxy would infer sessions from shared
   prefixes. `history_rewritten` is the offline verdict `promptcache explain` uses: the first
-  changed block belongs to an earlier message than the previous request's last one. Volatile
+  changed block belongs to an earlier message than the previous request's last one
+(`proxy.divergence.is_rewrite`). Volatile
   rules and per-model minimums come from the rules the proxy loads by default.
 
 Invariant: bodies are read, never modified. Counts are requests (2xx only: the proxy measures
@@ -28,17 +29,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from proxy.measure import (
-    find_divergence,
-    is_expired,
-    lookback_positions,
-    marker_positions,
-    params_digest,
-    predict_read,
-    request_model,
-    volatile_checker,
-)
-from proxy.prefix import chain_blocks
+from proxy.divergence import Reference, compare, prompt_of, read_predictor, read_rules, reference_of, request_model
+from proxy.measure import volatile_checker
 from proxy.providers import route
 from proxy.providers.base import Block, JSONObject, Usage
 from proxy.rules import RuleSet
@@ -69,15 +61,13 @@ def new_cause(before: Mapping[str, int], after: Mapping[str, int]) -> str | None
 
 @dataclass(frozen=True, slots=True)
 class SentRequest:
-    """A conversation's reference request (`proxy.measure.PreviousRequest`)."""
+    """A conversation's reference request."""
 
-    chain: bytes
-    ends: tuple[int, ...]
-    model: str
-    params_digest: bytes
-    breakpoints: tuple[int, ...]
+    reference: Reference
+    """What the next comparison reads (`proxy.divergence.PreviousRequest`)."""
     message_indices: tuple[int | None, ...]
-    """`Block.message_index` of each block."""
+    """Message index of each block in the `messages` section, `None` elsewhere
+    (`proxy.divergence.is_rewrite`)."""
 
 
 class CauseTracker:
@@ -93,47 +83,24 @@ class CauseTracker:
         """The cause of a 2xx request sent as `body` with response `usage`; it becomes the
         reference of its conversation."""
         adapter, _ = route(path)
-        blocks = adapter.prefix_blocks(path, body)
-        chain = chain_blocks(blocks)
         model = request_model(body)
-        params = params_digest(adapter, path, body)
+        min_tokens = adapter.min_cacheable_tokens(model, self._min_tokens(model))
+        rules = read_rules(adapter, path, body, min_tokens)
+        prompt = prompt_of(adapter, path, body, rules)
         lowered = {k.lower(): v for k, v in headers.items()}
         key = (path, explicit_session(lowered, body, self._session_headers, adapter))
         previous = self._previous.get(key)
-        probe = find_divergence(previous, chain, blocks, model, params)
-        divergence = find_divergence(
-            previous,
-            chain,
-            blocks,
-            model,
-            params,
-            history_rewritten=_rewritten(previous, probe.section, probe.block_index),
+        found = compare(
+            previous.reference if previous is not None else None,
+            prompt,
+            rules,
+            previous_messages=previous.message_indices if previous is not None else None,
             is_volatile=self._is_volatile,
+            usage=usage,
+            predictor=read_predictor(adapter, path, body, len(prompt.blocks), min_tokens),
         )
-        predicted = 0
-        if previous is not None and divergence.cause not in ("model_changed", "params_changed"):
-            _, predicted = predict_read(
-                previous.breakpoints,
-                previous.ends,
-                divergence.shared_blocks,
-                marker_positions(blocks, body),
-                lookback_positions(blocks),
-                min_tokens=self._min_tokens(model),
-            )
         self._previous[key] = SentRequest(
-            chain.chain,
-            chain.ends,
-            model,
-            params,
-            marker_positions(blocks, body),
-            tuple(b.message_index for b in blocks),
+            reference_of(prompt),
+            tuple(b.message_index if b.section == "messages" else None for b in prompt.blocks),
         )
-        return "expired" if is_expired(predicted, usage) else divergence.cause
-
-
-def _rewritten(previous: SentRequest | None, section: str, index: int) -> bool:
-    """The first changed block belongs to an earlier message than the reference's last one."""
-    if previous is None or section != "messages" or index >= len(previous.message_indices):
-        return False
-    last = max((m for m in previous.message_indices if m is not None), default=-1)
-    return (previous.message_indices[index] or 0) < last
+        return found.cause

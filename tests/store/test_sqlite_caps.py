@@ -1,0 +1,119 @@
+"""`SqliteStore`'s byte caps on a real file: least recently written first, per tenant then in
+total, bounded work per write, the figures shared by every connection to the file (worker
+processes), and a version 1 file migrated in place."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from proxy.store import sqlite as sqlite_store
+from proxy.store.sqlite import SqliteStore
+
+TTL = 3600.0
+
+
+def evictions(store: SqliteStore) -> list[tuple[str, int]]:
+    seen: list[tuple[str, int]] = []
+    store.on_evict = lambda cap, rows: seen.append((cap, rows))
+    return seen
+
+
+async def test_a_rewritten_record_counts_as_recently_written(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db", max_bytes=10_000, max_tenant_bytes=300)
+    seen = evictions(store)
+    try:
+        for session in ("s1", "s2", "s3"):
+            await store.put("t", session, b"x" * 100, TTL)
+        await store.put("t", "s1", b"y" * 100, TTL)  # s1 is now the newest
+        await store.put("t", "s4", b"z" * 100, TTL)
+        assert [await store.get("t", s) is not None for s in ("s1", "s2", "s3", "s4")] == [True, False, True, True]
+        assert seen == [("tenant", 1)]
+        assert await store.usage() == {"": 300, "t": 300}
+        await store.delete("t", "s1")
+        assert await store.usage() == {"": 200, "t": 200}
+    finally:
+        await store.close()
+
+
+async def test_a_value_over_the_tenant_cap_is_not_stored_and_removes_the_older(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db", max_bytes=10_000, max_tenant_bytes=300)
+    seen = evictions(store)
+    try:
+        await store.put("t", "s1", b"small", TTL)
+        await store.put("t", "s1", b"x" * 301, TTL)
+        assert await store.get("t", "s1") is None
+        assert seen == [("too_large", 1)]
+        assert await store.usage() == {"": 0}
+    finally:
+        await store.close()
+
+
+async def test_eviction_per_write_is_bounded_and_a_lowered_cap_is_reached_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.db"
+    store = SqliteStore(path)
+    for n in range(30):
+        await store.put("t", f"s{n}", b"x" * 10, TTL)
+    await store.close()
+    monkeypatch.setattr(sqlite_store, "MAX_EVICTIONS_PER_PUT", 8)
+    store = SqliteStore(path, max_bytes=10_000, max_tenant_bytes=100)  # the cap lowered at restart
+    seen = evictions(store)
+    try:
+        await store.put("t", "new-1", b"n" * 10, TTL)
+        assert seen == [("tenant", 8)]  # 21 rows over the cap, 8 evicted by this write
+        assert (await store.usage())["t"] == 310 - 80
+        await store.put("t", "new-2", b"n" * 10, TTL)
+        await store.put("t", "new-3", b"n" * 10, TTL)
+        assert seen == [("tenant", 8), ("tenant", 8), ("tenant", 7)]
+        assert (await store.usage())["t"] == 100  # within the cap again: the 10 newest rows
+        assert [await store.get("t", f"s{n}") is not None for n in (22, 23)] == [False, True]
+        assert await store.get("t", "new-1") is not None
+    finally:
+        await store.close()
+
+
+async def test_two_connections_to_one_file_share_the_figures(tmp_path: Path) -> None:
+    """Two stores on one file (as `--workers 2` runs): each write sees the other's bytes."""
+    first = SqliteStore(tmp_path / "s.db", max_bytes=250, max_tenant_bytes=250)
+    second = SqliteStore(tmp_path / "s.db", max_bytes=250, max_tenant_bytes=250)
+    try:
+        await first.put("a", "s1", b"x" * 100, TTL)
+        await second.put("b", "s1", b"y" * 100, TTL)
+        await first.put("a", "s2", b"x" * 100, TTL)  # 300 > 250: the oldest (a/s1) goes
+        assert await second.get("a", "s1") is None
+        assert await second.usage() == {"": 200, "a": 100, "b": 100}
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_version_1_file_is_migrated_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE sessions (tenant TEXT NOT NULL, session TEXT NOT NULL, expires REAL NOT NULL,"
+            " value BLOB NOT NULL, PRIMARY KEY (tenant, session))"
+        )
+        conn.execute("CREATE INDEX sessions_expires ON sessions (expires)")
+        conn.executemany(
+            "INSERT INTO sessions VALUES (?, ?, 9e12, ?)",
+            [("a", "old", b"1" * 100), ("a", "older", b"2" * 50), ("b", "s", b"3" * 10)],
+        )
+        conn.execute("PRAGMA user_version = 1")
+    store = SqliteStore(path, max_bytes=10_000, max_tenant_bytes=200)
+    seen = evictions(store)
+    try:
+        assert await store.get("a", "old") == b"1" * 100
+        assert await store.usage() == {"": 160, "a": 150, "b": 10}
+        await store.put("a", "new", b"4" * 100, TTL)  # 250 > 200: the first written row goes
+        assert await store.get("a", "old") is None
+        assert await store.get("a", "older") == b"2" * 50
+        assert seen == [("tenant", 1)]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
