@@ -353,11 +353,13 @@ def build_sidecars(
     out = []
     skip = view.system_positions
     digests, exacts = view.digests, view.exact
+    seen, keys = view.items, view.keys  # `view.key_of`, inlined: one pass over long histories
+    known = min(len(seen), len(keys))
     for i, item in enumerate(items):
-        if i in skip:
+        if skip and i in skip:
             continue
         digest, exact = digests[i], exacts[i]
-        key = view.key_of(i, item)
+        key = keys[i] if i < known and seen[i] is item else None
         data: bytes | None = None
         if key is None:
             hit = replayed.get(i)
@@ -367,7 +369,7 @@ def build_sidecars(
             old is not None
             and old.digest == digest
             and old.exact == exact
-            and (old.sent_digest() == key if data is None else old.value == data)
+            and ((old.value_digest or old.sent_digest()) == key if data is None else old.value == data)
         ):
             out.append(old)
             continue
