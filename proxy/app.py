@@ -62,15 +62,16 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     settings = services.settings
     sim_runner = sim_url = None
+    providers = settings.providers
     use_sim = settings.upstream == "sim"
     fallback = False
     if settings.upstream == "auto":
-        use_sim = fallback = not await _is_reachable(base_urls(settings.anthropic_upstream)[0])
+        use_sim = fallback = not await _is_reachable(base_urls(providers["anthropic"].upstream)[0])
         if use_sim:
             _log.warning(
                 "no real API reachable at %s: serving the built-in upstream SIMULATOR (canned answers); "
                 "set upstream: real to never do this",
-                settings.anthropic_upstream,
+                providers["anthropic"].upstream,
             )
     if use_sim:
         from proxy.sim.app import start_sim
@@ -78,8 +79,10 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
         from proxy.sim.platforms import PLATFORMS
 
         # the simulator judges with the configured platform's rules when it knows them
-        platform = settings.anthropic_profile if settings.anthropic_profile in PLATFORMS else "direct"
-        gateway = settings.openai_profile if settings.openai_profile in GATEWAYS else "direct"
+        platform = providers["anthropic"].profile
+        platform = platform if platform in PLATFORMS else "direct"
+        gateway = providers["openai"].profile
+        gateway = gateway if gateway in GATEWAYS else "direct"
         sim_runner, sim_url = await start_sim("127.0.0.1", 0, anthropic_platform=platform, openai_platform=gateway)
         _log.info("built-in simulator upstream at %s", sim_url)
     active = resolve_upstreams(settings, sim_url, fallback=fallback)
@@ -200,7 +203,11 @@ def create_app(
         settings=settings,
         metrics=metrics,
         rules=load_rules(settings.rules_dir),
-        router=Router(load_profiles(settings.rules_dir), settings.anthropic_profile, settings.openai_profile),
+        router=Router(
+            load_profiles(settings.rules_dir),
+            settings.providers["anthropic"].profile,
+            settings.providers["openai"].profile,
+        ),
         last_measurements=LastMeasurements(
             settings.history_sessions, settings.history_sessions_per_tenant, settings.history_requests
         ),
@@ -249,8 +256,20 @@ async def start_proxy(
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
     app = create_app(settings, registry, tracer_provider, worker)
+    runner = limited_runner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None)
+    await site.start()
+    return runner, _base_url(runner)
+
+
+def limited_runner(app: web.Application) -> LimitedRunner:
+    """A runner for `app` (the proxy's or the admin listener's) with the connection limits of
+    its settings (`proxy.connections`): header, body and idle timeouts, header size and count,
+    connection caps; each listener counts its own connections."""
     services = app[SERVICES]
-    runner = LimitedRunner(
+    settings = services.settings
+    return LimitedRunner(
         app,
         limits=limits_for(settings, services.metrics, services.router),
         handler_cancellation=True,
@@ -259,9 +278,26 @@ async def start_proxy(
         # aiohttp's per-line limits at ours, so the whole-head limit answers first (431)
         max_line_size=settings.max_header_bytes,
         max_field_size=settings.max_header_bytes,
+        max_headers=settings.max_header_count,
     )
+
+
+async def start_admin(
+    proxy_app: web.Application, host: str, port: int, reuse_port: bool = False
+) -> tuple[web.AppRunner, str]:
+    """Start the admin listener (`create_admin_app`) at `host:port` with the same connection
+    limits as the proxy's; returns the runner and its base URL. Raises `OSError` when it cannot
+    listen."""
+    runner = limited_runner(create_admin_app(proxy_app))
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None)
-    await site.start()
+    try:
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner, _base_url(runner)
+
+
+def _base_url(runner: web.AppRunner) -> str:
     host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
+    return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"

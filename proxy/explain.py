@@ -30,6 +30,9 @@ one self-contained HTML file (no network) with B's blocks in render order, one r
 writes up to its last marker; B reads what A's markers let it read (`predicted_read_tokens`)
 and writes up to its own last marker; the rest is uncached.
 
+The expected read is counted as a live proxy counts it: OpenAI's in `o200k_base` tokens
+(`token_count`), Anthropic's by bytes/4 (`proxy.divergence`).
+
 Exit status: 0 when B extends A, 1 otherwise, 2 when an input or the rules cannot be read.
 """
 
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -368,6 +371,26 @@ def plan_lines(
     return lines
 
 
+def token_count() -> Callable[[str], int]:
+    """The `o200k_base` count live measurement uses once its tokenizer is loaded
+    (`proxy.sim.tokens`), loaded on the first text counted (~0.2 s; only an adapter whose read
+    rule counts tokens, OpenAI's, asks), else the bytes/4 estimate when it cannot load."""
+    loaded: list[Callable[[str], int]] = []
+
+    def count(text: str) -> int:
+        if not loaded:
+            from proxy.providers.openai_tokens import estimate
+            from proxy.sim.tokens import TokenCounter, load_o200k
+
+            try:
+                loaded.append(TokenCounter(load_o200k()).count)
+            except RuntimeError:
+                loaded.append(estimate)
+        return loaded[0](text)
+
+    return count
+
+
 def _load(path: str) -> Any:
     """The JSON in file `path`; an argument that starts with `{` is the JSON itself (`{}` = no
     reference request), as the usage line documents."""
@@ -473,6 +496,7 @@ def explain_command(
         planner=planner,
         is_volatile=volatile_checker(rules),
         min_tokens=min_tokens,
+        count=token_count(),
     )
     render(result, out)
     if html_path is not None:

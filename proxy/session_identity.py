@@ -283,7 +283,7 @@ class TenantPacing:
 
 def upstream_hosts(settings: Settings) -> dict[str, str]:
     """Provider -> upstream `host[:port]` as configured (the simulator's port is not part of it)."""
-    urls = {"anthropic": settings.anthropic_upstream, "openai": settings.openai_upstream}
+    urls = {name: provider.upstream for name, provider in settings.providers.items()}
     if settings.upstream.startswith(("http://", "https://")):
         urls = dict.fromkeys(urls, settings.upstream)
     return {name: urlsplit(url).netloc.lower() for name, url in urls.items()}

@@ -15,6 +15,7 @@ import difflib
 import importlib.util
 import os
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +45,21 @@ class UpstreamCapabilities(BaseModel):
     """Remove `scope` (Bedrock, Vertex, Foundry reject `scope: "global"`)."""
     no_tool_message_markers: bool = False
     """Never place a marker on a tool message / tool_result block."""
+
+
+class ProviderSettings(BaseModel):
+    """One provider's settings (`Settings.providers[name]`): where its requests go and what
+    that upstream accepts. Set through the flat `<provider>_upstream`, `<provider>_profile` and
+    `<provider>_capabilities` settings (environment variables and YAML keys keep those names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    upstream: str
+    """Base URL of the provider's API (`anthropic_upstream`, `openai_upstream`)."""
+    profile: str
+    """Upstream profile on its paths (`rules/profiles.yaml`)."""
+    capabilities: UpstreamCapabilities
+    """Overrides of the profile's marker capabilities."""
 
 
 class Settings(BaseModel):
@@ -134,6 +150,9 @@ class Settings(BaseModel):
     connection closed."""
     max_header_bytes: int = Field(32 * 1024, ge=1024)
     """Bytes of a request line and headers together; more: 431 and the connection closed."""
+    max_header_count: int = Field(128, ge=1)
+    """Header lines a request may carry (aiohttp's own limit, 128, by default); more: 431 in the
+    provider's error shape and the connection closed."""
     max_connections: int = Field(512, ge=1)
     """Client connections open at once; the one over it gets 503 (`Retry-After: 1`) and is
     closed. Each may also hold an upstream connection: keep it under the open-file limit."""
@@ -146,6 +165,13 @@ class Settings(BaseModel):
     """Client connections open at once from one client address; the one over it gets 503 like
     one over `max_connections`. Unset: a quarter of `max_connections` (at least 1). Probes
     (`/healthz`, `/readyz`, `/metrics`) are served over either cap (`proxy.connections`)."""
+    pipeline_budget_bytes: int = Field(8 * 1024 * 1024, ge=0)
+    """Request bodies larger than this (bytes) skip every stage after `parse`: forwarded as
+    sent, usage counted, nothing measured or stored (`proxy.pipeline.budget`), so one huge body
+    cannot hold the event loop every tenant shares."""
+    pipeline_budget_blocks: int = Field(10_000, ge=0)
+    """The same for bodies of more blocks than this (messages, input items, tools, system and
+    content blocks)."""
     store_max_bytes: int = Field(1024 * 1024 * 1024, ge=1)
     """Bytes of session records the SQLite store may hold; past it the least recently written
     records (of any tenant) are evicted (`proxy.store.sqlite`). Redis: bounded by its own
@@ -179,6 +205,21 @@ class Settings(BaseModel):
         if not cap >= 0:
             raise ValueError("keep_warm must be off, on, or a cap in USD per tenant per hour")
         return text
+
+    @cached_property
+    def providers(self) -> dict[str, ProviderSettings]:
+        """Provider name (`anthropic`, `openai`: the adapters' `name`) -> its settings, the one
+        mapping per-provider code reads (never an attribute name built from the provider's)."""
+        return {
+            "anthropic": ProviderSettings(
+                upstream=self.anthropic_upstream,
+                profile=self.anthropic_profile,
+                capabilities=self.anthropic_capabilities,
+            ),
+            "openai": ProviderSettings(
+                upstream=self.openai_upstream, profile=self.openai_profile, capabilities=self.openai_capabilities
+            ),
+        }
 
     @field_validator("anthropic_capabilities", "openai_capabilities", mode="before")
     @classmethod

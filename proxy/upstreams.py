@@ -59,8 +59,8 @@ def resolve_upstreams(settings: Settings, sim_url: str | None, *, fallback: bool
     if settings.upstream.startswith(("http://", "https://")):
         base = settings.upstream.rstrip("/")
         return {p: ActiveUpstream(p, "custom", base) for p in PROVIDER_NAMES}
-    real = {"anthropic": settings.anthropic_upstream, "openai": settings.openai_upstream}
-    return {p: ActiveUpstream(p, "real", real[p]) for p in PROVIDER_NAMES}
+    providers = settings.providers
+    return {p: ActiveUpstream(p, "real", providers[p].upstream) for p in PROVIDER_NAMES}
 
 
 def redact_url(url: str) -> str:

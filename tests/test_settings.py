@@ -89,6 +89,33 @@ def test_capabilities_and_headers_accept_lists_and_comma_strings(tmp_path: Path)
     assert settings.session_headers == ("x-a", "x-b")
 
 
+def test_per_provider_settings_are_one_mapping(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.metrics import Metrics
+    from proxy.pipeline.support import capabilities_for
+    from proxy.providers import ANTHROPIC, OPENAI
+    from proxy.services import Services
+    from proxy.settings import ProviderSettings, UpstreamCapabilities
+
+    config = tmp_path / "c.yaml"
+    config.write_text("openai_profile: litellm\nopenai_capabilities: [no_tool_message_markers]\n")
+    settings = load_settings(config, environ={"PROMPTCACHE_ANTHROPIC_UPSTREAM": "http://127.0.0.1:9/"})
+    assert settings.providers == {
+        "anthropic": ProviderSettings(
+            upstream="http://127.0.0.1:9", profile="direct", capabilities=UpstreamCapabilities()
+        ),
+        "openai": ProviderSettings(
+            upstream="https://api.openai.com",
+            profile="litellm",
+            capabilities=UpstreamCapabilities(no_tool_message_markers=True),
+        ),
+    }
+    services = Services(settings=settings, metrics=Metrics(CollectorRegistry()))
+    assert capabilities_for(services, OPENAI).no_tool_message_markers is True
+    assert capabilities_for(services, ANTHROPIC).no_tool_message_markers is False
+
+
 def test_short_secret_is_refused() -> None:
     with pytest.raises(SettingsError) as info:
         load_settings(environ={"PROMPTCACHE_SECRET": "short"})

@@ -30,10 +30,10 @@ def rules_for(services: Services) -> RuleSet:
 
 def capabilities_for(services: Services, adapter: ProviderAdapter, model: str | None = None) -> UpstreamCapabilities:
     """What the upstream behind `adapter` accepts in markers for `model` (rules-table spelling,
-    `model_for`): its profile's rules (`Profile.capabilities`), with the old
-    `<provider>_capabilities` setting as overrides."""
-    caps = getattr(services.settings, f"{adapter.name}_capabilities", None)
-    overrides = caps if isinstance(caps, UpstreamCapabilities) else NO_CAPABILITY_LIMITS
+    `model_for`): its profile's rules (`Profile.capabilities`), with the provider's
+    `capabilities` setting (`Settings.providers`) as overrides."""
+    own = services.settings.providers.get(adapter.name)
+    overrides = own.capabilities if own is not None else NO_CAPABILITY_LIMITS
     profile: Any = getattr(adapter, "profile", None)
     if isinstance(profile, Profile):
         return profile.capabilities(model, overrides)

@@ -243,3 +243,29 @@ def test_a_request_compared_with_itself_shares_everything(pair: tuple[dict[str, 
     assert got.divergence.byte_offset == prompt.chain.total_bytes and got.divergence.ratio == 1.0
     # the furthest marker is read when it lies within the lookback of the last one
     assert got.predicted_breakpoint == (prompt.markers[-1] if prompt.markers else None)
+
+
+def test_the_explain_command_counts_openai_reads_as_a_live_proxy_does(tmp_path) -> None:
+    """With the tokenizer loaded (as `serve` loads it at start) live measurement counts OpenAI's
+    read in `o200k_base` tokens; `promptcache explain` counts it the same way."""
+    import io
+
+    from proxy.explain import explain_command
+    from proxy.sim.tokens import TokenCounter, load_o200k
+
+    a, b = _openai_pair()
+    (tmp_path / "a.json").write_bytes(orjson.dumps(a))
+    (tmp_path / "b.json").write_bytes(orjson.dumps(b))
+    svc = Services(settings=Settings(), metrics=Metrics(CollectorRegistry()), rules=RULES)
+    svc.tokens = TokenCounter(load_o200k())
+    ex = Exchange(OPENAI, CHAT, "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(b))
+    ex.body, ex.status, ex.usage, ex.previous = b, 200, None, record_of(OPENAI, CHAT, a)
+    measure(ex, svc)
+    assert ex.measurement is not None
+    read = ex.measurement.predicted_read_tokens
+    assert ex.measurement.predicted_breakpoint == 27 and read != OPENAI_READ  # real tokens, not bytes/4
+    counted = OPENAI.predict_read_tokens(CHAT, b, svc.tokens.count, 56, 29, 30, (0, 29), RULES.min_tokens("gpt-5.6"))
+    assert counted == (27, read)
+    out = io.StringIO()
+    assert explain_command(str(tmp_path / "a.json"), str(tmp_path / "b.json"), out=out, err=io.StringIO()) == 1
+    assert f"expected cache read from A's breakpoints: ~{read:,} tokens\n" in out.getvalue()
