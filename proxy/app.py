@@ -256,8 +256,20 @@ async def start_proxy(
     Returns the runner (call `cleanup()` to stop) and the base URL clients use.
     """
     app = create_app(settings, registry, tracer_provider, worker)
+    runner = limited_runner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None)
+    await site.start()
+    return runner, _base_url(runner)
+
+
+def limited_runner(app: web.Application) -> LimitedRunner:
+    """A runner for `app` (the proxy's or the admin listener's) with the connection limits of
+    its settings (`proxy.connections`): header, body and idle timeouts, header size and count,
+    connection caps; each listener counts its own connections."""
     services = app[SERVICES]
-    runner = LimitedRunner(
+    settings = services.settings
+    return LimitedRunner(
         app,
         limits=limits_for(settings, services.metrics, services.router),
         handler_cancellation=True,
@@ -266,9 +278,26 @@ async def start_proxy(
         # aiohttp's per-line limits at ours, so the whole-head limit answers first (431)
         max_line_size=settings.max_header_bytes,
         max_field_size=settings.max_header_bytes,
+        max_headers=settings.max_header_count,
     )
+
+
+async def start_admin(
+    proxy_app: web.Application, host: str, port: int, reuse_port: bool = False
+) -> tuple[web.AppRunner, str]:
+    """Start the admin listener (`create_admin_app`) at `host:port` with the same connection
+    limits as the proxy's; returns the runner and its base URL. Raises `OSError` when it cannot
+    listen."""
+    runner = limited_runner(create_admin_app(proxy_app))
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port or None)
-    await site.start()
+    try:
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner, _base_url(runner)
+
+
+def _base_url(runner: web.AppRunner) -> str:
     host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
+    return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"

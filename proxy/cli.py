@@ -61,10 +61,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 async def _serve_forever(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from proxy.admin import admin_host
-    from proxy.app import create_admin_app, start_proxy
+    from proxy.app import start_admin, start_proxy
     from proxy.appkeys import SERVICES
 
     overrides = _overrides(args)
@@ -100,14 +98,13 @@ async def _serve_forever(args: argparse.Namespace) -> int:
         print(f"promptcache: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1
     runners = [runner]
+    ui_base = url
     if settings.admin_port is not None:
-        admin = web.AppRunner(create_admin_app(runner.app), access_log=None)
-        await admin.setup()
-        runners.append(admin)
         try:
-            await web.TCPSite(
-                admin, admin_host(settings), settings.admin_port, reuse_port=worker is not None
-            ).start()
+            admin, ui_base = await start_admin(
+                runner.app, admin_host(settings), settings.admin_port, reuse_port=worker is not None
+            )
+            runners.append(admin)
         except OSError as exc:
             print(
                 f"promptcache: cannot listen on {admin_host(settings)}:{settings.admin_port} (admin_port): "
@@ -119,12 +116,6 @@ async def _serve_forever(args: argparse.Namespace) -> int:
             return 1
     _tune_gc()
     services = runner.app[SERVICES]
-    ui_base = url
-    if settings.admin_port is not None:
-        admin_address = runners[1].addresses[0]
-        ui_base = f"http://{admin_address[0]}:{admin_address[1]}"
-        if ":" in str(admin_address[0]):
-            ui_base = f"http://[{admin_address[0]}]:{admin_address[1]}"
     lines = banner_lines(settings, url, services.active_upstreams or {}, ui_base, services.ui_token)
     if args.ready_fd is not None:  # a worker under `--workers`: the supervisor prints (proxy.workers)
         from proxy.workers import report_ready

@@ -13,6 +13,8 @@ installed by `LimitedRunner`:
   meaning: a large body over a slow link is fine, a stalled one is not). Exceeded: the body
   read fails with `ClientBodyTimeout`; the handler answers 408 and closes the connection.
 - `max_header_bytes`: the request line and headers together. Exceeded: 431, closed.
+- `max_header_count`: header lines in one request (aiohttp's parser answers more than its
+  `max_headers` with a plain 400; this answers first). Exceeded: 431, closed.
 - `max_connections`: connections open at once. The connection over the limit is accepted, its
   first request answered 503 (`Retry-After: 1`) and the connection closed (never queued: an
   SDK retries at once on its own, and a queued connection would hold a socket with no
@@ -82,6 +84,7 @@ class ConnectionLimits:
     header_timeout: float
     body_timeout: float
     max_header_bytes: int
+    max_header_count: int
     max_connections: int
     max_client_connections: int
     """Connections open at once from one client address (`max_connections_per_client`)."""
@@ -148,6 +151,7 @@ def limits_for(settings: Any, metrics: Any, router: Any = None) -> ConnectionLim
         header_timeout=settings.client_header_timeout,
         body_timeout=settings.client_body_timeout,
         max_header_bytes=settings.max_header_bytes,
+        max_header_count=settings.max_header_count,
         max_connections=settings.max_connections,
         max_client_connections=client_connection_cap(settings),
         closed=metrics.connections_closed_by_reason,
@@ -293,6 +297,12 @@ class LimitedRequestHandler(RequestHandler):
             return
         if end < 0:
             super().data_received(data)
+            return
+        if self._head.count(b"\r\n", 0, end) > limits.max_header_count:  # one CRLF per header line
+            limits.count("too_many_headers")
+            self._answer_locally(
+                HEADERS_TOO_LARGE, f"request has more than {limits.max_header_count} header lines (max_header_count)"
+            )
             return
         self._cancel_timer()
         self._head.clear()

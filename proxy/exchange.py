@@ -69,6 +69,9 @@ class Exchange:
     is_anonymous: bool = False
     """The request carries no credential header (set by the handler): observe only, nothing
     read from or written to the session store (no credential, no state)."""
+    over_budget: str | None = None
+    """Why the request was over the pipeline budget (`proxy.pipeline.budget`): only `parse`
+    ran, the client's bytes went upstream, only usage is counted; `None` within it."""
     is_usage_counted: bool = False
     """`usage` was added to the token counters (`proxy.pipeline.observe.record_usage`: once)."""
     sent_at: float | None = None

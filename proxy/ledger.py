@@ -39,6 +39,10 @@ class TenantTotals:
     cost_usd: float = 0.0
     uncached_cost_usd: float = 0.0
     sessions: set[str] = field(default_factory=set)
+    over_budget: int = 0
+    """Requests over the pipeline budget: forwarded as sent, not optimised (`proxy.pipeline.budget`)."""
+    last_over_budget: str | None = None
+    """The newest such request's reason (its bytes or blocks against the setting)."""
 
     def as_json(self, tenant: str) -> dict[str, Any]:
         prompt = self.read + self.written + self.uncached
@@ -54,6 +58,8 @@ class TenantTotals:
             "cost_usd": round(self.cost_usd, 6),
             "uncached_cost_usd": round(self.uncached_cost_usd, 6),
             "savings_usd": round(self.uncached_cost_usd - self.cost_usd, 6),
+            "over_budget": self.over_budget,
+            "last_over_budget": self.last_over_budget,
         }
 
 
@@ -144,6 +150,15 @@ def attribute_usage(exchange: Any, services: Any) -> None:
     tenant = _tenant(exchange, services)
     if services.ledger is not None and tenant is not None:
         services.ledger.add_usage(tenant, exchange.provider, team, exchange.session_id, usage)
+
+
+def note_over_budget(exchange: Any, services: Any, reason: str) -> None:
+    """Count a request over the pipeline budget for its tenant, keeping `reason`."""
+    tenant = _tenant(exchange, services)
+    if services.ledger is not None and tenant is not None:
+        totals = services.ledger.totals(tenant, exchange.provider, team_for(exchange, services))
+        totals.over_budget += 1
+        totals.last_over_budget = reason
 
 
 def attribute_cost(exchange: Any, services: Any, cost: float, uncached: float) -> None:

@@ -295,8 +295,12 @@ def _current(exchange: Exchange, body: JSONObject, prompt: PromptScan, rules: Re
 
 
 def measure(exchange: Exchange, services: Services) -> None:
-    """Measure one finished exchange (see the module docstring); 2xx JSON requests only."""
+    """Measure one finished exchange (see the module docstring); 2xx JSON requests only. A
+    request over the pipeline budget gets its cost only (`proxy.pipeline.budget`)."""
     if exchange.body is None or not 200 <= exchange.status < 300:
+        return
+    if exchange.over_budget is not None:
+        _count_cost(exchange, services)
         return
     body = sent_body(exchange)
     if body is None:
@@ -360,6 +364,21 @@ def measure(exchange: Exchange, services: Services) -> None:
         divergence.tokens,
         predicted,
     )
+
+
+def _count_cost(exchange: Exchange, services: Services) -> None:
+    """The cost and counterfactual cost of the usage alone (no prompt scan, no divergence)."""
+    usage, body = exchange.usage, exchange.body
+    if usage is None or body is None:
+        return
+    family, prices = services.pricing.lookup(exchange.provider, request_model(body))
+    if prices is None:
+        return
+    cost, uncached = prices.cost(usage), prices.uncached_cost(usage)
+    cost_counter, uncached_counter = services.metrics.measure[exchange.provider].family_cost(family)
+    cost_counter.inc(cost)
+    uncached_counter.inc(uncached)
+    attribute_cost(exchange, services, cost, uncached)
 
 
 def _record(result: Measurement, services: Services, diagnostics_requested: bool) -> None:

@@ -51,6 +51,7 @@ CLOSE_REASONS: Final = (
     "header_timeout",
     "body_timeout",
     "header_too_large",
+    "too_many_headers",
     "too_many_connections",
     "too_many_client_connections",
     "bad_request",
@@ -491,6 +492,16 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.pipeline_budget_exceeded = Counter(
+            "promptcache_pipeline_budget_exceeded_total",
+            "Requests over the pipeline budget (pipeline_budget_bytes, pipeline_budget_blocks): "
+            "forwarded as sent, not optimised, measured or stored; by kind bytes or blocks "
+            "(proxy.pipeline.budget).",
+            ["kind"],
+            registry=r,
+        )
+        for kind in ("bytes", "blocks"):
+            self.pipeline_budget_exceeded.labels(kind)
         self.store_evictions = Counter(
             "promptcache_session_store_evictions_total",
             "Session records the store evicted, least recently written first, to stay within a byte "

@@ -150,6 +150,9 @@ class Settings(BaseModel):
     connection closed."""
     max_header_bytes: int = Field(32 * 1024, ge=1024)
     """Bytes of a request line and headers together; more: 431 and the connection closed."""
+    max_header_count: int = Field(128, ge=1)
+    """Header lines a request may carry (aiohttp's own limit, 128, by default); more: 431 in the
+    provider's error shape and the connection closed."""
     max_connections: int = Field(512, ge=1)
     """Client connections open at once; the one over it gets 503 (`Retry-After: 1`) and is
     closed. Each may also hold an upstream connection: keep it under the open-file limit."""
@@ -162,6 +165,13 @@ class Settings(BaseModel):
     """Client connections open at once from one client address; the one over it gets 503 like
     one over `max_connections`. Unset: a quarter of `max_connections` (at least 1). Probes
     (`/healthz`, `/readyz`, `/metrics`) are served over either cap (`proxy.connections`)."""
+    pipeline_budget_bytes: int = Field(8 * 1024 * 1024, ge=0)
+    """Request bodies larger than this (bytes) skip every stage after `parse`: forwarded as
+    sent, usage counted, nothing measured or stored (`proxy.pipeline.budget`), so one huge body
+    cannot hold the event loop every tenant shares."""
+    pipeline_budget_blocks: int = Field(10_000, ge=0)
+    """The same for bodies of more blocks than this (messages, input items, tools, system and
+    content blocks)."""
     store_max_bytes: int = Field(1024 * 1024 * 1024, ge=1)
     """Bytes of session records the SQLite store may hold; past it the least recently written
     records (of any tenant) are evicted (`proxy.store.sqlite`). Redis: bounded by its own

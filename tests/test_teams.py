@@ -115,6 +115,8 @@ async def test_team_metrics_and_tenant_summary(make_proxy, fake_upstream: FakeUp
         "cost_usd": round(cost, 6),
         "uncached_cost_usd": round(uncached, 6),
         "savings_usd": round(uncached - cost, 6),
+        "over_budget": 0,
+        "last_over_budget": None,
     }
     text = "".join(f"{s.labels}" for m in proxy.registry.collect() for s in m.samples)
     assert "intruder" not in text and KEY_ML not in text

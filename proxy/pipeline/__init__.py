@@ -16,6 +16,10 @@ Stage contract:
 With tracing on (`proxy/tracing.py`), each stage that runs gets a `promptcache.stage.<name>`
 span under the request's span.
 
+A body over the pipeline budget (`pipeline_budget_bytes`, `pipeline_budget_blocks`:
+`proxy.pipeline.budget`) runs `parse` only and goes upstream as sent; the response side then
+counts its usage only.
+
 In `observe` mode, and for a signed request (`exchange.is_signed`: SigV4 covers the body), only
 the measuring stages run (`Stage.rewrites` false) and the bytes sent are
 the client's.
@@ -43,6 +47,7 @@ from proxy.pipeline import (
     serialise,
     session,
 )
+from proxy.pipeline.budget import over_budget
 from proxy.providers.base import JSONObject
 from proxy.services import Services
 from proxy.tracing import CURRENT as CURRENT_TRACE
@@ -106,6 +111,20 @@ async def run_request_stages(
             services.metrics.malformed_parts.labels(stage_name, kind).inc(count)
 
 
+def _skip_over_budget(exchange: Exchange, services: Services, kind: str, reason: str) -> None:
+    """Forward the client's bytes without any further stage (`proxy.pipeline.budget`); counted,
+    and the reason kept for the exchange and the caller's `/debug/tenants`."""
+    exchange.over_budget = reason
+    exchange.upstream_body = None
+    exchange.header_overrides = {}
+    services.metrics.pipeline_budget_exceeded.labels(kind).inc()
+    if not exchange.is_anonymous:
+        from proxy.ledger import note_over_budget
+
+        note_over_budget(exchange, services, reason)
+    _log.info("request over the pipeline budget (%s): forwarded as sent, not optimised", kind)
+
+
 async def _run(
     exchange: Exchange,
     services: Services,
@@ -115,7 +134,15 @@ async def _run(
     tally: malformed.Tally,
 ) -> None:
     timers = services.metrics.stage_timers
+    settings = services.settings
     for stage in stages:
+        if stage is not parse.STAGE and exchange.body is not None and exchange.over_budget is None:
+            found = over_budget(
+                len(exchange.raw), exchange.body, settings.pipeline_budget_bytes, settings.pipeline_budget_blocks
+            )
+            if found is not None:
+                _skip_over_budget(exchange, services, *found)
+                return
         if is_observe and stage.rewrites:
             continue
         tally.stage = stage.name

@@ -16,7 +16,8 @@ so a client that closes its connection at once (curl, urllib, HTTP/1.0) cannot c
 record write outlives the handler (`proxy.store.RecordStore.save_soon`) and is drained on shutdown.
 Each stage fails open on its own: an exception is counted in
 `promptcache_stage_errors_total{stage=<the stage's error_label>}` and the next stage still runs;
-nothing reaches the client. The whole side is timed as
+nothing reaches the client. A request over the pipeline budget runs only the stages with
+`runs_over_budget` (usage, and the cost alone). The whole side is timed as
 `promptcache_stage_duration_seconds{stage="observe"}` (the record build included, the
 background write not).
 """
@@ -49,18 +50,25 @@ class ResponseStage(Protocol):
         """`stage` label of `promptcache_stage_errors_total` for its failures (`proxy.metrics.STAGES`)."""
         ...
 
+    @property
+    def runs_over_budget(self) -> bool:
+        """Whether it runs for a request over the pipeline budget (`proxy.pipeline.budget`)."""
+        ...
+
     def run(self, exchange: Exchange, services: Services) -> None: ...
 
 
 class _Usage:
     name: Final = "usage"
     error_label: Final = "observe"
+    runs_over_budget: Final = True
 
     def run(self, exchange: Exchange, services: Services) -> None:
         record_usage(exchange, services)
 
 
 class _Measure:
+    runs_over_budget: Final = True  # the cost only (`proxy.measure.measure`)
     name: Final = "measure"
     error_label: Final = "observe"
 
@@ -69,6 +77,7 @@ class _Measure:
 
 
 class _Record:
+    runs_over_budget: Final = False
     name: Final = "record"
     error_label: Final = "session"
 
@@ -77,6 +86,7 @@ class _Record:
 
 
 class _Debug:
+    runs_over_budget: Final = False
     name: Final = "debug"
     error_label: Final = "observe"
 
@@ -93,6 +103,8 @@ def run_response_stages(
     """Run `stages` in order on a finished exchange (module docstring); never raises."""
     started = time.perf_counter()
     for stage in stages:
+        if exchange.over_budget is not None and not stage.runs_over_budget:
+            continue  # nothing but usage for a request over the pipeline budget
         try:
             stage.run(exchange, services)
         except Exception as exc:  # noqa: BLE001 - fail open is the contract

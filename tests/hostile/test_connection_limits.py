@@ -321,3 +321,99 @@ def test_client_cap_default_is_a_quarter_of_max_connections() -> None:
     assert client_connection_cap(Settings()) == 128
     assert client_connection_cap(Settings(max_connections=2)) == 1
     assert client_connection_cap(Settings(max_connections=512, max_connections_per_client=300)) == 300
+
+
+def many_headers(path: bytes, credential: bytes, n: int, body: bytes = b"") -> bytes:
+    """A request head with `n` header lines in all (credential, Host, Content-Length among them)."""
+    fixed = [b"Host: proxy", credential, b"Content-Type: application/json", b"Content-Length: %d" % len(body)]
+    extra = [b"x-h%d: v" % i for i in range(n - len(fixed))]
+    return b"POST " + path + b" HTTP/1.1\r\n" + b"\r\n".join(fixed + extra) + b"\r\n\r\n" + body
+
+
+async def test_more_headers_than_max_header_count_get_431_in_the_provider_shape(
+    make_proxy: Any, fake_upstream: Any
+) -> None:
+    """129 header lines (aiohttp's parser would answer its own plain 400): 431 in the shape of
+    the path's provider, closed and counted; 128 pass."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    host, port = host_port(proxy.url)
+    body = orjson.dumps({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]})
+    over = await asyncio.open_connection(host, port)
+    over[1].write(many_headers(b"/v1/chat/completions", b"Authorization: Bearer k", 129, body))
+    anthropic = await asyncio.open_connection(host, port)
+    anthropic[1].write(many_headers(b"/v1/messages", b"x-api-key: k", 200, b"{}"))
+    at = await asyncio.open_connection(host, port)
+    at[1].write(many_headers(b"/v1/chat/completions", b"Authorization: Bearer k", 128, body))
+    try:
+        status, headers, answer = await response_then_eof(over[0])
+        assert (status, headers["connection"]) == (431, "close")
+        assert answer == {
+            "error": {
+                "message": "request has more than 128 header lines (max_header_count)",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        status, _, answer = await response_then_eof(anthropic[0])
+        assert (status, answer["error"]["type"]) == (431, "request_too_large")
+        async with asyncio.timeout(OUTER):
+            assert (await read_response(at[0])).status == 200
+    finally:
+        for _, writer in (over, anthropic, at):
+            writer.close()
+    assert proxy.sample(CLOSED, reason="too_many_headers") == 2
+    assert proxy.sample(CLOSED, reason="bad_request") == 0
+    assert [r.path for r in fake_upstream.received] == ["/v1/chat/completions"]  # the 128-header one
+
+
+async def test_the_admin_listener_has_the_same_limits(make_proxy: Any, fake_upstream: Any) -> None:
+    """The admin listener (`admin_port`): an idle or half-sent connection is closed, a stalled
+    head answered 408, an oversized one 431, and the connection over `max_connections` 503."""
+    from proxy.app import start_admin
+
+    proxy = await make_proxy(
+        upstream=fake_upstream.url,
+        admin_port=0,
+        client_idle_timeout=0.5,
+        client_header_timeout=0.3,
+        max_header_bytes=2048,
+        max_connections=3,
+        max_connections_per_client=3,
+    )
+    admin, admin_url = await start_admin(proxy.runner.app, "127.0.0.1", 0)
+    host, port = host_port(admin_url)
+    try:
+        idle = await asyncio.open_connection(host, port)
+        idle[1].write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        assert (await read_response(idle[0])).status == 200
+        assert await closed_by_server(idle[0])
+        idle[1].close()
+        half = await asyncio.open_connection(host, port)
+        half[1].write(b"GET /debug/sessions HTTP/1.1\r\nHost: proxy\r\nx-api-key: k\r\n")
+        status, _, body = await response_then_eof(half[0])
+        assert (status, body["error"]["type"]) == (408, "timeout_error")
+        half[1].close()
+        big = await asyncio.open_connection(host, port)
+        big[1].write(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\nx-big: " + b"a" * 3000 + b"\r\n\r\n")
+        status, _, body = await response_then_eof(big[0])
+        assert status == 431
+        big[1].close()
+        held = [await asyncio.open_connection(host, port) for _ in range(3)]
+        for _, writer in held:  # each holds a slot with a finished request (served, kept alive)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        for reader, _ in held:
+            assert (await read_response(reader)).status == 200
+        over = await asyncio.open_connection(host, port)
+        over[1].write(b"GET /debug/sessions HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        status, headers, body = await response_then_eof(over[0])
+        assert (status, headers["retry-after"]) == (503, "1")
+        over[1].close()
+        for _, writer in held:
+            writer.close()
+    finally:
+        await admin.cleanup()
+    assert proxy.sample(CLOSED, reason="idle") == 1
+    assert proxy.sample(CLOSED, reason="header_timeout") == 1
+    assert proxy.sample(CLOSED, reason="header_too_large") == 1
+    assert proxy.sample(CLOSED, reason="too_many_connections") == 1

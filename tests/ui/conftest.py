@@ -15,10 +15,9 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy.app import create_admin_app, start_proxy
+from proxy.app import start_admin, start_proxy
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.sim.app import start_sim
@@ -50,14 +49,11 @@ async def admin_proxy() -> AsyncIterator[Any]:
         settings = {"port": 0, "store": "memory://", "upstream": sim_url, "admin_port": 0, **settings}
         runner, url = await start_proxy(Settings(**settings), CollectorRegistry())
         cleanups.append(runner)
-        admin = web.AppRunner(create_admin_app(runner.app), access_log=None)
-        await admin.setup()
-        await web.TCPSite(admin, "127.0.0.1", 0).start()
+        admin, admin_url = await start_admin(runner.app, "127.0.0.1", 0)
         cleanups.append(admin)
-        port = admin.addresses[0][1]
         from proxy.appkeys import SERVICES
 
-        return AdminProxy(url, f"http://127.0.0.1:{port}", sim_url, runner.app[SERVICES])
+        return AdminProxy(url, admin_url, sim_url, runner.app[SERVICES])
 
     yield factory
     for item in reversed(cleanups):
