@@ -220,13 +220,14 @@ async def main() -> None:
         workers = [asyncio.ensure_future(worker(base, i, stats, deadline)) for i in range(args.concurrency)]  # noqa: TID251
         where = "simulator in-process" if sim is None else "simulator in its own process"
         print(f"soak: {args.seconds:g} s, concurrency {args.concurrency}, {where}, SQLite in {state}")
-        print(f"  startup RSS {rss_kb(proc.pid) / 1024:.1f} MB")
-        print("   t(s)  requests  errors  RSS(MB)  sim RSS(MB)")
+        print(f"  startup RSS {rss_kb(proc.pid) / 1024:.1f} MB, load average {os.getloadavg()[0]:.2f}")
+        print("   t(s)  requests  errors  RSS(MB)  sim RSS(MB)  load(1m)")
         while time.monotonic() < deadline:
             await asyncio.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
             print(
                 f"{time.monotonic() - started:7.0f} {stats.requests:9d} {stats.errors:7d} "
-                f"{rss_kb(proc.pid) / 1024:8.1f} {rss_kb(sim.pid) / 1024 if sim else 0:12.1f}"
+                f"{rss_kb(proc.pid) / 1024:8.1f} {rss_kb(sim.pid) / 1024 if sim else 0:12.1f} "
+                f"{os.getloadavg()[0]:9.2f}"
             )
         await asyncio.gather(*workers)
         first = [d for t, d in stats.samples if t - started <= 30]
@@ -235,12 +236,17 @@ async def main() -> None:
         timeouts = await metric(base, "promptcache_session_store_faults_total", backend="sqlite", kind="timeout")
         put_errors = await metric(base, "promptcache_session_store_errors_total", backend="sqlite", operation="put")
         dropped = await metric(base, "promptcache_session_store_writes_dropped_total", backend="sqlite")
+        reads = await metric(
+            base, "promptcache_session_store_operation_duration_seconds_count", backend="sqlite", operation="get"
+        )
+        local = await metric(base, "promptcache_session_store_local_reads_total", backend="sqlite")
         db, wal = state / "sessions.db", state / "sessions.db-wal"
         print(
             f"requests {stats.requests}, errors {stats.errors}, store read errors {get_errors:g} "
             f"(timeouts, reads and writes: {timeouts:g}), "
             f"write errors {put_errors:g}, writes dropped {dropped:g}"
         )
+        print(f"store reads {reads:g}, record loads answered from this process's own newest write {local:g}")
         print(
             f"latency first 30 s: p50 {pct(first, 0.5):.1f} ms, p99 {pct(first, 0.99):.1f} ms ({len(first)} requests)"
         )
@@ -250,6 +256,7 @@ async def main() -> None:
             f"WAL {wal.stat().st_size / 1e6 if wal.exists() else 0:.1f} MB, "
             f"RSS at end {rss_kb(proc.pid) / 1024:.1f} MB"
         )
+        print("load average at end (1/5/15 min): {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     finally:
         proc.terminate()
         proc.wait(timeout=30)

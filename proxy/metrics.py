@@ -492,6 +492,14 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.store_local_reads = Counter(
+            "promptcache_session_store_local_reads_total",
+            "Session store loads answered without a store read: a record this process wrote last, "
+            "or a key the store cannot hold (its key filter); only when no other process writes "
+            "the store (a single-process `serve` on SQLite) (proxy.store).",
+            ["backend"],
+            registry=r,
+        )
         self.pipeline_budget_exceeded = Counter(
             "promptcache_pipeline_budget_exceeded_total",
             "Requests over the pipeline budget (pipeline_budget_bytes, pipeline_budget_blocks): "
@@ -583,6 +591,7 @@ class Metrics:
                 self.store_errors.labels(backend, operation)
             self.store_pending_writes.labels(backend)
             self.store_dropped_writes.labels(backend)
+            self.store_local_reads.labels(backend)
             self.store_skipped.labels(backend)
             for cap in STORE_CAPS:
                 self.store_evictions.labels(backend, cap)

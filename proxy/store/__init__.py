@@ -13,8 +13,15 @@
   decoded record of the sessions it read or wrote last (LRU, `MEMO_ENTRIES` entries and
   `MEMO_BYTES` bytes, counting a record as twice its encoded size): a read whose bytes equal
   the remembered ones returns that record without
-  decoding (the backend is still read every time, so a replica's newer write is seen). Records
-  are immutable: callers never edit one (or its `pins`).
+  decoding (the backend is still read, so a replica's newer write is seen). Records are
+  immutable: callers never edit one (or its `pins`).
+- Sole writer (`is_sole_writer`: `store_ctx` sets it for the SQLite file of a single-process
+  `serve`; never with `--workers N` or Redis, where another process may write): nobody else
+  changes the backend, so a load skips the read when this process knows the answer, counted in
+  `promptcache_session_store_local_reads_total`: a record it wrote is returned from the memo
+  until the backend's copy expires (a failed or timed-out write forgets it, since it may have
+  landed; a file the backend found replaced clears the memo), and a key outside `KeyFilter` (the
+  keys `learn_keys` listed at start plus every key written since) is absent.
 - Writes are off the request path: `save_soon` encodes the record, keeps it as the session's
   pending record and returns at once; a background task (`proxy.aio.TaskSet`, one per session
   at a time, so writes of one session never reorder) writes it, newest first when several
@@ -49,10 +56,12 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+
+import xxhash
 
 from proxy.aio import TaskSet, create_task
 from proxy.store.base import FAULT_KINDS, UNHEALTHY_KINDS, SessionStore
@@ -164,6 +173,35 @@ def open_store(url: str, *, max_bytes: int | None = None, max_tenant_bytes: int 
     raise ValueError("store URL must start with memory://, sqlite:// or redis://")
 
 
+KEY_FILTER_BITS: Final = 8 * 1024 * 1024
+"""Bits of the sole writer's filter of keys the backend may hold (1 MiB; with 3 probes per key,
+about 1 false "maybe" in 25,000 lookups at 100,000 keys, 1 in 40 at a million)."""
+
+
+class KeyFilter:
+    """A Bloom filter over `(tenant, key)` pairs: `may_hold` is `False` only for a pair never
+    `add`ed. Pure; `KEY_FILTER_BITS` bits, 3 probes from one xxh3-128 digest."""
+
+    def __init__(self, bits: int = KEY_FILTER_BITS) -> None:
+        self._bits = bytearray(bits // 8)
+        self._mask = bits - 1
+        if bits & self._mask:
+            raise ValueError("bits must be a power of two")
+
+    def _probes(self, tenant: str, key: str) -> tuple[int, int, int]:
+        h = xxhash.xxh3_128_intdigest(f"{tenant}\x00{key}".encode())
+        return h & self._mask, (h >> 40) & self._mask, (h >> 80) & self._mask
+
+    def add(self, tenant: str, key: str) -> None:
+        bits = self._bits
+        for i in self._probes(tenant, key):
+            bits[i >> 3] |= 1 << (i & 7)
+
+    def may_hold(self, tenant: str, key: str) -> bool:
+        bits = self._bits
+        return all(bits[i >> 3] & (1 << (i & 7)) for i in self._probes(tenant, key))
+
+
 class RecordStore:
     """`SessionRecord`s over a backend, timed, bounded and failing soft (module docstring)."""
 
@@ -174,15 +212,35 @@ class RecordStore:
         get_timeout: float = GET_TIMEOUT,
         put_timeout: float = PUT_TIMEOUT,
         max_record_bytes: int | None = None,
+        *,
+        is_sole_writer: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`max_record_bytes`: a record encoded larger than this is not stored (counted in
-        `promptcache_session_store_records_skipped_total`; `None`: no limit)."""
+        `promptcache_session_store_records_skipped_total`; `None`: no limit).
+        `is_sole_writer`: no other process writes this backend (`store_ctx`: the SQLite file
+        of a single-process `serve`), so a record this process wrote is the newest and a load
+        returns it from memory (module docstring). `clock`: epoch seconds, the backend's
+        expiry clock."""
         self.backend = backend
         self.max_record_bytes = max_record_bytes
         self.get_timeout = get_timeout
         self.put_timeout = put_timeout
-        self._memo: OrderedDict[tuple[str, str], tuple[bytes, SessionRecord]] = OrderedDict()
+        self.is_sole_writer = is_sole_writer
+        self._clock = clock
+        self._memo: OrderedDict[tuple[str, str], tuple[bytes, SessionRecord, float]] = OrderedDict()
+        """`(encoded, record, expires)` per session; `expires` is the epoch second the written
+        copy expires in the backend, `0.0` for a record that was read (its expiry unknown)."""
         self._memo_bytes = 0
+        self._forget_all = False
+        """Set (from the backend's thread) when the backend lost its data (`file_gone`): the
+        memo no longer mirrors it and is cleared on the next load."""
+        self._local_reads = metrics.store_local_reads.labels(backend.backend)
+        self._keys: KeyFilter | None = None
+        """Sole writer only, once `learn_keys` has listed the backend's keys: every key the
+        backend may hold (listed, or written since). A key it cannot hold is absent without a read."""
+        self._keys_written: KeyFilter | None = KeyFilter() if is_sole_writer else None
+        """Keys written while the listing runs (merged into `_keys` when it is done)."""
         name = backend.backend
         self._is_in_process = name == "memory"
         """The in-process backend never waits on anything: no timer is armed around its calls."""
@@ -221,8 +279,10 @@ class RecordStore:
             self._evictions[cap].inc(rows)
 
     def _repaired(self, kind: str, message: str) -> None:
-        """A fault the backend repaired itself (its worker thread may call this): counted."""
+        """A fault the backend repaired itself (its worker thread may call this): counted. The
+        file it replaced held what the memo mirrors, so the memo is cleared before the next load."""
         self._faults.get(kind, self._faults["other"]).inc()
+        self._forget_all = True
 
     def _failed(self, exc: BaseException, *, is_check: bool = False) -> str:
         """Count a backend failure by cause; an `UNHEALTHY_KINDS` one makes the store unhealthy."""
@@ -273,13 +333,25 @@ class RecordStore:
         """The session's record, or `None` when absent, expired, unreadable or the store failed.
 
         A record saved on this replica and not yet written is returned without a backend read."""
-        pending = self._pending.get((tenant, session))
+        key = (tenant, session)
+        pending = self._pending.get(key)
         if pending is not None:
             return pending[0]  # `None`: a removal is pending
+        if self._forget_all:
+            self._forget_all = False
+            self._memo.clear()
+            self._memo_bytes = 0
+        known = self._memo.get(key)
+        if self.is_sole_writer and known is not None and known[2] > self._clock():
+            self._memo.move_to_end(key)
+            self._local_reads.inc()
+            return known[1]
+        if self._keys is not None and not self._keys.may_hold(tenant, session):
+            self._local_reads.inc()
+            return None
         data = await self._get(tenant, session)
         if data is None:
             return None
-        key = (tenant, session)
         known = self._memo.get(key)
         if known is not None and (known[0] is data or known[0] == data):
             self._memo.move_to_end(key)
@@ -290,7 +362,7 @@ class RecordStore:
             self._get_errors.inc()
             _log.warning("session store %s holds an unreadable record (%s)", self.backend.backend, exc)
             return None
-        self._remember(key, data, record)
+        self._remember(key, data, record, 0.0)
         return record
 
     async def load_bytes(self, tenant: str, key: str) -> bytes | None:
@@ -299,7 +371,29 @@ class RecordStore:
         pending = self._raw_pending.get((tenant, key))
         if pending is not None:
             return pending[0]
+        if self._keys is not None and not self._keys.may_hold(tenant, key):
+            self._local_reads.inc()
+            return None
         return await self._get(tenant, key)
+
+    async def learn_keys(self) -> bool:
+        """Sole writer: list the backend's keys (`keys()`, SQLite) into the filter that lets a
+        load of a key the backend cannot hold skip the read. `False` (and every load reads)
+        when not the sole writer, the backend cannot list, or the listing failed."""
+        list_keys = getattr(self.backend, "keys", None)
+        if self._keys_written is None or list_keys is None:
+            return False
+        try:
+            listed = await list_keys()
+        except Exception as exc:  # noqa: BLE001 - the filter is an optimisation: loads read instead
+            # not counted as a fault: `check()` reports the store's health, this costs only reads
+            _log.info("session store %s: listing keys failed (%s)", self.backend.backend, type(exc).__name__)
+            return False
+        keys, self._keys_written = self._keys_written, None
+        for tenant, key in listed:
+            keys.add(tenant, key)
+        self._keys = keys
+        return True
 
     async def _get(self, tenant: str, key: str) -> bytes | None:
         """One timed backend read; a failure is counted, logged and read as `None`."""
@@ -320,7 +414,12 @@ class RecordStore:
         """`backend.get` bounded by `get_timeout`; raises `TimeoutError` past it. A read that
         finished while the event loop was busy elsewhere counts as in time: the bound is on the
         store, not on how long the loop took to look (`asyncio.timeout` around the call would
-        throw such a result away)."""
+        throw such a result away). A backend with `get_within` (SQLite) applies the bound to
+        its own time itself (`SqliteStore.get_within`)."""
+        get_within = getattr(self.backend, "get_within", None)
+        if get_within is not None:
+            value: bytes | None = await get_within(tenant, key, self.get_timeout)
+            return value
         read = create_task(self.backend.get(tenant, key), name="promptcache-store-get")
         done, _ = await asyncio.wait((read,), timeout=self.get_timeout)
         if not done:
@@ -348,6 +447,9 @@ class RecordStore:
 
     async def _put_bytes(self, slot: tuple[str, str], data: bytes, ttl: float) -> bool:
         """One timed backend write; a failure is counted, logged and returns `False`."""
+        keys = self._keys if self._keys is not None else self._keys_written
+        if keys is not None:
+            keys.add(*slot)  # before the write: one that times out here may still land
         started = time.perf_counter()
         try:
             if self._is_in_process:
@@ -372,12 +474,14 @@ class RecordStore:
         return await self._put((tenant, session), encode_record(record), record, ttl)
 
     async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord | None, ttl: float) -> bool:
+        expires = self._clock() + ttl
         if not await self._put_bytes(key, data, ttl):
+            self._forget(key)  # a failed write may still have landed (a timeout): read it next time
             return False
-        if record is not None:
-            self._remember(key, data, record)
-        elif (old := self._memo.pop(key, None)) is not None:
-            self._memo_bytes -= 2 * len(old[0])
+        if record is not None and ttl > 0:
+            self._remember(key, data, record, expires)
+        else:  # removed
+            self._forget(key)
         return True
 
     def save_soon(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
@@ -425,18 +529,22 @@ class RecordStore:
         """Sessions whose record waits for its background write."""
         return len(self._pending)
 
-    def _remember(self, key: tuple[str, str], data: bytes, record: SessionRecord) -> None:
-        """Keep `data` and its decoded `record` for `key` (bounded LRU; see the module docstring)."""
+    def _remember(self, key: tuple[str, str], data: bytes, record: SessionRecord, expires: float) -> None:
+        """Keep `data` and its decoded `record` for `key` (bounded LRU; see the module docstring);
+        `expires`: when the backend's copy expires (epoch seconds), `0.0` when unknown."""
+        self._forget(key)
+        if 2 * len(data) > MEMO_BYTES:
+            return
+        self._memo[key] = (data, record, expires)
+        self._memo_bytes += 2 * len(data)
+        while len(self._memo) > MEMO_ENTRIES or self._memo_bytes > MEMO_BYTES:
+            _, (dropped, _, _) = self._memo.popitem(last=False)
+            self._memo_bytes -= 2 * len(dropped)
+
+    def _forget(self, key: tuple[str, str]) -> None:
         old = self._memo.pop(key, None)
         if old is not None:
             self._memo_bytes -= 2 * len(old[0])
-        if 2 * len(data) > MEMO_BYTES:
-            return
-        self._memo[key] = (data, record)
-        self._memo_bytes += 2 * len(data)
-        while len(self._memo) > MEMO_ENTRIES or self._memo_bytes > MEMO_BYTES:
-            _, (dropped, _) = self._memo.popitem(last=False)
-            self._memo_bytes -= 2 * len(dropped)
 
     async def close(self) -> None:
         """Drain the pending writes (at most `DRAIN_TIMEOUT` seconds), then close the backend."""
@@ -488,19 +596,28 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
             "share %s (set `secret` on every replica)",
             Path(settings.state_dir) / "secret",
         )
-    store = RecordStore(backend, services.metrics, max_record_bytes=settings.store_max_bytes_per_tenant)
+    # one `serve` process on a SQLite file is its only writer (`--workers N` share it; Redis is
+    # shared by replicas): what it wrote last is what the file holds
+    store = RecordStore(
+        backend,
+        services.metrics,
+        max_record_bytes=settings.store_max_bytes_per_tenant,
+        is_sole_writer=backend.backend == "sqlite" and settings.workers == 1,
+    )
     # The file is created (and the store's health known) now, not on the first request's
     # bounded read; a broken store costs replay and readiness, never the start.
     await store.check()
     services.store = store
     services.sessions = await SessionState.start(settings, is_persistent=backend.backend != "memory")
     checker = create_task(_check_periodically(store), name="promptcache-store-health")
+    learner = create_task(store.learn_keys(), name="promptcache-store-keys")
     try:
         yield
     finally:
-        checker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await checker
+        for task in (checker, learner):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         services.store = None
         services.sessions = None
         await store.close()

@@ -140,3 +140,86 @@ async def test_the_decoded_memo_is_bounded(metrics: Metrics, monkeypatch: pytest
         assert await store.save("t", f"s{i}", RECORD)
     assert len(store._memo) == 3
     assert list(store._memo) == [("t", "s7"), ("t", "s8"), ("t", "s9")]
+
+
+def local_reads(metrics: Metrics, backend: str) -> float:
+    value = metrics.registry.get_sample_value("promptcache_session_store_local_reads_total", {"backend": backend})
+    return 0.0 if value is None else value
+
+
+async def test_the_sole_writer_answers_its_own_newest_record_without_a_read(metrics: Metrics, tmp_path: Path) -> None:
+    now = [1000.0]
+    backend = SqliteStore(tmp_path / "sessions.db", clock=lambda: now[0])
+    store = RecordStore(backend, metrics, is_sole_writer=True, clock=lambda: now[0])
+    assert await store.save("t", "s", RECORD, ttl=60)
+    assert await store.load("t", "s") is RECORD
+    assert await store.load("t", "s") is RECORD
+    assert (local_reads(metrics, "sqlite"), timings(metrics, "sqlite", "get")) == (2, 0)
+    assert await store.load("t", "other") is None  # not written here: read
+    assert timings(metrics, "sqlite", "get") == 1
+    now[0] += 61  # the written copy expired: read, and the store has none
+    assert await store.load("t", "s") is None
+    assert (local_reads(metrics, "sqlite"), timings(metrics, "sqlite", "get")) == (2, 2)
+    await store.close()
+
+
+async def test_a_replaced_file_clears_the_sole_writers_memory(metrics: Metrics, tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    store = RecordStore(SqliteStore(path), metrics, is_sole_writer=True)
+    assert await store.save("t", "s", RECORD)
+    path.unlink()  # someone purged the file: what was deleted stays deleted
+    await store.check()  # the backend sees the file gone and starts a new one
+    assert await store.load("t", "s") is None
+    assert local_reads(metrics, "sqlite") == 0
+    await store.close()
+
+
+async def test_another_writer_is_seen_unless_sole_writer(metrics: Metrics) -> None:
+    backend = open_store("memory://")
+    store = RecordStore(backend, metrics)
+    assert await store.save("t", "s", RECORD)
+    other = SessionRecord(chain=b"\x09" * 16, ends=(3,), model="m2", params_digest=b"\x01" * 16)
+    from proxy.store.codec import encode_record
+
+    await backend.put("t", "s", encode_record(other), 60)  # another worker or replica wrote
+    assert await store.load("t", "s") == other
+    assert local_reads(metrics, "memory") == 0
+
+
+async def test_the_sole_writer_knows_a_key_absent_without_a_read(metrics: Metrics, tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    first = SqliteStore(path)
+    await first.put("t", "before", b"x", 60)  # written by an earlier run
+    await first.close()
+    store = RecordStore(SqliteStore(path), metrics, is_sole_writer=True)
+    assert await store.load("t", "new") is None  # not listed yet: read
+    assert timings(metrics, "sqlite", "get") == 1
+    assert await store.learn_keys()
+    assert await store.load("t", "new") is None  # listed as absent: no read
+    assert await store.load_bytes("t", "pacing") is None
+    assert timings(metrics, "sqlite", "get") == 1
+    assert await store.load_bytes("t", "before") == b"x"  # listed: read
+    assert await store.save("t", "later", RECORD)
+    assert await store.load("t", "later") is RECORD
+    assert (timings(metrics, "sqlite", "get"), local_reads(metrics, "sqlite")) == (2, 3)
+    await store.close()
+
+
+async def test_only_the_sole_writer_skips_reads(metrics: Metrics, tmp_path: Path) -> None:
+    store = RecordStore(SqliteStore(tmp_path / "sessions.db"), metrics)
+    assert not await store.learn_keys()
+    assert await store.load("t", "new") is None
+    assert timings(metrics, "sqlite", "get") == 1
+    await store.close()
+
+
+def test_the_key_filter_holds_what_was_added() -> None:
+    from proxy.store import KeyFilter
+
+    keys = KeyFilter(1 << 16)
+    added = [("t", f"s{i}") for i in range(500)]
+    for tenant, key in added:
+        keys.add(tenant, key)
+    assert all(keys.may_hold(t, k) for t, k in added)
+    assert sum(keys.may_hold("t", f"other{i}") for i in range(10_000)) < 100  # ~0.01% expected
+    assert not keys.may_hold("u", "s1")  # another tenant's key

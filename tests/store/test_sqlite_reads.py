@@ -5,8 +5,14 @@ checkpoint) is still going on; a file replaced under the reader is reopened at i
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy.metrics import Metrics
+from proxy.store import RecordStore
 from proxy.store.sqlite import SqliteStore
 
 
@@ -34,4 +40,34 @@ async def test_the_reader_follows_a_file_recreated_at_its_path(tmp_path: Path) -
         await store.put("t", "s", b"v2", 60)  # the writer sees the file gone and starts a new one
         assert await store.get("t", "s") == b"v2"  # the reader reopens the new file, not the old
     finally:
+        await store.close()
+
+
+async def test_a_read_answered_in_time_counts_though_the_loop_looks_late(tmp_path: Path) -> None:
+    backend = SqliteStore(tmp_path / "sessions.db")
+    store = RecordStore(backend, Metrics(CollectorRegistry()), get_timeout=0.5)
+    try:
+        await backend.put("t", "k", b"v", 60)
+        await backend.get("t", "k")  # the reader's connection is open
+        read = asyncio.ensure_future(store.load_bytes("t", "k"))  # noqa: TID251
+        await asyncio.sleep(0)  # the read is handed to the reader thread
+        backend._reads.submit(lambda: None).result()  # the loop blocks until the reader is done ...
+        threading.Event().wait(0.6)  # ... and stays busy past the bound (a loop backlog)
+        assert await read == b"v"  # the store answered in time: not a timeout
+    finally:
+        await store.close()
+
+
+async def test_a_stuck_reader_is_bounded(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "sessions.db")
+    release = threading.Event()
+    try:
+        await store.put("t", "s", b"v", 60)
+        store._reads.submit(release.wait)  # the reader thread is stuck (a frozen file system)
+        with pytest.raises(TimeoutError):
+            await store.get_within("t", "s", 0.05)
+        release.set()
+        assert await store.get_within("t", "s", 5.0) == b"v"  # the dropped read never ran
+    finally:
+        release.set()
         await store.close()
