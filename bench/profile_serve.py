@@ -87,6 +87,8 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--spy", type=Path, help="record the server with py-spy into this file")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--gil", action="store_true",
+                        help="py-spy samples only the thread holding the GIL (CPU in Python, no idle waits)")
     parser.add_argument("--store", default=None,
                         help="session store URL (default: SQLite in a temp dir, as users run it)")
     args = parser.parse_args()
@@ -115,7 +117,7 @@ async def main() -> None:
                 py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
                 spy = subprocess.Popen(
                     [py_spy, "record", "-f", "raw", "-r", "500", "-o", str(args.spy), "-p", str(server.pid),
-                     "-d", str(max(1, int(args.seconds)))],
+                     "-d", str(max(1, int(args.seconds))), *(["--gil"] if args.gil else [])],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )
                 await asyncio.sleep(1.0)

@@ -47,7 +47,7 @@ def main() -> int:
                 print("\n".join(problems), file=sys.stderr)
                 return 1
             session = ids[0]
-            with urllib.request.urlopen(f"{stack.proxy_url}/ui/") as r:
+            with urllib.request.urlopen(f"{stack.proxy_url}/ui/?token={stack.ui_token}") as r:
                 listing = r.read().decode()
             # The main session is the one with the most requests (the recipe adds a one-turn session).
             links = re.findall(r'href="(sessions/[^"]+)".*?</td><td>(\d+)</td>', listing)

@@ -157,20 +157,31 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
 
     The runs come from the adapter's `layout`, per prefix key; a key whose value is the very
     object the session stage laid out (`Exchange.client_runs`: bodies are copy-on-write, so an
-    unchanged key is the same object) reuses those runs.
+    unchanged key is the same object) or a rewriting stage scanned last (`Exchange.layout_cache`)
+    reuses those runs; a key the stages changed is laid out by `adapter.relayout` from the
+    client's runs (the runs of its unchanged messages reused) when the adapter can.
     """
     found = exchange.sent_prompt
     if found is not None and found[0] is body:
         return found[1]
     adapter, path = exchange.adapter, exchange.path
     known = exchange.client_runs or {}
+    cache = exchange.layout_cache
     runs: list[Any] = []
     for key in adapter.prefix_keys(path):
         if key not in body:
             continue
         value = body[key]
         hit = known.get(key)
-        runs.extend(hit[1] if hit is not None and hit[0] is value else adapter.layout(path, {key: value}))
+        if hit is not None and hit[0] is value:
+            runs.extend(hit[1])
+            continue
+        scanned = cache.runs_of(key, value) if cache is not None else None
+        if scanned is not None:
+            runs.extend(scanned)
+            continue
+        redone = adapter.relayout(path, key, value, hit[0], hit[1]) if hit is not None else None
+        runs.extend(redone[0] if redone is not None else adapter.layout(path, {key: value}))
     prompt = scan_prompt(runs, reuse_for(exchange, body))
     exchange.sent_prompt = (body, prompt)
     return prompt
@@ -193,16 +204,19 @@ def reuse_for(exchange: Exchange, body: JSONObject) -> Reuse | None:
         return None
     replayed = exchange.replayed_bytes or {}
     same = 0
-    for i, item in enumerate(items):
-        if i >= len(sidecars) or sidecars[i].position != i:
+    seen, keys = view.items, view.keys  # `view.key_of`, inlined: one pass over long histories
+    known = min(len(seen), len(keys))
+    for i, (item, sidecar) in enumerate(zip(items, sidecars, strict=False)):
+        if sidecar.position != i:
             break
-        key = view.key_of(i, item)
-        if key is None:
+        if i < known and seen[i] is item:
+            key = keys[i]
+        else:
             hit = replayed.get(i)
             if hit is None or hit[0] is not item:
                 break
             key = xxhash.xxh3_128_digest(hit[1])
-        if key != sidecars[i].sent_digest():
+        if key != (sidecar.value_digest or sidecar.sent_digest()):
             break
         same += 1
     if not same:

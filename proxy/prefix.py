@@ -244,15 +244,20 @@ def _reuse_run(
     if fixed is not None:
         kinds.extend([fixed] * len(items))
     for offset, value in enumerate(items):
-        if isinstance(value, dict):
+        if type(value) is dict:
+            # membership first: most blocks hold no marker key at all
+            if ("cache_control" in value or "prompt_cache_breakpoint" in value) and (
+                value.get("cache_control") is not None or value.get("prompt_cache_breakpoint") is not None
+            ):
+                marked.append(index + offset)
+            if fixed is None:
+                kind = value.get("type")
+                kinds.append(kind if type(kind) is str else "unknown")
+        elif isinstance(value, dict):
             if value.get("cache_control") is not None or value.get("prompt_cache_breakpoint") is not None:
                 marked.append(index + offset)
             if fixed is None:
-                if type(value) is dict:
-                    kind = value.get("type")
-                    kinds.append(kind if type(kind) is str else "unknown")
-                else:
-                    kinds.append(run_kind(run, value))
+                kinds.append(run_kind(run, value))
         elif fixed is None:
             kinds.append("text" if isinstance(value, str) else run_kind(run, value))
 
@@ -276,6 +281,8 @@ def scan_prompt(runs: Sequence[Run], reuse: Reuse | None = None) -> PromptScan:
     last_message: int | None = None
     index = 0
     reusing = reuse is not None and reuse.same > 0
+    earlier_blocks = len(reuse.previous.ends) if reuse is not None else 0
+    array_key, same = (reuse.array_key, reuse.same) if reuse is not None else ("", 0)
     reused_from = reused_until = -1
     """Blocks `reused_from .. reused_until - 1` come from `reuse.previous`."""
     for run in runs:
@@ -289,15 +296,15 @@ def scan_prompt(runs: Sequence[Run], reuse: Reuse | None = None) -> PromptScan:
             key = run.key
             # a content list (its blocks are the message's parts) or a string content: the
             # message's marker-free bytes fix each block's; a whole item (Responses) is digested
-            vouched = len(key) >= 2 and key[0] == reuse.array_key and type(key[1]) is int and key[1] < reuse.same
+            vouched = len(key) >= 2 and key[0] == array_key and type(key[1]) is int and key[1] < same
             if vouched and (run.is_list or type(run.value) is str):
-                earlier = reuse.previous
                 if reused_until < 0:  # first vouched run: the blocks before it must chain alike
-                    reusing = index + len(items) <= len(earlier) and (
+                    earlier = reuse.previous
+                    reusing = index + len(items) <= earlier_blocks and (
                         bytes(out) == earlier.chain[: index * DIGEST_SIZE] and total == earlier.bytes_before(index)
                     )
                 else:
-                    reusing = index + len(items) <= len(earlier)
+                    reusing = index + len(items) <= earlier_blocks
                 if reusing:
                     if reused_until < 0:
                         reused_from = index

@@ -135,8 +135,11 @@ async def _run(
 ) -> None:
     timers = services.metrics.stage_timers
     settings = services.settings
+    is_budget_checked = False
     for stage in stages:
-        if stage is not parse.STAGE and exchange.body is not None and exchange.over_budget is None:
+        if not is_budget_checked and stage is not parse.STAGE and exchange.body is not None:
+            # once, on the parsed client body: counting its blocks walks every message
+            is_budget_checked = True
             found = over_budget(
                 len(exchange.raw), exchange.body, settings.pipeline_budget_bytes, settings.pipeline_budget_blocks
             )

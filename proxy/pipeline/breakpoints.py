@@ -198,7 +198,7 @@ def place_breakpoints(
     editor = Editor(body)
     cache_key = None
     if policy.cache_key_field is not None and policy.cache_key_field not in body:
-        cache_key = prefix_cache_key(view, policy.key, stable_end)
+        cache_key = prefix_cache_key(view, policy, stable_end)
         if cache_key is not None:
             editor.set((policy.cache_key_field,), cache_key)
     if policy.max_markers <= 0:

@@ -289,6 +289,12 @@ class LayoutCache:
             out.append((key, hit[1]))
         return out
 
+    def runs_of(self, key: str, value: Any) -> list[Run] | None:
+        """The runs of the latest scan of `key` when it was of this very `value` object, else
+        `None` (nothing is laid out here)."""
+        hit = self._scans.get(key)
+        return hit[1].runs if hit is not None and hit[0] is value else None
+
     def view(
         self,
         adapter: ProviderAdapter,

@@ -64,24 +64,22 @@ def system_ends(view: BlockView, tiers: Sequence[str] | None) -> tuple[int, int]
     return first + stable - 1, first + session - 1
 
 
-KEY_PREFIX_BYTES: Final = 1024 * BYTES_PER_TOKEN
-"""Bytes of the prefix a derived `prompt_cache_key` digests: about 1,024 tokens (the planner's
-estimate), OpenAI's minimum cacheable prefix (docs/provider-rules.md 2.1)."""
-
-
-def prefix_cache_key(view: BlockView, key: str, end: int) -> str | None:
+def prefix_cache_key(view: BlockView, policy: MarkerPolicy, end: int) -> str | None:
     """`pc-` + xxh3-128 (35 characters; the API allows 64, docs/provider-rules.md 9) of the first
-    `KEY_PREFIX_BYTES` of blocks 0..`end` (markers removed, each block's orjson bytes in prefix
-    order); `None` for an empty prefix.
+    `policy.cache_key_tokens` (the planner's estimate: 4 bytes each) of blocks 0..`end`
+    (`policy.key` markers removed, each block's orjson bytes in prefix order); `None` for an
+    empty prefix.
 
-    Requests sharing their first ~1,024 tokens of tools + stable system share the key, so two
-    conversations that could share a cache entry are never routed apart by it (the routing
-    hash also covers the first ~256 tokens, 2.1), and a session's key does not move while that
-    head is unchanged. A shorter prefix is digested whole (nothing shorter is cached anyway)."""
+    Requests sharing that head of tools + stable system (OpenAI: ~1,024 tokens, its minimum
+    cacheable prefix, docs/provider-rules.md 2.1) share the key, so two conversations that could
+    share a cache entry are never routed apart by it (the routing hash also covers the first
+    ~256 tokens, 2.1), and a session's key does not move while that head is unchanged. A
+    shorter prefix is digested whole (nothing shorter is cached anyway)."""
     if end < 0:
         return None
     digest = xxhash.xxh3_128()
-    left = KEY_PREFIX_BYTES
+    key = policy.key
+    left = policy.cache_key_tokens * BYTES_PER_TOKEN
     for i in range(end + 1):
         value = view.value(i)
         if isinstance(value, dict) and key in value:

@@ -63,6 +63,7 @@ import xxhash
 
 from proxy.exchange import Exchange
 from proxy.malformed import skipped
+from proxy.pipeline import rawprefix
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
@@ -281,6 +282,8 @@ class Masker:
         """The current request's scan budget (`begin`); `None`: unlimited."""
         self._memo: OrderedDict[bytes, bytes] = OrderedDict()
         self._exact: OrderedDict[bytes, bytes] = OrderedDict()
+        self.raw_index = rawprefix.RawPrefixIndex()
+        """Recent raw bodies' element results (`view_messages` with `raw`): digests, no content."""
 
     def digests(self, value: Any) -> tuple[bytes, bytes]:
         """`(exact, masked)` digests of `value` (16 bytes each; equal without patterns)."""
@@ -294,20 +297,34 @@ class Masker:
         return exact[0], masked[0], keys[0]
 
     def examine_all(
-        self, values: Sequence[Any], optional: Mapping[str, frozenset[str]] | None = None
+        self,
+        values: Sequence[Any],
+        optional: Mapping[str, frozenset[str]] | None = None,
+        known: tuple[Sequence[bytes], Sequence[bytes], Sequence[bytes]] | None = None,
+        dumped: list[bytes] | None = None,
     ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
         """`examine` of each of `values`, as three tuples (exact, masked, key); one loop,
         since a long conversation has hundreds of messages. `optional` (role -> keys:
         `ProviderAdapter.identity_optional`) leaves those keys of a message of that role out
-        of its masked digest only: a message re-sent without them is "the same" message."""
+        of its masked digest only: a message re-sent without them is "the same" message.
+        `known`: the three results of the first `len(known[0])` values, computed before on
+        the same bytes (`proxy.pipeline.rawprefix`); those values are not walked. `dumped`
+        gets the compact orjson bytes of each value walked, markers included."""
         dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
         exact_memo, masked_memo, size, spans = self._exact, self._memo, self.memo_size, self.spans
         exacts: list[bytes] = []
         maskeds: list[bytes] = []
         keys: list[bytes] = []
+        if known is not None and known[0]:
+            exacts.extend(known[0])
+            maskeds.extend(known[1])
+            keys.extend(known[2])
+            values = values[len(known[0]) :]
         for value in values:
             stripped = strip_markers(value) if has_markers(value) else value
             data = dumps(stripped)
+            if dumped is not None:
+                dumped.append(data if stripped is value else dumps(value))
             key = digest(data)
             exact = exact_memo.get(key)
             if exact is None:
@@ -434,16 +451,20 @@ def view_messages(
     runs: Sequence[Run] | None = None,
     budget_chars: int | None = None,
     segment_budget: Budget | None = None,
+    raw: RawBody | None = None,
 ) -> MessageView:
     """Compute the `MessageView` of `body` (the client's parsed request); `runs` is
     `adapter.layout(path, body)` when the caller has it. Classifying the system prompt for its
     identity form costs `segment_budget` (the request's, shared with reorder: a line is paid for
     once). The rules scan at most `budget_chars`
-    characters for it (`Budget`; `MessageView.is_budget_spent` says when that cut masking short)."""
+    characters for it (`Budget`; `MessageView.is_budget_spent` says when that cut masking short).
+    With `raw` (`body` is exactly `orjson.loads(raw.data)`), the leading elements whose bytes a
+    recent request of `raw.scope` held too are not walked again (`Masker.raw_index`,
+    `proxy.pipeline.rawprefix`); the view is the same either way."""
     budget = masker.begin(budget_chars)
     masker.segment_budget = segment_budget
     try:
-        view = _view_messages(adapter, path, body, masker, runs)
+        view = _view_messages(adapter, path, body, masker, runs, raw)
     finally:
         masker.budget = masker.segment_budget = None
     if budget is not None and budget.is_spent:
@@ -452,7 +473,12 @@ def view_messages(
 
 
 def _view_messages(
-    adapter: ProviderAdapter, path: str, body: JSONObject, masker: Masker, runs: Sequence[Run] | None
+    adapter: ProviderAdapter,
+    path: str,
+    body: JSONObject,
+    masker: Masker,
+    runs: Sequence[Run] | None,
+    raw: RawBody | None = None,
 ) -> MessageView:
     head = xxhash.xxh3_128()
     array_key: str | None = None
@@ -474,7 +500,11 @@ def _view_messages(
     items = body.get(array_key) if array_key is not None else None
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
-    exact, digests, keys = masker.examine_all(elements, adapter.identity_optional(path))
+    optional = adapter.identity_optional(path)
+    if raw is not None and is_list and array_key is not None and elements and len(raw.data) >= rawprefix.MIN_BYTES:
+        exact, digests, keys = _examine_known(masker, raw, array_key, elements, optional)
+    else:
+        exact, digests, keys = masker.examine_all(elements, optional)
     if system_positions and masker.system_text is not None:
         listed = list(digests)
         for position in system_positions:
@@ -501,6 +531,53 @@ def _view_messages(
         tuple(elements),
         keys,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RawBody:
+    """The client's raw body for `view_messages`' byte-prefix reuse."""
+
+    data: bytes
+    """The bytes the parsed body was read from, exactly."""
+    scope: str
+    """Whose recent requests it may be compared with (the session stage: tenant and path)."""
+
+
+def _examine_known(
+    masker: Masker,
+    raw: RawBody,
+    array_key: str,
+    elements: list[Any],
+    optional: Mapping[str, frozenset[str]] | None,
+) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
+    """`masker.examine_all(elements, optional)`, reusing the results of the leading elements a
+    recent body of the scope held byte for byte (`rawprefix`), and leaving this body's state
+    for the next request."""
+    data = raw.data
+    index = masker.raw_index
+    chunks = rawprefix.chunk_digests(data)
+    state, shared = index.match(raw.scope, chunks, data)
+    k = min(rawprefix.reusable(state, shared, data, array_key), len(elements)) if state is not None else 0
+    known = None
+    if state is not None and k:
+        exact_known, masked_known, keys_known = state.columns
+        known = (exact_known[:k], masked_known[:k], keys_known[:k])
+    dumped: list[bytes] = []
+    exact, digests, keys = masker.examine_all(elements, optional, known, dumped)
+    if masker.budget is not None and masker.budget.is_spent:
+        return exact, digests, keys  # partly masked digests are never remembered
+    if state is not None and k:
+        ends = rawprefix.locate(data, dumped, 0, state.ends[:k])
+    else:
+        start = rawprefix.top_level_start(data, array_key, dumped[0])
+        ends = rawprefix.locate(data, dumped, start) if start is not None else []
+    if ends:
+        m = len(ends)
+        tail = data[len(chunks) // 16 * rawprefix.CHUNK :]
+        fresh = rawprefix.RawState(chunks, tail, tuple(ends), (exact[:m], digests[:m], keys[:m]))
+        covers = state is not None and k == len(state.ends)
+        index.remember(raw.scope, fresh, state if covers else None)
+    return exact, digests, keys
 
 
 def first_mismatch(digests: Sequence[bytes], sidecars: Sequence[Sidecar], skip: frozenset[int]) -> int | None:

@@ -12,7 +12,9 @@ Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also
 3. `Exchange.message_view`: masked digests of the client's messages
    (`proxy.pipeline.replay.view_messages`, volatile patterns of the rules in use), over the
    layout runs the rewriting stages share (`support.layout_cache`); the runs per prefix key
-   are left in `Exchange.client_runs` for the response side (`proxy.measure.sent_prompt`);
+   are left in `Exchange.client_runs` for the response side (`proxy.measure.sent_prompt`).
+   Leading messages whose raw bytes a recent request of the tenant held too are not walked
+   again (`proxy.pipeline.rawprefix`: an appended turn costs its new bytes);
 4. `Exchange.history_rewritten` = the first earlier message whose real content changed
    (absent when none); `Exchange.arrivals` (epoch seconds, this request included);
    `Exchange.tail_misses`: the previous record's count plus one when this request rewrote the
@@ -59,6 +61,7 @@ from proxy.pipeline.pins import PINS_KEY
 from proxy.pipeline.replay import (
     Masker,
     MessageView,
+    RawBody,
     aligned_items,
     compact,
     first_mismatch,
@@ -122,15 +125,17 @@ class SessionStage:
         runs = client_runs(exchange, services, body)
         budget = services.settings.classify_budget_chars
         segment_budget = scan_budget(exchange, services)
+        # the body is the parse of these bytes (no stage before this one rewrites it)
+        raw = RawBody(exchange.raw, f"{tenant}\x00{exchange.path}") if exchange.upstream_body is None else None
         if explicit is not None:
             sid = explicit_id(explicit[1])
             inference = Inference(sid, "explicit", sid)
             previous = await store.load(tenant, sid) if store is not None else None
             if previous is not None:
                 masker.seed(previous.sidecars)
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget, raw)
         else:
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget)
+            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget, raw)
             inference = state.index.infer(tenant, view.boundaries)
             source = inference.parent if inference.kind == "fork" else inference.session_id
             if source is not None and store is not None:
@@ -352,11 +357,13 @@ def build_sidecars(
     out = []
     skip = view.system_positions
     digests, exacts = view.digests, view.exact
+    seen, keys = view.items, view.keys  # `view.key_of`, inlined: one pass over long histories
+    known = min(len(seen), len(keys))
     for i, item in enumerate(items):
-        if i in skip:
+        if skip and i in skip:
             continue
         digest, exact = digests[i], exacts[i]
-        key = view.key_of(i, item)
+        key = keys[i] if i < known and seen[i] is item else None
         data: bytes | None = None
         if key is None:
             hit = replayed.get(i)
@@ -366,7 +373,7 @@ def build_sidecars(
             old is not None
             and old.digest == digest
             and old.exact == exact
-            and (old.sent_digest() == key if data is None else old.value == data)
+            and ((old.value_digest or old.sent_digest()) == key if data is None else old.value == data)
         ):
             out.append(old)
             continue

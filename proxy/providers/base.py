@@ -213,6 +213,9 @@ class MarkerPolicy:
     """Top-level body key of an automatic marker (Anthropic `cache_control`), if any."""
     cache_key_field: str | None = None
     """Top-level routing key the proxy sets when the client did not (`prompt_cache_key`)."""
+    cache_key_tokens: int = 0
+    """Tokens of tools + stable system the key set in `cache_key_field` digests (OpenAI: 1,024,
+    its minimum cacheable prefix, docs/provider-rules.md 2.1)."""
     hidden_calls: HiddenCalls | None = None
     """Calls (and their results) that may carry no marker at all (`HiddenCalls`)."""
 

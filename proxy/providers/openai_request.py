@@ -45,6 +45,7 @@ _COMMON: Final[dict[str, Any]] = {
     "tool_kinds": frozenset({"function_call_output"}),
     "template": (("mode", "explicit"),),
     "cache_key_field": "prompt_cache_key",
+    "cache_key_tokens": 1024,
 }
 _CHAT_KINDS: Final = frozenset({"text", "image_url", "input_audio", "file"})
 _RESPONSES_KINDS: Final = frozenset({"text", "input_text", "input_image", "input_file"})

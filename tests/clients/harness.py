@@ -113,6 +113,8 @@ class Stack:
     clock: Any = None
     registry: Any = None
     """The proxy's Prometheus registry (stage errors, divergences ...)."""
+    ui_token: str = ""
+    """The token the proxy's `/ui/` pages need (`proxy.admin`: generated at start)."""
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _stop: asyncio.Event | None = None
@@ -154,6 +156,7 @@ class Stack:
         from prometheus_client import CollectorRegistry
 
         from proxy.app import start_proxy
+        from proxy.appkeys import SERVICES
         from proxy.settings import Settings
         from proxy.sim.app import STATE, create_sim_app
         from proxy.sim.clock import Clock
@@ -202,6 +205,7 @@ class Stack:
                 )
                 self.registry = CollectorRegistry()
                 proxy_runner, self.proxy_url = await start_proxy(settings, self.registry)
+                self.ui_token = proxy_runner.app[SERVICES].ui_token
                 runners.insert(0, proxy_runner)
                 self.unix_socket = os.path.join(self._tmp, "proxy.sock")
                 await web.UnixSite(proxy_runner, self.unix_socket).start()

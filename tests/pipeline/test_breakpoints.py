@@ -171,6 +171,29 @@ def test_openai_before_gpt_5_6_gets_a_prefix_key_and_no_markers() -> None:
     assert kept["prompt_cache_key"] == "client-key" and plan.cache_key is None
 
 
+def test_the_prefix_key_digests_the_head_the_adapter_names() -> None:
+    """The key covers `MarkerPolicy.cache_key_tokens` of tools + stable system (OpenAI: 1,024
+    tokens, docs/provider-rules.md 2.1): system texts that differ only past 4,096 bytes share it."""
+    import dataclasses
+
+    from proxy.pipeline.layout import LayoutCache
+    from proxy.pipeline.planner import prefix_cache_key
+
+    def key(text: str, tokens: int | None = None) -> str | None:
+        body = {"model": "gpt-5.1", "messages": [{"role": "system", "content": text}, *_chat(1)]}
+        policy = OPENAI.marker_policy(CHAT, body)
+        assert policy.cache_key_tokens == 1024
+        if tokens is not None:
+            policy = dataclasses.replace(policy, cache_key_tokens=tokens)
+        view = LayoutCache().view(OPENAI, CHAT, body, policy, frozenset())[0]
+        return prefix_cache_key(view, policy, 0)
+
+    head = "a" * 5000
+    assert key(head + "x") == key(head + "y")
+    assert key("b" * 100 + "x") != key("b" * 100 + "y")
+    assert key("b" * 100 + "x", tokens=10) == key("b" * 100 + "y", tokens=10)
+
+
 def test_openai_breakpoints_on_gpt_5_6_only_on_user_system_tool_parts() -> None:
     body = {
         "model": "gpt-5.6",

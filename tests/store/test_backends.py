@@ -97,7 +97,7 @@ async def test_sqlite_survives_reopen_and_sets_pragmas(tmp_path: Path) -> None:
     assert await second.get("t", "s") == b"kept"
     await second.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA page_size").fetchone()[0] == 65536
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == 16384
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
     conn.close()

@@ -1,0 +1,226 @@
+"""rawprefix: which leading message-array elements of a request are byte-identical to a recent one's.
+
+An agent's next request is its previous one plus a few elements, so most of its raw body is
+the previous raw body byte for byte. Comparing raw bytes (memory speed) tells which leading
+elements of the message array (`messages`, `input`) are unchanged, before anything is walked:
+their per-element results from the earlier request (digests, offsets) are reused instead of
+serialising and digesting them again. The cost of a request then follows its new bytes.
+
+Pure core, no I/O:
+- `chunk_digests(raw)`: xxh3-128 of each full `CHUNK` bytes of `raw` (16 bytes each, joined).
+- `shared_prefix(raw, state)`: how many leading bytes `raw` shares with the body `state` was
+  built from: whole chunks by their digests, then byte-exact inside the earlier body's last
+  partial chunk (`RawState.tail`) when every full chunk matched (the append case).
+- `locate(raw, array_key, dumped, start, ends)`: the byte offsets of the array's elements in a
+  raw body written compactly (no whitespace between tokens, as orjson, `JSON.stringify` and
+  most SDKs write it): each element's compact orjson bytes must sit at the next offset,
+  separated by `,`. A body written otherwise locates nothing and simply gets no reuse.
+- `RawPrefixIndex`: the recent states, bounded (`MAX_STATES` in all, `MAX_PER_HEAD` per
+  first chunk), per scope (the caller's: tenant and path), newest first.
+
+Soundness: element `i` is reused only when `raw[:ends[i]]` equals the earlier body's
+`raw[:ends[i]]` (a JSON parser reading the same bytes is in the same state, so it is the same
+top-level array's element `i` with the same value), the earlier body's array start was checked
+to be the top-level key (`top_level_start`: its head parses as an object whose last key opens
+the array), and the new bytes hold no second `"<array_key>"` (a duplicate key would replace
+the array). Only digests and offsets are kept, never content (`RawState.tail` is at most one
+chunk of the earlier body, kept in memory for the byte-exact comparison).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+import xxhash
+
+CHUNK: Final = 4096
+"""Bytes per compared chunk."""
+MIN_BYTES: Final = 16 * CHUNK
+"""Bodies below this size are not indexed (walking them costs less than the bookkeeping)."""
+MAX_STATES: Final = 256
+"""States kept in all (a 600 KB conversation's state is about 40 KB: digests and offsets)."""
+MAX_PER_HEAD: Final = 64
+"""States kept per first chunk (sessions of one tenant share their tools and system prompt)."""
+_DIGEST: Final = 16
+
+
+def chunk_digests(raw: bytes) -> bytes:
+    """xxh3-128 of each full `CHUNK` of `raw`, joined (16 bytes per chunk; a partial last chunk
+    is left out)."""
+    view = memoryview(raw)
+    digest = xxhash.xxh3_128_digest
+    return b"".join([digest(view[i : i + CHUNK]) for i in range(0, len(raw) - CHUNK + 1, CHUNK)])
+
+
+@dataclass(frozen=True, slots=True)
+class RawState:
+    """What one request's raw body leaves for the next: chunk digests, the element offsets and
+    each located element's results (whatever the caller computes per element, in order)."""
+
+    digests: bytes
+    """`chunk_digests` of the body."""
+    tail: bytes
+    """The body's bytes after its last full chunk (fewer than `CHUNK`)."""
+    ends: tuple[int, ...]
+    """End offset (exclusive) of each located element of the array, in order."""
+    columns: tuple[tuple[Any, ...], ...]
+    """The caller's results per located element, as parallel columns (each `len(ends)` long)."""
+
+    @property
+    def size(self) -> int:
+        """Length of the body the state was built from."""
+        return len(self.digests) // _DIGEST * CHUNK + len(self.tail)
+
+
+def _common(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of two short byte strings (binary search on slices)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def shared_prefix(raw: bytes, digests: bytes, state: RawState) -> int:
+    """Leading bytes `raw` (whose `chunk_digests` are `digests`) shares with `state`'s body."""
+    old = state.digests
+    n = min(len(old), len(digests)) // _DIGEST
+    lo, hi = 0, n
+    if old[: n * _DIGEST] == digests[: n * _DIGEST]:
+        lo = n
+    else:
+        while lo < hi:  # chunks 0 .. lo-1 equal, the first differing one is in lo .. hi-1
+            mid = (lo + hi) // 2
+            if old[: (mid + 1) * _DIGEST] == digests[: (mid + 1) * _DIGEST]:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo * CHUNK
+    shared = lo * CHUNK
+    if lo == len(old) // _DIGEST and state.tail:
+        shared += _common(state.tail, raw[shared : shared + len(state.tail)])
+    return shared
+
+
+def reusable(state: RawState, shared: int, raw: bytes, array_key: str) -> int:
+    """How many leading elements of `state` lie wholly in the first `shared` bytes of `raw`
+    (and so are unchanged), 0 when the rest of `raw` names `array_key` again (module
+    docstring: a duplicate key)."""
+    ends = state.ends
+    k = 0
+    lo, hi = 0, len(ends)
+    while lo < hi:  # the number of ends <= shared (ends increase)
+        mid = (lo + hi) // 2
+        if ends[mid] <= shared:
+            lo = mid + 1
+        else:
+            hi = mid
+    k = lo
+    if k and raw.find(b'"' + array_key.encode() + b'"', ends[k - 1]) >= 0:
+        return 0
+    return k
+
+
+def top_level_start(raw: bytes, array_key: str, first: bytes) -> int | None:
+    """Offset of the first element (`first`: its compact bytes) of the top-level `array_key`
+    array in `raw`, or `None` when it is not found there: the bytes before it must parse as an
+    object whose last key is `array_key`, opening an array (`{...,"messages":[`)."""
+    needle = b'"' + array_key.encode() + b'":[' + first
+    at = raw.find(needle)
+    if at < 0:
+        return None
+    start = at + len(needle) - len(first)
+    try:
+        head = orjson.loads(raw[:start] + b"]}")
+    except orjson.JSONDecodeError:
+        return None
+    if type(head) is not dict or not head or next(reversed(head)) != array_key or head[array_key] != []:
+        return None
+    return start
+
+
+def locate(raw: bytes, dumped: Sequence[bytes], start: int, ends: Sequence[int] = ()) -> list[int]:
+    """End offsets of the array's elements after those already `ends`: element `len(ends) + j`
+    must be `dumped[j]` (its compact bytes) at the next offset (`start` for the first, else one
+    `,` after the previous end), and the last one is followed by `]`. Stops at the first
+    element that is not where expected (its ends and later ones are unknown)."""
+    out = list(ends)
+    pos = start if not out else out[-1] + 1
+    if out and raw[out[-1] : out[-1] + 1] != b",":
+        return out
+    for j, data in enumerate(dumped):
+        if not raw.startswith(data, pos):
+            break
+        end = pos + len(data)
+        follow = raw[end : end + 1]
+        if follow == b",":
+            out.append(end)
+            pos = end + 1
+            continue
+        if follow == b"]" and j == len(dumped) - 1:
+            out.append(end)
+        break
+    return out
+
+
+class RawPrefixIndex:
+    """Recent `RawState`s, per scope and first chunk (module docstring); LRU-bounded."""
+
+    def __init__(self, max_states: int = MAX_STATES, max_per_head: int = MAX_PER_HEAD) -> None:
+        self.max_states = max_states
+        self.max_per_head = max_per_head
+        self._heads: OrderedDict[tuple[str, bytes], list[RawState]] = OrderedDict()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def match(self, scope: str, digests: bytes, raw: bytes) -> tuple[RawState | None, int]:
+        """The state sharing the longest prefix with `raw` (chunk `digests`), and that length."""
+        if not digests:
+            return None, 0
+        states = self._heads.get((scope, digests[:_DIGEST]))
+        if not states:
+            return None, 0
+        best: RawState | None = None
+        best_shared = 0
+        for state in reversed(states):  # newest first: an append matches the newest at once
+            shared = shared_prefix(raw, digests, state)
+            if shared > best_shared:
+                best, best_shared = state, shared
+                if shared >= state.size:
+                    break
+        return best, best_shared
+
+    def remember(self, scope: str, state: RawState, replaces: RawState | None = None) -> None:
+        """Keep `state`; `replaces` (the state it was built on, when the new one covers all of
+        its elements) is dropped."""
+        if not state.digests:
+            return
+        key = (scope, state.digests[:_DIGEST])
+        states = self._heads.get(key)
+        if states is None:
+            states = self._heads[key] = []
+        else:
+            self._heads.move_to_end(key)
+        if replaces is not None:
+            for i, held in enumerate(states):
+                if held is replaces:
+                    del states[i]
+                    self._count -= 1
+                    break
+        states.append(state)
+        self._count += 1
+        if len(states) > self.max_per_head:
+            del states[0]
+            self._count -= 1
+        while self._count > self.max_states:
+            _, oldest = self._heads.popitem(last=False)
+            self._count -= len(oldest)

@@ -1,0 +1,186 @@
+"""Byte-prefix reuse (`proxy.pipeline.rawprefix`): which leading elements are unchanged, and a
+message view that is the same with or without it."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.pipeline import rawprefix
+from proxy.pipeline.rawprefix import CHUNK, RawPrefixIndex, RawState, chunk_digests, locate, reusable, shared_prefix
+from proxy.pipeline.replay import Masker, MessageView, RawBody, view_messages
+from proxy.pipeline.segments import classifier_for, without_volatile
+from proxy.providers import ANTHROPIC
+from proxy.rules import load_rules, volatile_patterns
+
+RULES = load_rules()
+MESSAGES = "/v1/messages"
+
+
+def _masker() -> Masker:
+    return Masker(volatile_patterns(RULES), system_text=partial(without_volatile, classifier_for(RULES)))
+
+
+def _turn(k: int, stamp: str = "") -> list[dict[str, Any]]:
+    call = f"toolu_{k:05d}"
+    return [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": f"Step {k}: reading the next file.{stamp}"},
+                {"type": "tool_use", "id": call, "name": "read", "input": {"path": f"src/m{k}.py"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": f"x = {k}\n" * 300}]},
+    ]
+
+
+def _body(turns: int, first: str = "Start.") -> dict[str, Any]:
+    messages: list[Any] = [{"role": "user", "content": first}]
+    for k in range(turns):
+        messages.extend(_turn(k))
+    return {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 64,
+        "system": [{"type": "text", "text": "You are a careful agent. " * 60}],
+        "tools": [{"name": "read", "description": "Read a file.", "input_schema": {"type": "object"}}],
+        "messages": messages,
+    }
+
+
+def _view_fields(view: MessageView) -> tuple[Any, ...]:
+    return (view.array_key, view.head, view.digests, view.exact, view.boundaries, view.keys, view.system_positions)
+
+
+def test_chunk_digests_cover_full_chunks_only() -> None:
+    raw = b"a" * (2 * CHUNK + 10)
+    digests = chunk_digests(raw)
+    assert len(digests) == 32
+    assert digests[:16] == digests[16:]
+    assert chunk_digests(b"a" * (CHUNK - 1)) == b""
+
+
+def test_shared_prefix_is_byte_exact_for_an_append_and_chunk_exact_for_an_edit() -> None:
+    old = b"x" * (3 * CHUNK + 100) + b"]}"
+    state = RawState(chunk_digests(old), old[3 * CHUNK :], (), ())
+    appended = old[:-2] + b',{"more":1}]}'
+    assert shared_prefix(appended, chunk_digests(appended), state) == len(old) - 2
+    edited = old[: CHUNK + 5] + b"y" + old[CHUNK + 6 :]
+    assert shared_prefix(edited, chunk_digests(edited), state) == CHUNK
+    assert shared_prefix(old, chunk_digests(old), state) == len(old)
+
+
+def test_locate_finds_compact_elements_and_stops_at_the_first_misplaced_one() -> None:
+    elements = [{"a": 1}, {"b": [2, 3]}, "s"]
+    raw = b'{"m":1,"messages":' + orjson.dumps(elements) + b"}"
+    dumped = [orjson.dumps(e) for e in elements]
+    start = rawprefix.top_level_start(raw, "messages", dumped[0])
+    assert start == raw.index(b"[{") + 1
+    assert locate(raw, dumped, start) == [start + 7, start + 19, start + 23]
+    spaced = orjson.dumps({"messages": elements}, option=orjson.OPT_INDENT_2)
+    assert rawprefix.top_level_start(spaced, "messages", dumped[0]) is None
+    loose = b'{"messages":[{"a":1}, {"b":[2,3]},"s"]}'
+    assert locate(loose, dumped, 13) == [20]
+
+
+def test_a_nested_array_of_the_same_name_is_not_the_top_level_one() -> None:
+    first = orjson.dumps({"role": "user", "content": "hi"})
+    raw = b'{"metadata":{"messages":[' + first + b']},"messages":[' + first + b"]}"
+    start = rawprefix.top_level_start(raw, "messages", first)
+    assert start is None  # the first occurrence is nested: no reuse rather than a wrong one
+
+
+def test_reusable_counts_whole_elements_and_refuses_a_duplicate_key() -> None:
+    state = RawState(b"", b"", (100, 200, 300), ((1, 2, 3),))
+    raw = b"z" * 400
+    assert reusable(state, 250, raw, "messages") == 2
+    assert reusable(state, 99, raw, "messages") == 0
+    duplicate = b"z" * 300 + b',"messages":[]}'
+    assert reusable(state, 300, duplicate, "messages") == 0
+
+
+def test_index_keeps_one_state_per_growing_conversation() -> None:
+    masker = _masker()
+    for turns in range(1, 8):
+        body = _body(20 + turns)
+        raw = orjson.dumps(body)
+        view_messages(ANTHROPIC, MESSAGES, body, masker, raw=RawBody(raw, "tenant\x00/v1/messages"))
+    assert len(masker.raw_index) == 1
+    state, shared = masker.raw_index.match("tenant\x00/v1/messages", chunk_digests(raw), raw)
+    assert state is not None and shared == len(raw)
+    assert len(state.ends) == len(body["messages"])
+    other, _ = masker.raw_index.match("other\x00/v1/messages", chunk_digests(raw), raw)
+    assert other is None  # another scope (tenant) never matches
+
+
+def test_index_is_bounded() -> None:
+    index = RawPrefixIndex(max_states=4, max_per_head=2)
+    for i in range(10):
+        raw = bytes([i]) * CHUNK
+        index.remember("s", RawState(chunk_digests(raw), b"", (1,), ((i,),)))
+    assert len(index) == 4
+    same_head = b"h" * CHUNK
+    for i in range(5):
+        index.remember("t", RawState(chunk_digests(same_head + bytes([i]) * CHUNK), b"", (1,), ((i,),)))
+    assert len(index) <= 4
+
+
+EDITS = st.sampled_from(["append", "same", "edit_middle", "marker", "reformat", "duplicate", "truncate", "stamp"])
+
+
+def _edited(body: dict[str, Any], edit: str, at: int) -> bytes:
+    messages = list(body["messages"])
+    at = at % len(messages)
+    if edit == "append":
+        messages.extend(_turn(len(messages)))
+    elif edit == "edit_middle":
+        messages[at] = {"role": messages[at]["role"], "content": "changed"}
+    elif edit == "marker":
+        marked = {"type": "text", "text": "m", "cache_control": {"type": "ephemeral"}}
+        messages[at] = {**messages[at], "content": [marked]}
+    elif edit == "truncate":
+        messages = messages[: max(1, at)]
+    elif edit == "stamp":
+        messages.extend(_turn(len(messages), " at 2026-12-01T17:00:00Z"))
+    new = {**body, "messages": messages}
+    if edit == "reformat":
+        return orjson.dumps(new, option=orjson.OPT_INDENT_2)
+    if edit == "duplicate":
+        return orjson.dumps(new)[:-1] + b',"messages":[{"role":"user","content":"other"}]}'
+    return orjson.dumps(new)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(EDITS, st.integers(0, 10_000)), min_size=1, max_size=6), st.integers(25, 40))
+def test_view_is_the_same_with_byte_prefix_reuse(edits: list[tuple[str, int]], turns: int) -> None:
+    plain, reusing = _masker(), _masker()
+    body = _body(turns)
+    raw = orjson.dumps(body)
+    for edit, at in [("same", 0), *edits]:
+        raw = _edited(body, edit, at) if edit != "same" else raw
+        parsed = orjson.loads(raw)
+        expected = view_messages(ANTHROPIC, MESSAGES, orjson.loads(raw), plain)
+        got = view_messages(ANTHROPIC, MESSAGES, parsed, reusing, raw=RawBody(raw, "t"))
+        assert _view_fields(got) == _view_fields(expected)
+        assert parsed == orjson.loads(raw)  # the caller's body is not mutated
+        body = orjson.loads(raw)
+        if edit == "reformat":
+            raw = orjson.dumps(body)
+
+
+def test_every_edited_position_is_walked_again() -> None:
+    body = _body(30)
+    for at in range(1, len(body["messages"]), 7):
+        plain, reusing = _masker(), _masker()
+        raw = orjson.dumps(body)
+        view_messages(ANTHROPIC, MESSAGES, orjson.loads(raw), reusing, raw=RawBody(raw, "t"))
+        messages = list(body["messages"])
+        messages[at] = {"role": messages[at]["role"], "content": "changed"}
+        edited = orjson.dumps({**body, "messages": messages})
+        expected = view_messages(ANTHROPIC, MESSAGES, orjson.loads(edited), plain)
+        got = view_messages(ANTHROPIC, MESSAGES, orjson.loads(edited), reusing, raw=RawBody(edited, "t"))
+        assert _view_fields(got) == _view_fields(expected)
