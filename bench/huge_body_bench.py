@@ -8,9 +8,10 @@ Bodies (`--shape`): `chat` = one OpenAI Chat body of 100,000 short messages (~5.
 reviewer's case); `messages` = one Anthropic body of 600 messages of 10 KB (~6 MB, a long
 agent conversation); `images` = one Anthropic body of 20 turns each carrying a 1.2 MB base64
 screenshot (~24 MB, a computer-use agent's; over the byte budget, few blocks). `--budget-off`
-raises the budgets so far that nothing is skipped (the "before" figure). Not a test; the load average is printed, since the 2 cores are shared.
+raises the budgets so far that nothing is skipped (the "before" figure). Not a test; the load
+average is printed, since the 2 cores are shared.
 
-    python bench/huge_body_bench.py [--shape chat|messages] [--concurrency 1,2,4] [--budget-off]
+    python bench/huge_body_bench.py [--shape chat|messages|images] [--concurrency 1,2,4] [--budget-off]
 """
 
 from __future__ import annotations
