@@ -6,16 +6,19 @@ latency while the huge requests are in flight, each huge request's time, and the
 
 Bodies (`--shape`): `chat` = one OpenAI Chat body of 100,000 short messages (~5.9 MB, the
 reviewer's case); `messages` = one Anthropic body of 600 messages of 10 KB (~6 MB, a long
-agent conversation). `--budget-off` raises the budgets so far that nothing is skipped (the
-"before" figure). Not a test; the load average is printed, since the 2 cores are shared.
+agent conversation); `images` = one Anthropic body of 20 turns each carrying a 1.2 MB base64
+screenshot (~24 MB, a computer-use agent's; over the byte budget, few blocks). `--budget-off`
+raises the budgets so far that nothing is skipped (the "before" figure). Not a test; the load
+average is printed, since the 2 cores are shared.
 
-    python bench/huge_body_bench.py [--shape chat|messages] [--concurrency 1,2,4] [--budget-off]
+    python bench/huge_body_bench.py [--shape chat|messages|images] [--concurrency 1,2,4] [--budget-off]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import subprocess
 import sys
@@ -44,6 +47,22 @@ def messages_body(n: int = 600, size: int = 10_000) -> tuple[str, bytes, dict[st
     body = {"model": "claude-sonnet-4-6", "max_tokens": 8, "messages": messages}
     headers = {"x-api-key": "sk-ant-bench-huge", "anthropic-version": "2023-06-01"}
     return "/v1/messages", orjson.dumps(body), headers
+
+
+def images_body(n: int = 20, size: int = 1_200_000) -> tuple[str, bytes, dict[str, str]]:
+    data = base64.b64encode(bytes(range(256)) * (size * 3 // 4 // 256)).decode()
+    messages: list[dict[str, object]] = []
+    for i in range(n):
+        shot = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+        messages.append({"role": "user", "content": [{"type": "text", "text": f"step {i}: the screen"}, shot]})
+        messages.append({"role": "assistant", "content": f"clicked at {i}, {i}"})
+    messages.append({"role": "user", "content": "and now?"})
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 8, "messages": messages}
+    headers = {"x-api-key": "sk-ant-bench-huge", "anthropic-version": "2023-06-01"}
+    return "/v1/messages", orjson.dumps(body), headers
+
+
+SHAPES = {"chat": chat_body, "messages": messages_body, "images": images_body}
 
 
 async def metric(base: str, name: str) -> float:
@@ -89,11 +108,11 @@ async def one_round(
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shape", choices=("chat", "messages"), default="chat")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="chat")
     parser.add_argument("--concurrency", default="1,2,4")
     parser.add_argument("--budget-off", action="store_true", help="budgets so high nothing is skipped (before)")
     args = parser.parse_args()
-    path, body, headers = chat_body() if args.shape == "chat" else messages_body()
+    path, body, headers = SHAPES[args.shape]()
     state = Path(tempfile.mkdtemp(prefix="pc-huge-")) / "state"
     env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "WARNING", "PROMPTCACHE_STATE_DIR": str(state)}
     if args.budget_off:
