@@ -502,8 +502,9 @@ class Metrics:
         )
         self.pipeline_budget_exceeded = Counter(
             "promptcache_pipeline_budget_exceeded_total",
-            "Requests over the pipeline budget (pipeline_budget_bytes, pipeline_budget_blocks): "
-            "forwarded as sent, not optimised, measured or stored; by kind bytes or blocks "
+            "Requests over the pipeline budget (pipeline_budget_bytes, pipeline_budget_blocks, "
+            "pipeline_budget_nodes): forwarded as sent, not optimised, measured or stored; by kind "
+            "bytes, blocks or nodes "
             "(proxy.pipeline.budget).",
             ["kind"],
             registry=r,

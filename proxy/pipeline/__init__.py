@@ -16,9 +16,9 @@ Stage contract:
 With tracing on (`proxy/tracing.py`), each stage that runs gets a `promptcache.stage.<name>`
 span under the request's span.
 
-A body over the pipeline budget (`pipeline_budget_bytes`, `pipeline_budget_blocks`:
-`proxy.pipeline.budget`) runs `parse` only and goes upstream as sent; the response side then
-counts its usage only.
+A body over the pipeline budget (`proxy.pipeline.budget`) goes upstream as sent: over
+`pipeline_budget_bytes` or `pipeline_budget_nodes` (raw-byte checks) no stage runs, over
+`pipeline_budget_blocks` only `parse`; the response side then counts its usage only.
 
 In `observe` mode, and for a signed request (`exchange.is_signed`: SigV4 covers the body), only
 the measuring stages run (`Stage.rewrites` false) and the bytes sent are
@@ -47,7 +47,7 @@ from proxy.pipeline import (
     serialise,
     session,
 )
-from proxy.pipeline.budget import over_budget
+from proxy.pipeline.budget import blocks_over_budget, raw_over_budget
 from proxy.providers.base import JSONObject
 from proxy.services import Services
 from proxy.tracing import CURRENT as CURRENT_TRACE
@@ -135,14 +135,16 @@ async def _run(
 ) -> None:
     timers = services.metrics.stage_timers
     settings = services.settings
+    found = raw_over_budget(exchange.raw, settings.pipeline_budget_bytes, settings.pipeline_budget_nodes)
+    if found is not None:  # not even parsed
+        _skip_over_budget(exchange, services, *found)
+        return
     is_budget_checked = False
     for stage in stages:
         if not is_budget_checked and stage is not parse.STAGE and exchange.body is not None:
             # once, on the parsed client body: counting its blocks walks every message
             is_budget_checked = True
-            found = over_budget(
-                len(exchange.raw), exchange.body, settings.pipeline_budget_bytes, settings.pipeline_budget_blocks
-            )
+            found = blocks_over_budget(exchange.body, settings.pipeline_budget_blocks)
             if found is not None:
                 _skip_over_budget(exchange, services, *found)
                 return

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.pipeline.budget import blocks_over_budget, raw_over_budget
 from proxy.session_identity import explicit_id
 from tests.fakes.upstream import FakeUpstream
 from tests.sessions.conftest import Proxy, Sim
@@ -86,3 +87,47 @@ async def test_the_upstream_receives_the_clients_exact_bytes(make_proxy: Any, fa
     assert second.body == over  # over it: byte for byte as the client sent it
     assert proxy.sample(EXCEEDED, kind="bytes") == 1
     assert proxy.sample("promptcache_input_tokens_total", provider="anthropic", cache="read") == 2 * 3000
+
+
+def tool_inputs(objects: int) -> bytes:
+    """An Anthropic body of three blocks whose one tool call's input holds `objects` small objects."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "edit", "input": {"rows": [{"n": i} for i in range(objects)]}}
+    messages = [
+        {"role": "user", "content": "edit it"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}]},
+    ]
+    return orjson.dumps({"model": "claude-sonnet-4-6", "max_tokens": 8, "messages": messages})
+
+
+def test_nodes_are_bounded_from_the_raw_bytes_at_any_depth() -> None:
+    raw = tool_inputs(1_000)
+    # the body, messages, 3 messages, 2 content lists, 2 blocks, input, rows, 1,000 rows
+    assert raw.count(b"{") + raw.count(b"[") == 1_011
+    assert raw_over_budget(raw, 1 << 30, 1_011) is None
+    assert raw_over_budget(raw, 1 << 30, 1_010) == (
+        "nodes",
+        "body of 1011 '{' and '[' is over pipeline_budget_nodes (1010)",
+    )
+    assert raw_over_budget(raw, len(raw) - 1, 1 << 30) == (
+        "bytes",
+        f"body of {len(raw)} bytes is over pipeline_budget_bytes ({len(raw) - 1})",
+    )
+    assert blocks_over_budget(orjson.loads(raw), 4) == ("blocks", "body of 5 blocks is over pipeline_budget_blocks (4)")
+    assert blocks_over_budget(orjson.loads(raw), 5) is None
+    # brackets inside strings count too: the bound errs towards skipping
+    texts = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "{[" * 50}]})
+    assert raw_over_budget(texts, 1 << 30, 100)[0] == "nodes"  # type: ignore[index]
+
+
+async def test_a_body_of_few_blocks_over_the_node_budget_is_forwarded_as_sent(
+    make_proxy: Any, fake_upstream: FakeUpstream
+) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url, pipeline_budget_nodes=5_000)
+    within, over = tool_inputs(4_000), tool_inputs(5_000)
+    assert (await post(proxy.url, "/v1/messages", within, ANTHROPIC))[0] == 200
+    assert (await post(proxy.url, "/v1/messages", over, ANTHROPIC))[0] == 200
+    first, second = fake_upstream.received
+    assert first.body != within  # within the budget: canonicalised and marked
+    assert second.body == over
+    assert [proxy.sample(EXCEEDED, kind=k) for k in ("bytes", "blocks", "nodes")] == [0, 0, 1]
