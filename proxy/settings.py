@@ -184,10 +184,11 @@ class Settings(BaseModel):
     """Bytes of session records the SQLite store may hold; past it the least recently written
     records (of any tenant) are evicted (`proxy.store.sqlite`). Redis: bounded by its own
     `maxmemory` (README)."""
-    store_max_bytes_per_tenant: int = Field(256 * 1024 * 1024, ge=1)
+    store_max_bytes_per_tenant: int | None = Field(None, ge=1)
     """Bytes of session records one tenant may hold in the SQLite store; past it that tenant's
     least recently written records are evicted, so one tenant cannot evict the others. A record
-    larger than this alone is not stored, on every backend."""
+    larger than this alone is not stored, on every backend. Unset: a quarter of
+    `store_max_bytes`, at most 256 MiB (`tenant_store_bytes`)."""
     classify_budget_chars: int = Field(4 * 1024 * 1024, ge=0)
     """Characters of client text the rules may scan per request (each pattern run costs the
     text's length); past it the rest of the request is not masked for replay (counted in
@@ -198,6 +199,14 @@ class Settings(BaseModel):
     map share it). Past it the system prompt is left as sent, not reordered (counted in
     `promptcache_rules_budget_exceeded_total{stage}`); the lines classified so far are
     remembered, so a large new prompt is reordered from a later request on."""
+
+    @property
+    def tenant_store_bytes(self) -> int:
+        """The per-tenant cap in force (bytes): `store_max_bytes_per_tenant`, else a quarter of
+        `store_max_bytes` and at most 256 MiB, so lowering the total alone keeps tenants apart."""
+        if self.store_max_bytes_per_tenant is not None:
+            return self.store_max_bytes_per_tenant
+        return max(1, min(256 * 1024 * 1024, self.store_max_bytes // 4))
 
     @field_validator("keep_warm", mode="before")
     @classmethod

@@ -26,10 +26,18 @@ import orjson
 from multidict import CIMultiDictProxy
 from prometheus_client import Counter
 
+from proxy.providers import CREDENTIAL_SHAPE, REDACTED
+
 _log = logging.getLogger("promptcache.record")
 
 PROMPT_HEADERS: Final = ("anthropic-beta", "anthropic-version")
 """Headers that are part of what the provider caches (docs/provider-rules.md 1.8, 1.13)."""
+
+
+def _unkeyed(value: str) -> str:
+    """A recorded header's value, `[redacted]` when it holds a provider key shape (a client that
+    puts its key in a session header, e.g. `x-session-id`)."""
+    return REDACTED if CREDENTIAL_SHAPE.search(value) is not None else value
 
 
 class TraceRecorder:
@@ -53,7 +61,7 @@ class TraceRecorder:
         except orjson.JSONDecodeError:
             return
         try:
-            kept = {name: headers[name] for name in self._headers if name in headers}
+            kept = {name: _unkeyed(headers[name]) for name in self._headers if name in headers}
             now = time.time()
             gap = 0.0 if self._last is None else round(now - self._last, 3)
             line = orjson.dumps({"gap": gap, "path": path, "headers": kept, "body": body}) + b"\n"

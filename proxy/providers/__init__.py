@@ -61,9 +61,7 @@ def is_openai_credential_shape(header_names: Container[str]) -> bool:
     return "authorization" in names and "x-api-key" not in names and "anthropic-version" not in names
 
 
-CREDENTIAL_PREFIXES: Final = tuple(
-    sorted({*_anthropic.KEY_PREFIXES, *_openai.KEY_PREFIXES}, key=len, reverse=True)
-)
+CREDENTIAL_PREFIXES: Final = tuple(sorted({*_anthropic.KEY_PREFIXES, *_openai.KEY_PREFIXES}, key=len, reverse=True))
 """How the providers' credentials start (each adapter module's `KEY_PREFIXES`)."""
 CREDENTIAL_SHAPE: Final = re.compile(
     r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, CREDENTIAL_PREFIXES)) + r")[A-Za-z0-9_\-]{16,}"
@@ -75,17 +73,32 @@ _MIN_CREDENTIAL_CHARS: Final = 8
 """A request's own credential shorter than this is not searched for in its path."""
 
 
+_PATH_WORD: Final = re.compile(r"[a-z][a-z_]*|v\d+(?:beta\d*)?")
+"""A segment an API path is made of (`v1`, `messages`, `count_tokens`): where the redaction of
+a key split over several segments stops."""
+
+
 def redact_path(path: str, credential: str = "") -> str:
     """`path` with every `/`-separated segment that holds a credential replaced by `[redacted]`:
     a provider key shape (`CREDENTIAL_SHAPE`), or the request's own `credential` (any shape, at
-    least 8 characters). For log lines, spans and recorded traces; never for forwarding."""
+    least 8 characters). A segment that starts like a provider key (`CREDENTIAL_PREFIXES`) is
+    redacted with the segments after it up to the next path word (`_PATH_WORD`), so a key split
+    by `/` (or a decoded `%2F`) goes whole. For log lines, spans and recorded traces; never for
+    forwarding."""
     own = credential if len(credential) >= _MIN_CREDENTIAL_CHARS else None
-    if CREDENTIAL_SHAPE.search(path) is None and (own is None or own not in path):
+    if not any(prefix in path for prefix in CREDENTIAL_PREFIXES) and (own is None or own not in path):
         return path
     segments = path.split("/")
+    is_inside_key = False
     for i, segment in enumerate(segments):
-        if CREDENTIAL_SHAPE.search(segment) or (own is not None and own in segment):
+        starts_key = segment.startswith(CREDENTIAL_PREFIXES) or CREDENTIAL_SHAPE.search(segment) is not None
+        if starts_key or (own is not None and own in segment):
             segments[i] = REDACTED
+            is_inside_key = starts_key
+        elif is_inside_key and segment and _PATH_WORD.fullmatch(segment) is None:
+            segments[i] = REDACTED
+        else:
+            is_inside_key = False
     return "/".join(segments)
 
 
@@ -192,9 +205,7 @@ class Router:
                 return Route(adapter, rule.api, raw, True, unquote(model) if model else None, rule.stream)
         return None
 
-    def _resolve(
-        self, path: str, raw: str, forced: ProviderAdapter | None, openai_markers: bool = False
-    ) -> Route:
+    def _resolve(self, path: str, raw: str, forced: ProviderAdapter | None, openai_markers: bool = False) -> Route:
         platform = self._platform(raw, forced.name if forced is not None else None)
         if platform is not None:
             return platform

@@ -590,7 +590,15 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     settings = services.settings
     url = settings.store or default_store_url(settings.state_dir)
-    backend = open_store(url, max_bytes=settings.store_max_bytes, max_tenant_bytes=settings.store_max_bytes_per_tenant)
+    tenant_bytes = settings.tenant_store_bytes
+    backend = open_store(url, max_bytes=settings.store_max_bytes, max_tenant_bytes=tenant_bytes)
+    if tenant_bytes >= settings.store_max_bytes and backend.backend == "sqlite":
+        _log.warning(
+            "store_max_bytes_per_tenant (%d) is not below store_max_bytes (%d): one tenant can evict "
+            "every other tenant's session records",
+            tenant_bytes,
+            settings.store_max_bytes,
+        )
     if backend.backend != "memory":
         tighten_state_dir(Path(settings.state_dir))
     if backend.backend == "redis" and not settings.secret:
@@ -604,7 +612,7 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     store = RecordStore(
         backend,
         services.metrics,
-        max_record_bytes=settings.store_max_bytes_per_tenant,
+        max_record_bytes=tenant_bytes,
         is_sole_writer=backend.backend == "sqlite" and settings.workers == 1,
         memo_bytes=MemoryBudget.of_mb(settings.memory_budget_mb).records,
     )

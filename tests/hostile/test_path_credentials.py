@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from proxy.logs import ACCESS_LOGGER, JSONFormatter, RedactCredentials
+from proxy.providers import redact_path
 from tests.sessions.conftest import Proxy, Sim
 
 ANTHROPIC_KEY = "sk-ant-api03-" + "Q" * 40
@@ -91,3 +92,15 @@ def test_the_log_filter_redacts_a_key_shape_a_library_quotes() -> None:
     )
     RedactCredentials().filter(record)
     assert record.getMessage() == "bad request GET /[redacted] HTTP/1.1"
+
+
+def test_a_key_split_over_segments_is_redacted_whole() -> None:
+    """Review finding (session 4): a key with a `%2F` (decoded to `/`) or split by `/` was logged
+    from its second segment on."""
+    key = "sk-ant-api03-ABCDEFGH/1234567890abcdefXYZ"
+    assert redact_path(f"/{key}/v1/messages") == "/[redacted]/[redacted]/v1/messages"
+    assert redact_path("/sk-ant-api/03-Zq9x7Lw2Pv/v1/messages") == "/[redacted]/[redacted]/v1/messages"
+    assert redact_path("/v1/messages/count_tokens") == "/v1/messages/count_tokens"
+    assert redact_path("/v1/disk-usage/tasks-1") == "/v1/disk-usage/tasks-1"
+    assert redact_path("/v1/files/file-abc123/content", "tok-12345678") == "/v1/files/file-abc123/content"
+    assert redact_path("/x/tok-12345678/v1/chat/completions", "tok-12345678") == "/x/[redacted]/v1/chat/completions"

@@ -57,3 +57,21 @@ async def test_unencodable_body_and_unwritable_trace_are_counted_not_failed(
             assert r.status == 200
     await unwritable.runner.cleanup()
     assert unwritable.sample("promptcache_record_errors_total") == 1
+
+
+async def test_a_key_in_a_session_header_is_not_recorded(
+    fake_upstream: FakeUpstream, make_proxy: Any, tmp_path: Path
+) -> None:
+    """Review finding (session 4): a key-shaped `x-session-id` went into the trace verbatim."""
+    key = "sk-ant-api03-" + "Q7w" * 12
+    trace = tmp_path / "trace.jsonl"
+    proxy = await make_proxy(upstream=fake_upstream.url, record=trace)
+    async with aiohttp.ClientSession() as http:
+        for session in (key, "plain-session-1"):
+            headers = {**HEADERS, "x-session-id": session}
+            async with http.post(proxy.url + "/v1/messages", data=body(b"1"), headers=headers) as r:
+                assert r.status == 200
+    await proxy.runner.cleanup()
+    lines = [orjson.loads(line) for line in trace.read_bytes().splitlines()]
+    assert [line["headers"]["x-session-id"] for line in lines] == ["[redacted]", "plain-session-1"]
+    assert key.encode() not in trace.read_bytes()

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from proxy.session_identity import explicit_id
+from proxy.settings import Settings
 from tests.sessions.conftest import Client, Proxy, Sim
 
 MODEL = "claude-sonnet-4-6"
@@ -130,3 +131,31 @@ async def test_a_record_larger_than_the_per_tenant_cap_is_not_stored(
     assert records(db) == []  # neither the large record nor the older one it replaces
     assert proxy.sample(SKIPPED, backend="sqlite") == 1
     assert orjson.loads(orjson.dumps(answer))["type"] == "message"
+
+
+def test_the_per_tenant_cap_follows_a_lowered_total_unless_set() -> None:
+    assert Settings().tenant_store_bytes == 256 * 1024 * 1024
+    assert Settings(store_max_bytes=1_500_000).tenant_store_bytes == 375_000
+    assert Settings(store_max_bytes=1_500_000, store_max_bytes_per_tenant=2_000_000).tenant_store_bytes == 2_000_000
+    assert Settings(store_max_bytes=3).tenant_store_bytes == 1
+
+
+async def test_lowering_only_the_total_keeps_one_tenants_flood_from_evicting_another(
+    start_proxy: Any, sim: Sim, client: Client, tmp_path: Path
+) -> None:
+    """Review finding (session 4): with only `store_max_bytes` lowered, the per-tenant cap was
+    the total, and one tenant's flood evicted everyone else's records."""
+    db = tmp_path / "sessions.db"
+    proxy: Proxy = await start_proxy(upstream=sim.url, store=f"sqlite://{db}", store_max_bytes=1_500_000)
+    await client.messages(proxy, body("tenant B's one conversation"), key="key-b", headers={"x-session-id": "b-1"})
+    await client.settle(proxy)
+    ((tenant_b, session_b, _),) = records(db)
+    for n in range(8):  # ~200 KB records: 1.6 MB in all, over the total
+        await client.messages(
+            proxy, body(f"flood {n} " + "x" * 200_000), key="key-a", headers={"x-session-id": f"a-{n}"}
+        )
+        await client.settle(proxy)
+    rows = records(db)
+    assert (tenant_b, session_b) in [(t, s) for t, s, _ in rows]
+    assert [s for t, s, _ in rows if t != tenant_b] == [explicit_id("a-7")]  # 375,000 holds one
+    assert proxy.sample(EVICTED, backend="sqlite", cap="total") == 0
