@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from proxy.debug import remember_measurement
@@ -58,43 +60,25 @@ class ResponseStage(Protocol):
     def run(self, exchange: Exchange, services: Services) -> None: ...
 
 
-class _Usage:
-    name: Final = "usage"
-    error_label: Final = "observe"
-    runs_over_budget: Final = True
+@dataclass(frozen=True)
+class _Stage:
+    """One response stage: `run` calls `step` (the stage's behaviour lives in its module)."""
+
+    name: str
+    error_label: str
+    runs_over_budget: bool
+    step: Callable[[Exchange, Services], None]
 
     def run(self, exchange: Exchange, services: Services) -> None:
-        record_usage(exchange, services)
+        self.step(exchange, services)
 
 
-class _Measure:
-    runs_over_budget: Final = True  # the cost only (`proxy.measure.measure`)
-    name: Final = "measure"
-    error_label: Final = "observe"
-
-    def run(self, exchange: Exchange, services: Services) -> None:
-        measure(exchange, services)
-
-
-class _Record:
-    runs_over_budget: Final = False
-    name: Final = "record"
-    error_label: Final = "session"
-
-    def run(self, exchange: Exchange, services: Services) -> None:
-        after_response(exchange, services)
-
-
-class _Debug:
-    runs_over_budget: Final = False
-    name: Final = "debug"
-    error_label: Final = "observe"
-
-    def run(self, exchange: Exchange, services: Services) -> None:
-        remember_measurement(exchange, services)
-
-
-RESPONSE_STAGES: Final[tuple[ResponseStage, ...]] = (_Usage(), _Measure(), _Record(), _Debug())
+RESPONSE_STAGES: Final[tuple[ResponseStage, ...]] = (
+    _Stage("usage", "observe", True, record_usage),
+    _Stage("measure", "observe", True, measure),  # over the budget: the cost only
+    _Stage("record", "session", False, after_response),
+    _Stage("debug", "observe", False, remember_measurement),
+)
 
 
 def run_response_stages(
