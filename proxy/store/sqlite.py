@@ -272,7 +272,12 @@ class SqliteStore:
             self._batch.append((tenant, session, value, ttl, done))
             is_queued, self._is_batch_queued = self._is_batch_queued, True
         if not is_queued:
-            loop.run_in_executor(self._executor, self._write_batch, loop)
+            try:
+                loop.run_in_executor(self._executor, self._write_batch, loop)
+            except RuntimeError:  # the executor shut down meanwhile (close): nobody will write
+                with self._batch_lock:
+                    dropped, self._batch, self._is_batch_queued = self._batch, [], False
+                _settle([w[4] for w in dropped], RuntimeError("store closed"))
         await done
 
     async def delete(self, tenant: str, session: str) -> None:

@@ -117,3 +117,33 @@ async def test_a_version_1_file_is_migrated_in_place(tmp_path: Path) -> None:
         await store.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+async def test_writes_issued_together_land_in_call_order(tmp_path: Path) -> None:
+    """`put` queues the writes issued while the writer thread is busy and writes them together,
+    in call order (a removal is queued with them), however the queue is cut into transactions."""
+    import asyncio
+
+    store = SqliteStore(tmp_path / "s.db", max_bytes=10_000, max_tenant_bytes=300)
+    seen = evictions(store)
+    try:
+        await store.put("t", "warm", b"w", TTL)  # the file exists: the next writes queue together
+        await asyncio.gather(
+            store.put("u", "a", b"v1", TTL),
+            store.delete("u", "a"),
+            store.put("u", "a", b"v2", TTL),
+            store.put("u", "b", b"v1", TTL),
+            store.put("u", "b", b"v2", TTL),
+            store.delete("u", "b"),
+            *(store.put("t", f"s{i}", b"x" * 100, TTL) for i in range(4)),
+        )
+        assert await store.get("u", "a") == b"v2"
+        assert await store.get("u", "b") is None
+        # 401 bytes over tenant t's 300-byte cap: its least recently written go ("warm", then s0)
+        kept = [await store.get("t", s) is not None for s in ("warm", "s0", "s1", "s2", "s3")]
+        assert kept == [False, False, True, True, True]
+        assert sum(rows for cap, rows in seen if cap == "tenant") == 2
+        assert {cap for cap, _ in seen} == {"tenant"}
+        assert await store.usage() == {"": 302, "t": 300, "u": 2}
+    finally:
+        await store.close()
