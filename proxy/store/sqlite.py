@@ -32,7 +32,8 @@
   started: losing state costs one cache write, never a wrong byte. Every failed operation drops
   the connection, so the next one reopens it.
 - Health (`check`, `fault_kind`; `proxy.store.RecordStore` counts and reports it): before each
-  operation the path's device and inode are compared with the open file's. A file deleted or
+  operation the device and inode of the path, its `-wal` and its `-shm` are compared with the
+  open files'. A file (any of the three) deleted or
   replaced mid-run (writes would go on to the unlinked file, lost at restart and invisible to
   every other reader) is reported (`on_fault("file_gone")`) and a fresh file is created at the
   path at once: what was deleted stays deleted (someone removing the file may mean to purge the
@@ -64,6 +65,8 @@ PAGE_SIZE: Final = 16384
 """1: `sessions(tenant, session, expires, value)`; 2 adds `size`, `written` and `usage`
 (migrated in place when an older file is opened)."""
 BUSY_TIMEOUT_MS: Final = 20
+CLOSE_READER_TIMEOUT: Final = 1.0
+"""Seconds the writer waits for the reader thread to close its connection (file replaced)."""
 PURGE_INTERVAL: Final = 60.0
 """Seconds between purges of expired rows."""
 MIN_FREE_BYTES: Final = 1024 * 1024
@@ -159,6 +162,18 @@ def _size_wal(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA journal_size_limit = {limit}")
 
 
+_Identity = tuple[tuple[int, int], ...]
+"""`(st_dev, st_ino)` of the database file, its `-wal` and its `-shm` (`SqliteStore._stat`)."""
+
+
+def _dev_ino(path: str) -> tuple[int, int]:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return (-1, -1)
+    return (found.st_dev, found.st_ino)
+
+
 def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
     """On the event loop: finish the futures of one written batch (those whose caller stopped
     waiting are already done and left alone)."""
@@ -200,11 +215,11 @@ class SqliteStore:
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         """The read-only connection (reader thread only)."""
-        self._reader_identity: tuple[int, int] | None = None
+        self._reader_identity: _Identity | None = None
         self._next_purge = 0.0
         self._closed = False
-        self._identity: tuple[int, int] | None = None
-        """`(st_dev, st_ino)` of the file the connection has open."""
+        self._identity: _Identity | None = None
+        """`(st_dev, st_ino)` of the files the connection has open (`_stat`)."""
         self.on_fault: Callable[[str, str], None] | None = None
         """Called on the worker thread with `(kind, message)` for a fault the store repaired
         itself (the file recreated); set by `RecordStore`."""
@@ -334,9 +349,12 @@ class SqliteStore:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
-            if self._identity is None or self._identity == self._stat():
+            if self._is_same_file(self._identity):
                 return self._conn
             self._disconnect()
+            # SQLite shares one `-shm` mapping among a process's connections to a file: the
+            # reader's must close too, or the new connection goes on in the unlinked `-shm`
+            self._reads.submit(self._close_reader).result(timeout=CLOSE_READER_TIMEOUT)
             message = f"session store file {self.path} was deleted or replaced; created a new one"
             _log.warning("%s", message)
             if self.on_fault is not None:
@@ -351,15 +369,23 @@ class SqliteStore:
         self._identity = self._stat()
         return self._conn
 
-    def _stat(self) -> tuple[int, int] | None:
-        """`(st_dev, st_ino)` of the path now, `None` for `:memory:` or a missing file."""
+    def _stat(self) -> _Identity | None:
+        """`(st_dev, st_ino)` of the path and of its `-wal` and `-shm` files now (`(-1, -1)` for a
+        missing one), `None` for `:memory:`. In WAL mode rows live in `-wal` until a checkpoint:
+        a deleted `-wal` or `-shm` loses them as surely as a deleted main file (adversarial review,
+        session 4)."""
         if self.path == ":memory:":
             return None
-        try:
-            found = os.stat(self.path)
-        except FileNotFoundError:
-            return (-1, -1)
-        return (found.st_dev, found.st_ino)
+        return tuple(_dev_ino(self.path + suffix) for suffix in ("", "-wal", "-shm"))
+
+    def _is_same_file(self, known: _Identity | None) -> bool:
+        """Whether the files the connection opened (`known`) are still the ones at the path; a
+        `-wal`/`-shm` missing when `known` was taken may appear since (SQLite creates them)."""
+        if known is None:
+            return True
+        now = self._stat()
+        assert now is not None
+        return all(was == (-1, -1) or was == seen for was, seen in zip(known, now, strict=True))
 
     def _check(self) -> None:
         conn = self._connection()
@@ -445,7 +471,7 @@ class SqliteStore:
     def _read_connection(self) -> sqlite3.Connection:
         """The read-only connection, reopened when the path names another file than the one it
         has open (the writer counts and repairs that); never creates the file."""
-        if self._reader is not None and self._reader_identity == self._stat():
+        if self._reader is not None and self._is_same_file(self._reader_identity):
             return self._reader
         self._close_reader()
         uri = f"file:{quote(os.path.abspath(self.path))}?mode=ro"

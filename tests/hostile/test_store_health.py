@@ -23,6 +23,7 @@ import aiohttp
 import pytest
 
 from proxy.appkeys import SERVICES
+from proxy.session_identity import explicit_id
 from tests.fakes.upstream import FakeUpstream
 from tests.store.redis_server import RedisServer
 
@@ -114,6 +115,30 @@ async def test_a_deleted_file_is_recreated_counted_and_written_again(
         await store_of(proxy).flush()
     assert rows(db) == 1  # the new record is in the file at the path
     assert proxy.sample(FAULTS, backend="sqlite", kind="file_gone") == 1
+    assert proxy.sample(HEALTHY, backend="sqlite") == 1
+
+
+async def test_a_deleted_wal_is_noticed_like_a_deleted_file(
+    fake_upstream: FakeUpstream, make_proxy: Any, tmp_path: Path
+) -> None:
+    """Adversarial review (session 4): `rm sessions.db-wal sessions.db-shm` went unnoticed; the
+    rows that lived only in the WAL (all of them, before the first checkpoint) were written on
+    into unlinked files, invisible to any other reader and lost at a crash."""
+    state = tmp_path / "state"
+    proxy = await make_proxy(upstream=fake_upstream.url, store="", state_dir=state)
+    db = state / "sessions.db"
+    async with aiohttp.ClientSession() as http:
+        assert await post(http, proxy, 1, "s-1") == 200
+        await store_of(proxy).flush()
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink()
+        assert await post(http, proxy, 2, "s-2") == 200
+        await store_of(proxy).flush()
+        assert proxy.sample(FAULTS, backend="sqlite", kind="file_gone") == 1
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            query = "SELECT count(*) FROM sessions WHERE session = ?"
+            (found,) = conn.execute(query, (explicit_id("s-2"),)).fetchone()
+        assert found == 1  # the new record is readable from outside, at the path
     assert proxy.sample(HEALTHY, backend="sqlite") == 1
 
 
