@@ -503,8 +503,8 @@ class Metrics:
         self.pipeline_budget_exceeded = Counter(
             "promptcache_pipeline_budget_exceeded_total",
             "Requests over the pipeline budget (pipeline_budget_bytes, pipeline_budget_blocks, "
-            "pipeline_budget_nodes): forwarded as sent, not optimised, measured or stored; by kind "
-            "bytes, blocks or nodes "
+            "pipeline_budget_nodes, pipeline_budget_values): forwarded as sent, not optimised, measured "
+            "or stored; by kind bytes, blocks, nodes or values "
             "(proxy.pipeline.budget).",
             ["kind"],
             registry=r,

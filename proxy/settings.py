@@ -180,6 +180,9 @@ class Settings(BaseModel):
     pipeline_budget_nodes: int = Field(50_000, ge=0)
     """The same for bodies of more JSON objects and arrays than this, at any depth (tool inputs
     and schemas, nested tool results: what the stages walk below the blocks)."""
+    pipeline_budget_values: int = Field(250_000, ge=0)
+    """The same for bodies of more JSON values than this, scalars included (bounded from the raw
+    bytes by their `,`, `{` and `[`)."""
     store_max_bytes: int = Field(1024 * 1024 * 1024, ge=1)
     """Bytes of session records the SQLite store may hold; past it the least recently written
     records (of any tenant) are evicted (`proxy.store.sqlite`). Redis: bounded by its own

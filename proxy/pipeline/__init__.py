@@ -17,7 +17,7 @@ With tracing on (`proxy/tracing.py`), each stage that runs gets a `promptcache.s
 span under the request's span.
 
 A body over the pipeline budget (`proxy.pipeline.budget`) goes upstream as sent: over
-`pipeline_budget_bytes` or `pipeline_budget_nodes` (raw-byte checks) no stage runs, over
+`pipeline_budget_bytes`, `pipeline_budget_nodes` or `pipeline_budget_values` (raw-byte checks) no stage runs, over
 `pipeline_budget_blocks` only `parse`; the response side then counts its usage only.
 
 In `observe` mode, and for a signed request (`exchange.is_signed`: SigV4 covers the body), only
@@ -135,7 +135,9 @@ async def _run(
 ) -> None:
     timers = services.metrics.stage_timers
     settings = services.settings
-    found = raw_over_budget(exchange.raw, settings.pipeline_budget_bytes, settings.pipeline_budget_nodes)
+    found = raw_over_budget(
+        exchange.raw, settings.pipeline_budget_bytes, settings.pipeline_budget_nodes, settings.pipeline_budget_values
+    )
     if found is not None:  # not even parsed
         _skip_over_budget(exchange, services, *found)
         return

@@ -22,13 +22,19 @@ results) costs in proportion to them: a 6.7 MB body of three blocks holding 200,
 objects took `orjson.loads` 120-440 ms and the stages ~1 s (adversarial review, session 4). The
 bytes and nodes budgets are checked on the raw body, so a body over them is not even parsed;
 the blocks budget needs the parsed body.
+
+Values bound the scalars too: every array item and object member after the first follows a
+`,`, so `,` plus `{` plus `[` bounds the JSON values from above (commas in text count too: about
+one per 30 bytes of the recorded traces, so 250,000 is ~7 MB of text, past any model's context).
+A 7.8 MB tool input of 3.9M integers has 11 nodes and held `/healthz` up to ~1 s (adversarial
+review, session 4).
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-KINDS: Final = ("bytes", "blocks", "nodes")
+KINDS: Final = ("bytes", "blocks", "nodes", "values")
 """`kind` label of `promptcache_pipeline_budget_exceeded_total`."""
 
 
@@ -49,14 +55,17 @@ def count_blocks(body: Any) -> int:
     return total
 
 
-def raw_over_budget(raw: bytes, max_bytes: int, max_nodes: int) -> tuple[str, str] | None:
-    """`(kind, reason)` when the client's body bytes `raw` are over the bytes or nodes budget,
-    else `None`. Memory speed (two `bytes.count` scans), before any parsing."""
+def raw_over_budget(raw: bytes, max_bytes: int, max_nodes: int, max_values: int) -> tuple[str, str] | None:
+    """`(kind, reason)` when the client's body bytes `raw` are over the bytes, nodes or values
+    budget, else `None`. Memory speed (three `bytes.count` scans), before any parsing."""
     if len(raw) > max_bytes:
         return "bytes", f"body of {len(raw)} bytes is over pipeline_budget_bytes ({max_bytes})"
     brackets = raw.count(b"{") + raw.count(b"[")
     if brackets > max_nodes:
         return "nodes", f"body of {brackets} '{{' and '[' is over pipeline_budget_nodes ({max_nodes})"
+    values = brackets + raw.count(b",")
+    if values > max_values:
+        return "values", f"body of {values} ',', '{{' and '[' is over pipeline_budget_values ({max_values})"
     return None
 
 

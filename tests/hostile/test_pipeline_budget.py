@@ -104,12 +104,12 @@ def test_nodes_are_bounded_from_the_raw_bytes_at_any_depth() -> None:
     raw = tool_inputs(1_000)
     # the body, messages, 3 messages, 2 content lists, 2 blocks, input, rows, 1,000 rows
     assert raw.count(b"{") + raw.count(b"[") == 1_011
-    assert raw_over_budget(raw, 1 << 30, 1_011) is None
-    assert raw_over_budget(raw, 1 << 30, 1_010) == (
+    assert raw_over_budget(raw, 1 << 30, 1_011, 1 << 30) is None
+    assert raw_over_budget(raw, 1 << 30, 1_010, 1 << 30) == (
         "nodes",
         "body of 1011 '{' and '[' is over pipeline_budget_nodes (1010)",
     )
-    assert raw_over_budget(raw, len(raw) - 1, 1 << 30) == (
+    assert raw_over_budget(raw, len(raw) - 1, 1 << 30, 1 << 30) == (
         "bytes",
         f"body of {len(raw)} bytes is over pipeline_budget_bytes ({len(raw) - 1})",
     )
@@ -117,7 +117,7 @@ def test_nodes_are_bounded_from_the_raw_bytes_at_any_depth() -> None:
     assert blocks_over_budget(orjson.loads(raw), 5) is None
     # brackets inside strings count too: the bound errs towards skipping
     texts = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "{[" * 50}]})
-    assert raw_over_budget(texts, 1 << 30, 100)[0] == "nodes"  # type: ignore[index]
+    assert raw_over_budget(texts, 1 << 30, 100, 1 << 30)[0] == "nodes"  # type: ignore[index]
 
 
 async def test_a_body_of_few_blocks_over_the_node_budget_is_forwarded_as_sent(
@@ -131,3 +131,29 @@ async def test_a_body_of_few_blocks_over_the_node_budget_is_forwarded_as_sent(
     assert first.body != within  # within the budget: canonicalised and marked
     assert second.body == over
     assert [proxy.sample(EXCEEDED, kind=k) for k in ("bytes", "blocks", "nodes")] == [0, 0, 1]
+
+
+def test_values_are_bounded_from_the_raw_bytes_scalars_included() -> None:
+    """Review finding (session 4): a flat list of millions of integers has few nodes."""
+    raw = b'{"a":[1,2,3],"b":{"c":4,"d":5}}'  # 3 commas in the list and object, 2 more, 3 brackets
+    assert raw_over_budget(raw, 1 << 30, 1 << 30, 7) is None
+    assert raw_over_budget(raw, 1 << 30, 1 << 30, 6) == (
+        "values",
+        "body of 7 ',', '{' and '[' is over pipeline_budget_values (6)",
+    )
+
+
+async def test_a_body_of_few_nodes_over_the_values_budget_is_forwarded_as_sent(
+    make_proxy: Any, fake_upstream: FakeUpstream
+) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url, pipeline_budget_values=20_000)
+    call = {"type": "tool_use", "id": "toolu_1", "name": "edit", "input": {"ints": list(range(30_000))}}
+    messages = [
+        {"role": "user", "content": "edit it"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}]},
+    ]
+    over = orjson.dumps({"model": "claude-sonnet-4-6", "max_tokens": 8, "messages": messages})
+    assert (await post(proxy.url, "/v1/messages", over, ANTHROPIC))[0] == 200
+    assert fake_upstream.received[0].body == over
+    assert [proxy.sample(EXCEEDED, kind=k) for k in ("bytes", "blocks", "nodes", "values")] == [0, 0, 0, 1]
