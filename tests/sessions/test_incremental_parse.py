@@ -23,6 +23,7 @@ from proxy.providers import ANTHROPIC
 from proxy.services import Services
 from tests.sessions.test_fast_paths import _send, _services
 from tests.sessions.test_rawprefix import _body, _masker, _turn
+from tests.sessions.test_rawprefix import _edited as edited_body
 
 MESSAGES = "/v1/messages"
 SCOPE = "tenant\x00/v1/messages"
@@ -39,7 +40,7 @@ EDITS = st.sampled_from(
         "append",
         "trailing_key",
         "trailing_duplicate",
-        "duplicate_array",
+        "duplicate",
         "number",
         "number_longer",
         "trailing_comma",
@@ -49,42 +50,30 @@ EDITS = st.sampled_from(
 
 
 def _edited(raw: bytes, edit: str, at: int) -> bytes:
-    """The next request's raw body after `edit` of the one before (`raw`)."""
+    """The next request's raw body after `edit` of the one before (`raw`): the edits of
+    `test_rawprefix`, and bodies whose bytes after the array (or its last element) change."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         body = _body(30)
     if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
         body = _body(30)
-    messages = list(body["messages"])
-    at = at % len(messages)
-    dumped = orjson.dumps({**body, "messages": messages})
-    if edit == "append":
-        return orjson.dumps({**body, "messages": [*messages, *_turn(len(messages))]})
-    if edit == "edit_middle":
-        messages[at] = {"role": messages[at]["role"], "content": "changed"}
-    elif edit == "marker":
-        marked = {"type": "text", "text": "m", "cache_control": {"type": "ephemeral"}}
-        messages[at] = {**messages[at], "content": [marked]}
-    elif edit == "truncate":
-        messages = messages[: max(1, at)]
-    elif edit == "reformat":
-        return orjson.dumps(body, option=orjson.OPT_INDENT_2)
-    elif edit == "trailing_key":  # a key after the array
+    if edit in ("append", "edit_middle", "marker", "truncate", "reformat", "duplicate", "stamp"):
+        return edited_body(body, edit, at)
+    dumped = orjson.dumps(body)
+    if edit == "trailing_key":  # a key after the array
         return dumped[:-1] + b',"stream":false}'
-    elif edit == "trailing_duplicate":  # a later duplicate of a key before the array
+    if edit == "trailing_duplicate":  # a later duplicate of a key before the array
         return dumped[:-1] + b',"model":"claude-opus-4-6"}'
-    elif edit == "duplicate_array":
-        return dumped[:-1] + b',"messages":[{"role":"user","content":"other"}]}'
-    elif edit == "number":  # a number as the last element (not a message: the upstream says so)
+    if edit == "number":  # a number as the last element (not a message: the upstream says so)
         return dumped[:-2] + b",7]}"
-    elif edit == "number_longer":  # the same bytes up to the number's end, a longer number
+    if edit == "number_longer":  # the same bytes up to the number's end, a longer number
         return raw[:-2] + b".5]}" if raw.endswith(b",7]}") else dumped[:-2] + b",7.5]}"
-    elif edit == "trailing_comma":
+    if edit == "trailing_comma":
         return dumped[:-2] + b",]}"
-    elif edit == "cut":
+    if edit == "cut":
         return dumped[: len(dumped) - 1 - at % 50]
-    return orjson.dumps({**body, "messages": messages})
+    return dumped
 
 
 def _full(raw: bytes) -> Any:
