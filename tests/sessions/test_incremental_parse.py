@@ -25,7 +25,6 @@ from tests.sessions.test_fast_paths import _send, _services
 from tests.sessions.test_rawprefix import _body, _masker, _turn
 from tests.sessions.test_rawprefix import _edited as edited_body
 
-MESSAGES = "/v1/messages"
 SCOPE = "tenant\x00/v1/messages"
 SLOW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -108,7 +107,7 @@ def test_reused_parse_is_the_full_parse(edits: list[tuple[str, int]], turns: int
             assert orjson.dumps(got) == orjson.dumps(expected)  # key order, at every depth
         body = got if got is not None else expected
         if isinstance(body.get("messages"), list):
-            view_messages(ANTHROPIC, MESSAGES, body, masker, raw=RawBody(raw, SCOPE, match))
+            view_messages(ANTHROPIC, body, masker, raw=RawBody(raw, SCOPE, match))
 
 
 def test_an_appended_turn_is_parsed_from_its_new_bytes() -> None:
@@ -116,9 +115,7 @@ def test_an_appended_turn_is_parsed_from_its_new_bytes() -> None:
     masker = _masker()
     first = orjson.dumps(_body(30))
     body = orjson.loads(first)
-    view_messages(
-        ANTHROPIC, MESSAGES, body, masker, raw=RawBody(first, SCOPE, match_raw(masker.raw_index, SCOPE, first))
-    )
+    view_messages(ANTHROPIC, body, masker, raw=RawBody(first, SCOPE, match_raw(masker.raw_index, SCOPE, first)))
     second_body = {**body, "messages": [*body["messages"], *_turn(30)]}
     second = orjson.dumps(second_body)
     match = match_raw(masker.raw_index, SCOPE, second)
@@ -150,7 +147,7 @@ def test_chunk_counts_are_the_full_counts(edits: list[tuple[str, int]], turns: i
         match.nodes, match.values = nodes, values
         body = _full(raw)
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
-            view_messages(ANTHROPIC, MESSAGES, body, masker, raw=RawBody(raw, SCOPE, match))
+            view_messages(ANTHROPIC, body, masker, raw=RawBody(raw, SCOPE, match))
 
 
 def _without_reuse(services: Services) -> Services:
@@ -211,7 +208,7 @@ async def test_incremental_path_sends_and_records_what_the_full_path_does(
 
 
 async def _send_raw(services: Services, raw: bytes) -> Exchange:
-    return await _send(services, ANTHROPIC, MESSAGES, orjson.loads(raw), raw=raw)
+    return await _send(services, ANTHROPIC, orjson.loads(raw), raw=raw)
 
 
 async def test_an_appended_turn_through_the_stages_reuses_the_earlier_objects() -> None:
