@@ -125,7 +125,9 @@ async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     from proxy.sim.tokens import TokenCounter, load_o200k
 
     try:
-        app[SERVICES].tokens = TokenCounter(await asyncio.to_thread(load_o200k))
+        encoding = await asyncio.to_thread(load_o200k)
+        budget = MemoryBudget.of_mb(app[SERVICES].settings.memory_budget_mb)
+        app[SERVICES].tokens = TokenCounter(encoding, max_counts=budget.token_counts)
     except RuntimeError as exc:
         _log.warning("o200k_base tokenizer unavailable (%s): predictions estimate bytes/4", exc)
     yield

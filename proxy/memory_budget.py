@@ -10,7 +10,9 @@ fixed share of the budget (`SHARES`), so RSS levels off once they are full whate
 - `history`: the forensic map's recent sessions (`proxy.history.SessionHistory`, its own
   per-entry estimate), besides its `history_sessions` count;
 - `masker`: the replay masker's two digest memos (`proxy.pipeline.replay.Masker`), at
-  `MASKER_ENTRY_BYTES` per entry of each.
+  `MASKER_ENTRY_BYTES` per entry of each;
+- `tokens`: the `o200k_base` count memo of the OpenAI predictions (`proxy.sim.tokens.TokenCounter`,
+  loaded by `proxy.app`), at `TOKEN_COUNT_ENTRY_BYTES` per text counted.
 
 Per-entry sizes are measured with `tracemalloc` on CPython 3.11 (64-bit), rounded up. What the
 budget does not cover: the interpreter and its imports (about 53 MB), the `o200k_base`
@@ -25,7 +27,7 @@ from typing import Final
 
 MIB: Final = 1024 * 1024
 DEFAULT_BUDGET_MB: Final = 16
-SHARES: Final = {"records": 0.35, "index": 0.30, "history": 0.20, "masker": 0.15}
+SHARES: Final = {"records": 0.35, "index": 0.25, "history": 0.20, "masker": 0.10, "tokens": 0.10}
 BOUNDARY_BYTES: Final = 224
 """Measured 205 B per boundary held by `SessionIndex` (the 16-byte digest, its owner-dict slot,
 its deque slot)."""
@@ -33,6 +35,8 @@ INDEX_SESSION_BYTES: Final = 512
 """Per session of the index (its `_Entry`, deque and LRU slot)."""
 MASKER_ENTRY_BYTES: Final = 192
 """Measured 170 B per entry of one masker memo (two 16-byte digests and the LRU slot)."""
+TOKEN_COUNT_ENTRY_BYTES: Final = 192
+"""Measured 185 B per entry of the token count memo (a 128-bit int key, its count, the LRU slot)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,3 +69,8 @@ class MemoryBudget:
     def masker_entries(self) -> int:
         """Entries of each of the masker's two memos."""
         return max(1, self.share("masker") // (2 * MASKER_ENTRY_BYTES))
+
+    @property
+    def token_counts(self) -> int:
+        """Entries of the token count memo."""
+        return max(1, self.share("tokens") // TOKEN_COUNT_ENTRY_BYTES)

@@ -12,7 +12,10 @@ from proxy.history import ENTRY_BYTES, ROW_BYTES, SessionHistory
 from proxy.memory_budget import BOUNDARY_BYTES, INDEX_SESSION_BYTES, MIB, SHARES, MemoryBudget
 from proxy.session_identity import SessionIndex
 from proxy.settings import Settings
+from proxy.sim.tokens import TokenCounter, load_o200k
 from tests.ui.test_history import _Measurement
+
+ENCODING = load_o200k()
 
 
 def test_the_shares_split_the_whole_budget() -> None:
@@ -21,10 +24,22 @@ def test_the_shares_split_the_whole_budget() -> None:
     assert budget.total == 16 * MIB == MemoryBudget().total
     assert (budget.records, budget.index, budget.history) == (
         int(16 * MIB * 0.35),
-        int(16 * MIB * 0.30),
+        int(16 * MIB * 0.25),
         int(16 * MIB * 0.20),
     )
-    assert budget.masker_entries == int(16 * MIB * 0.15) // 384
+    assert budget.masker_entries == int(16 * MIB * 0.10) // 384 == 4369
+    assert budget.token_counts == int(16 * MIB * 0.10) // 192 == 8738
+
+
+def test_the_token_count_memo_keeps_the_most_recently_counted() -> None:
+    counter = TokenCounter(ENCODING, max_counts=3)
+    assert [counter.count(t) for t in ("a", "b c", "d e f")] == [1, 2, 3]
+    assert counter.count("a") == 1  # a hit: "a" becomes the most recent
+    assert counter.count("g h i j") == 4  # full: the least recent, "b c", leaves
+    assert [counter.holds(t) for t in ("a", "b c", "d e f", "g h i j")] == [True, False, True, True]
+    assert counter.count("b c") == 2  # counted again; now "d e f" is the least recent
+    assert [counter.holds(t) for t in ("a", "b c", "d e f", "g h i j")] == [True, True, False, True]
+    assert len(counter) == 3
 
 
 def test_the_index_is_bounded_in_bytes_oldest_session_first() -> None:
@@ -61,3 +76,4 @@ async def test_serve_sizes_its_caches_from_the_budget(make_proxy: Any, fake_upst
     assert services.store.memo_bytes == budget.records
     assert services.sessions.index.max_bytes == budget.index
     assert services.last_measurements.max_bytes == budget.history
+    assert services.tokens is not None and services.tokens.max_counts == budget.token_counts

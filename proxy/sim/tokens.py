@@ -33,6 +33,7 @@ import hashlib
 import importlib.resources
 import re
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Final
 
@@ -69,7 +70,9 @@ MAX_PIECE: Final = 65_536
 _LONG_WHITESPACE: Final = re.compile(rf"(?<!\s)\s{{{MAX_PIECE + 1},}}")
 """A whole long run (the look-behind keeps the scan linear: no retry inside a run)."""
 
-_MAX_MEMO_COUNTS: Final = 262_144
+MAX_MEMO_COUNTS: Final = 262_144
+"""Entries of the count memo by default (the simulator's; the proxy passes its memory budget's
+`tokens` share, `proxy.memory_budget`)."""
 _MAX_MEMO_TOKENS: Final = 16_000_000
 
 
@@ -135,28 +138,49 @@ def encode_bounded(encoding: tiktoken.Encoding, text: str) -> list[int]:
 
 
 class TokenCounter:
-    """Memoised `o200k_base` counting and encoding (not thread-safe; use from one loop)."""
+    """Memoised `o200k_base` counting and encoding (not thread-safe; use from one loop).
 
-    __slots__ = ("_encoding", "_counts", "_seqs", "_seq_tokens")
+    The count memo holds at most `max_counts` texts (by the xxh3-128 digest of their UTF-8
+    bytes), the least recently counted leaving first; the encoding memo at most
+    `_MAX_MEMO_TOKENS` tokens (cleared whole when full)."""
 
-    def __init__(self, encoding: tiktoken.Encoding | None = None) -> None:
+    __slots__ = ("_encoding", "_counts", "_max_counts", "_seqs", "_seq_tokens")
+
+    def __init__(self, encoding: tiktoken.Encoding | None = None, *, max_counts: int = MAX_MEMO_COUNTS) -> None:
         self._encoding = encoding if encoding is not None else load_o200k()
-        self._counts: dict[int, int] = {}
+        self._counts: OrderedDict[int, int] = OrderedDict()
+        self._max_counts = max(1, max_counts)
         self._seqs: dict[int, array[int]] = {}
         self._seq_tokens = 0
+
+    def __len__(self) -> int:
+        """Texts held by the count memo."""
+        return len(self._counts)
+
+    def holds(self, text: str) -> bool:
+        """Whether the count memo holds `text`'s count (does not touch its recency)."""
+        return xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass")) in self._counts
+
+    @property
+    def max_counts(self) -> int:
+        """Most texts the count memo holds."""
+        return self._max_counts
 
     def count(self, text: str) -> int:
         """Number of `o200k_base` tokens in `text` (0 for the empty string)."""
         if not text:
             return 0
         key = xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass"))
-        n = self._counts.get(key)
-        if n is None:
-            seq = self._seqs.get(key)
-            n = len(seq) if seq is not None else len(encode_bounded(self._encoding, text))
-            if len(self._counts) >= _MAX_MEMO_COUNTS:
-                self._counts.clear()
-            self._counts[key] = n
+        counts = self._counts
+        n = counts.get(key)
+        if n is not None:
+            counts.move_to_end(key)
+            return n
+        seq = self._seqs.get(key)
+        n = len(seq) if seq is not None else len(encode_bounded(self._encoding, text))
+        if len(counts) >= self._max_counts:
+            counts.popitem(last=False)
+        counts[key] = n
         return n
 
     def encode(self, text: str) -> array[int]:
