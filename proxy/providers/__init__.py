@@ -236,12 +236,14 @@ class Router:
         key = (path, raw_path, openai_markers)
         found = self._routes.get(key)
         if found is None:
-            found = self._route(path, raw_path, openai_markers)
+            found = self._new_route(key)
             if len(self._routes) < ROUTE_CACHE_SIZE:
                 self._routes[key] = found
         return found
 
-    def _route(self, path: str, raw_path: str | None, openai_markers: bool) -> Route:
+    def _new_route(self, key: tuple[str, str | None, bool]) -> Route:
+        """`route` of `key` = `(path, raw_path, openai_markers)`, resolved afresh."""
+        path, raw_path, openai_markers = key
         raw = raw_path if raw_path is not None else path
         platform = self._platform(raw, None)
         if platform is not None:  # Azure's own paths start with /openai/
