@@ -159,7 +159,9 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
     object the session stage laid out (`Exchange.client_runs`: bodies are copy-on-write, so an
     unchanged key is the same object) or a rewriting stage scanned last (`Exchange.layout_cache`)
     reuses those runs; a key the stages changed is laid out by `adapter.relayout` from the
-    client's runs (the runs of its unchanged messages reused) when the adapter can.
+    client's runs (the runs of its unchanged messages reused) when the adapter can. The runs it
+    shares with the scan of the tenant's recent body (`proxy.pipeline.rawprefix.Kept.scan`: the
+    same run objects) are not walked again.
     """
     found = exchange.sent_prompt
     if found is not None and found[0] is body:
@@ -182,8 +184,12 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
             continue
         redone = adapter.relayout(key, value, hit[0], hit[1]) if hit is not None else None
         runs.extend(redone[0] if redone is not None else adapter.layout({key: value}))
-    prompt = scan_prompt(runs, reuse_for(exchange, body))
+    match = exchange.raw_match
+    kept = match.kept if match is not None else None
+    prompt = scan_prompt(runs, reuse_for(exchange, body), kept.scan if kept is not None else None)
     exchange.sent_prompt = (body, prompt)
+    if match is not None and match.fresh is not None:
+        match.fresh.scan = prompt  # the next request copies what its runs share with these
     return prompt
 
 

@@ -32,8 +32,11 @@ Pure functions over the adapter's `prefix_blocks` (the provider's render order).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_not
 from typing import Any, Final
 
 import orjson
@@ -262,10 +265,28 @@ def _reuse_run(
             kinds.append("text" if isinstance(value, str) else run_kind(run, value))
 
 
-def scan_prompt(runs: Sequence[Run], reuse: Reuse | None = None) -> PromptScan:
+def _resume(earlier: PromptScan, runs: Sequence[Run]) -> int:
+    """How many leading runs of `runs` are `earlier`'s own run objects (runs are never edited
+    and bodies are copy-on-write: the same run holds the same blocks)."""
+    old = earlier.blocks.runs
+    return next(compress(count(), map(is_not, old, runs)), min(len(old), len(runs)))
+
+
+def scan_prompt(runs: Sequence[Run], reuse: Reuse | None = None, earlier: PromptScan | None = None) -> PromptScan:
     """Digest the blocks of `runs` (an adapter's `layout`) in one pass (see module docstring);
-    with `reuse`, the blocks it vouches for are copied from the earlier chain (`Reuse`). The
-    result is the same either way (a property test holds it)."""
+    with `reuse`, the blocks it vouches for are copied from the earlier chain (`Reuse`); with
+    `earlier` (a scan of another body version whose runs may be these very objects: the session's
+    recent request, `proxy.pipeline.rawprefix.Kept.scan`), the leading runs that are its own are
+    not walked at all: their digests, offsets, values, kinds and markers are copied. The result
+    is the same either way (property tests hold it)."""
+    resumed = _resume(earlier, runs) if earlier is not None else 0
+    if resumed:
+        assert earlier is not None
+        return _scan_prompt(runs, None, earlier, resumed)
+    return _scan_prompt(runs, reuse, None, 0)
+
+
+def _scan_prompt(runs: Sequence[Run], reuse: Reuse | None, base: PromptScan | None, resumed: int) -> PromptScan:
     dumps = orjson.dumps
     digest = xxhash.xxh3_128_digest
     out = bytearray()
@@ -285,7 +306,21 @@ def scan_prompt(runs: Sequence[Run], reuse: Reuse | None = None) -> PromptScan:
     array_key, same = (reuse.array_key, reuse.same) if reuse is not None else ("", 0)
     reused_from = reused_until = -1
     """Blocks `reused_from .. reused_until - 1` come from `reuse.previous`."""
-    for run in runs:
+    if base is not None and resumed:
+        index = base.blocks.starts[resumed] if resumed < len(base.blocks.runs) else base.blocks.size
+        out += base.chain.chain[: index * DIGEST_SIZE]
+        ends.extend(base.chain.ends[:index])
+        starts.extend(base.blocks.starts[:resumed])
+        values.extend(base.values[:index])
+        kinds.extend(base.kinds[:index])
+        marked.extend(base.marked[: bisect_left(base.marked, index)])
+        tools = min(index, base.tools)  # the tools section comes first
+        total = ends[-1] if ends else 0
+        previous = base.chain.chain[(index - 1) * DIGEST_SIZE : index * DIGEST_SIZE] if index else b""
+        last_message = next(
+            (r.message for r in reversed(runs[:resumed]) if (len(r.value) if r.is_list else 1)), None
+        )
+    for run in runs[resumed:] if resumed else runs:
         starts.append(index)
         section, role, message, fixed = run.section, run.role, run.message, run.kind
         items = run.value if run.is_list else (run.value,)

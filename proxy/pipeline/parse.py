@@ -47,18 +47,18 @@ def reused_parse(raw: bytes, match: RawMatch) -> JSONObject | None:
     """`orjson.loads(raw)` from the matched recent body's parsed elements and the new bytes
     (`rawprefix.parse_tail`), or `None` when that body's elements are no longer kept or `raw`
     does not continue it (the caller parses it whole)."""
-    state = match.state
-    if state is None:
+    state, kept = match.state, match.kept
+    if state is None or kept is None:
         return None
-    kept = match.index.parsed(state)
-    if kept is None:
-        return None
-    elements, array_key = kept
-    k = min(reusable(state, match.shared, raw, array_key), len(elements))
+    k = min(reusable(state, match.shared, raw, kept.array_key, True), len(kept.elements))
     if not k:
         return None
-    body = parse_tail(raw, state, k, elements, array_key)
-    return body if isinstance(body, dict) else None
+    parsed = parse_tail(raw, state, k, kept.elements, kept.array_key, kept.head)
+    if parsed is None:
+        return None
+    body, kept.head = parsed
+    match.head = kept.head
+    return body
 
 
 class ParseStage:

@@ -23,10 +23,13 @@ Pure core, no I/O:
   stage's message view.
 - `chunk_counts(raw, match)`: the `{`+`[` and `,`+`{`+`[` counts of `raw` (the pipeline
   budget's nodes and values), the shared full chunks' taken from the matched state.
-- `parse_tail(raw, state, k, elements, array_key)`: `orjson.loads(raw)` when its first `k`
-  array elements are the earlier body's `elements`: only the bytes before the array and after
-  element `k - 1` are parsed, the earlier element objects are reused (they are shared between
-  the two requests' bodies: stages are copy-on-write and never edit them).
+- `parse_tail(raw, state, k, elements, array_key, head)`: `orjson.loads(raw)` when its first
+  `k` array elements are the earlier body's `elements`: only the bytes after element `k - 1`
+  are parsed; the earlier element objects and the values before the array are reused (shared
+  between the two requests' bodies: stages are copy-on-write and never edit them).
+- `Kept`: what one of the newest bodies leaves in memory for the next request of its tenant:
+  its parsed elements and head, its layout runs and its prompt scan (the next request lays out
+  and scans only the runs that are not these objects: `proxy.prefix.scan_prompt`).
 
 Soundness: element `i` is reused only when `raw[:ends[i]]` equals the earlier body's
 `raw[:ends[i]]` (a JSON parser reading the same bytes is in the same state, so it is the same
@@ -35,12 +38,13 @@ to be the top-level key (`top_level_start`: its head parses as an object whose l
 the array), the new bytes hold no second `"<array_key>"` (a duplicate key would replace
 the array) and the byte after element `i` is `,` or `]` (a number's bytes do not end it: `1`
 then `.5` is another value). The states keep digests, offsets and counts; content only as
-`RawState.tail` (at most one chunk of the earlier body, for the byte-exact comparison) and as the
-parsed elements of the few newest bodies (bounded by `MAX_PARSED_BYTES`, in memory only).
+`RawState.tail` (at most one chunk of the earlier body, for the byte-exact comparison) and in
+`Kept` (the newest bodies within `MAX_PARSED_BYTES`, in memory only).
 """
 
 from __future__ import annotations
 
+import secrets
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -62,6 +66,7 @@ MAX_PARSED_BYTES: Final = 4 * 1024 * 1024
 """Raw bytes of the newest bodies whose parsed elements are kept for `parse_tail` (their
 objects take about twice that: 1.1 MB for a 540 KB body)."""
 _DIGEST: Final = 16
+JSONObject = dict[str, Any]
 _FOLLOW: Final = (b",", b"]")
 
 
@@ -132,10 +137,12 @@ def shared_prefix(raw: bytes, digests: bytes, state: RawState) -> int:
     return shared
 
 
-def reusable(state: RawState, shared: int, raw: bytes, array_key: str) -> int:
+def reusable(state: RawState, shared: int, raw: bytes, array_key: str, is_array_proven: bool = False) -> int:
     """How many leading elements of `state` lie wholly in the first `shared` bytes of `raw`
     (and so are unchanged), 0 when the rest of `raw` names `array_key` again (module
-    docstring: a duplicate key)."""
+    docstring: a duplicate key), or may name it with an escape (a backslash-u in the new
+    bytes: `m` backslash-u`0065ssages` is `messages` too) unless `is_array_proven` (`parse_tail` found its
+    sentinel in the array the body holds)."""
     ends = state.ends
     k = 0
     lo, hi = 0, len(ends)
@@ -149,6 +156,8 @@ def reusable(state: RawState, shared: int, raw: bytes, array_key: str) -> int:
     if k and raw[ends[k - 1] : ends[k - 1] + 1] not in _FOLLOW:
         k -= 1  # the byte after element k-1 is new; element k-2's `,` lies in the shared bytes
     if k and raw.find(b'"' + array_key.encode() + b'"', ends[k - 1]) >= 0:
+        return 0
+    if k and not is_array_proven and raw.find(b"\\u", ends[k - 1]) >= 0:
         return 0
     return k
 
@@ -242,6 +251,12 @@ class RawMatch:
     nodes: array[int] | None = None
     """The body's cumulative counts (`chunk_counts`), once the budget check made them."""
     values: array[int] | None = None
+    kept: Kept | None = None
+    """What `state`'s body left in memory (`RawPrefixIndex.parsed`), looked up once."""
+    head: JSONObject | None = None
+    """`parse_head` of this body when the parse reused it (`parse_tail`)."""
+    fresh: Kept | None = None
+    """What this body leaves for the next request (the message view made it)."""
 
 
 def match_raw(index: RawPrefixIndex, scope: str, raw: bytes) -> RawMatch | None:
@@ -250,35 +265,81 @@ def match_raw(index: RawPrefixIndex, scope: str, raw: bytes) -> RawMatch | None:
         return None
     digests = chunk_digests(raw)
     state, shared = index.match(scope, digests, raw)
-    return RawMatch(index, scope, digests, state, shared)
+    kept = index.parsed(state) if state is not None else None
+    return RawMatch(index, scope, digests, state, shared, kept=kept)
 
 
-def parse_tail(raw: bytes, state: RawState, k: int, elements: Sequence[Any], array_key: str) -> Any:
-    """`orjson.loads(raw)` (the same value, the same top-level key order) given that its first
-    `k` elements of the top-level `array_key` array are `elements` (`reusable(state, ...)`
-    elements of the body `state` was built from): only the bytes before the array and from the
-    end of element `k - 1` on are parsed, with a `0` standing in for the elements. `None` when
-    `raw` is not such a body (or not JSON): the caller parses it whole.
+_SENTINEL: Final = secrets.token_hex(16)
+"""Stands in for the reused elements in `parse_tail` (unguessable: a later duplicate of the
+array key, however its name is escaped, cannot hold it)."""
+_SENTINEL_BYTES: Final = orjson.dumps(_SENTINEL)
 
-    Sound because the parser is in the same state after `raw[:state.start]` + one value as
-    after `raw[:ends[k-1]]` (inside the top-level object, inside its array, after a value), and
-    the byte that follows is `,` or `]` (`reusable`), so the rest parses as it does in full."""
+
+def parse_head(raw: bytes, start: int, array_key: str) -> JSONObject | None:
+    """The top-level members before the array (`raw[:start]`, the array key last, as `[]`)."""
+    try:
+        head = orjson.loads(raw[:start] + b"]}")
+    except orjson.JSONDecodeError:
+        return None
+    if type(head) is not dict or head.get(array_key) != []:
+        return None
+    return head
+
+
+def parse_tail(
+    raw: bytes, state: RawState, k: int, elements: Sequence[Any], array_key: str, head: JSONObject | None
+) -> tuple[JSONObject, JSONObject] | None:
+    """`(orjson.loads(raw), head)`: the same value and top-level key order, given that the
+    first `k` elements of the top-level `array_key` array are `elements` (`reusable` elements
+    of the body `state` was built from) and `head` is `parse_head` of the bytes before the array
+    (`None`: parsed here). Only the bytes from the end of element `k - 1` on are parsed, with an
+    unguessable string standing in for the elements; the earlier element objects and the head's
+    values are reused (shared between the two requests' bodies: stages are copy-on-write).
+    `None` when `raw` is not such a body (or not JSON): the caller parses it whole.
+
+    Sound because the parser is in the same state after `{"<array_key>":[` + one value as after
+    `raw[:ends[k-1]]` as far as the rest goes (inside an object, inside its array, after a
+    value; the byte that follows is `,` or `]`: `reusable`), so the rest parses as it does in
+    full, and its members update the head's as a full parse's later duplicates would (a key
+    keeps its first position and takes its last value)."""
     if not 0 < k <= len(state.ends) or state.start < 0 or k > len(elements):
         return None
     end = state.ends[k - 1]
     if raw[end : end + 1] not in _FOLLOW:
         return None
+    if head is None:
+        head = parse_head(raw, state.start, array_key)
+        if head is None:
+            return None
     try:
-        body = orjson.loads(raw[: state.start] + b"0" + raw[end:])
+        tail = orjson.loads(b'{"' + array_key.encode() + b'":[' + _SENTINEL_BYTES + raw[end:])
     except orjson.JSONDecodeError:
         return None
-    if type(body) is not dict:
+    if type(tail) is not dict:
         return None
-    items = body.get(array_key)
-    if type(items) is not list or not items or type(items[0]) is not int or items[0] != 0:
+    items = tail.get(array_key)
+    if type(items) is not list or not items or items[0] != _SENTINEL:
         return None
+    body = dict(head)
+    body.update(tail)
     body[array_key] = [*elements[:k], *items[1:]]
-    return body
+    return body, head
+
+
+@dataclass(slots=True)
+class Kept:
+    """What a recent body leaves in memory for the next request of its tenant (newest few)."""
+
+    state: RawState
+    elements: tuple[Any, ...]
+    """The parsed elements of the array located in the body (`RawState.ends`), never edited."""
+    array_key: str
+    head: JSONObject | None = None
+    """`parse_head` of the body, once a later request needed it."""
+    runs: dict[str, tuple[Any, list[Any]]] | None = None
+    """The client's layout runs by prefix key, `(value, runs)` (`Exchange.client_runs`)."""
+    scan: Any = None
+    """The prompt scan of the body when it went upstream unchanged (`proxy.measure.sent_prompt`)."""
 
 
 class RawPrefixIndex:
@@ -292,32 +353,35 @@ class RawPrefixIndex:
         self.max_parsed_bytes = max_parsed_bytes
         self._heads: OrderedDict[tuple[str, bytes], list[RawState]] = OrderedDict()
         self._count = 0
-        self._parsed: OrderedDict[int, tuple[RawState, Sequence[Any], str]] = OrderedDict()
+        self._parsed: OrderedDict[int, Kept] = OrderedDict()
         self._parsed_bytes = 0
 
-    def parsed(self, state: RawState) -> tuple[Sequence[Any], str] | None:
-        """The parsed elements of `state`'s body and its array key, when still kept."""
+    def parsed(self, state: RawState) -> Kept | None:
+        """What `state`'s body left in memory (`Kept`), when still kept."""
         entry = self._parsed.get(id(state))
-        if entry is None or entry[0] is not state:
+        if entry is None or entry.state is not state:
             return None
         self._parsed.move_to_end(id(state))
-        return entry[1], entry[2]
+        return entry
 
-    def keep_parsed(self, state: RawState, elements: Sequence[Any], array_key: str) -> None:
+    def keep_parsed(
+        self, state: RawState, elements: tuple[Any, ...], array_key: str, head: JSONObject | None = None
+    ) -> Kept | None:
         """Keep `elements` (the parsed array of `state`'s body: never edited) for `parse_tail`,
         the newest first out of `max_parsed_bytes` of raw body bytes."""
         if state.size > self.max_parsed_bytes:
-            return
-        self._parsed[id(state)] = (state, elements, array_key)
+            return None
+        kept = self._parsed[id(state)] = Kept(state, elements, array_key, head)
         self._parsed_bytes += state.size
         while self._parsed_bytes > self.max_parsed_bytes:
-            _, (oldest, _, _) = self._parsed.popitem(last=False)
-            self._parsed_bytes -= oldest.size
+            _, oldest = self._parsed.popitem(last=False)
+            self._parsed_bytes -= oldest.state.size
+        return kept if self._parsed.get(id(state)) is kept else None
 
     def drop_parsed(self, state: RawState) -> None:
         entry = self._parsed.pop(id(state), None)
         if entry is not None:
-            self._parsed_bytes -= entry[0].size
+            self._parsed_bytes -= entry.state.size
 
     def __len__(self) -> int:
         return self._count

@@ -562,7 +562,9 @@ def _examine_known(
         if match is None:
             return masker.examine_all(elements, optional)
     chunks, state, shared = match.digests, match.state, match.shared
-    k = min(rawprefix.reusable(state, shared, data, array_key), len(elements)) if state is not None else 0
+    # the parse found its sentinel in the body's array (`rawprefix.parse_tail`): no escaped duplicate
+    proven = match.head is not None
+    k = min(rawprefix.reusable(state, shared, data, array_key, proven), len(elements)) if state is not None else 0
     known = None
     if state is not None and k:
         exact_known, masked_known, keys_known = state.columns
@@ -594,7 +596,7 @@ def _examine_known(
         )
         covers = state is not None and k == len(state.ends)
         index.remember(raw.scope, fresh, state if covers else None)
-        index.keep_parsed(fresh, tuple(elements[:m]), array_key)
+        match.fresh = index.keep_parsed(fresh, tuple(elements[:m]), array_key, match.head)
     return exact, digests, keys
 
 

@@ -147,6 +147,9 @@ class SessionStage:
                 previous = await store.load(tenant, source)
         if view.is_budget_spent:
             services.metrics.rules_budget_exceeded.labels("session").inc()
+        fresh = raw.match.fresh if raw is not None and raw.match is not None else None
+        if fresh is not None:  # the next request of the tenant lays out only its new messages
+            fresh.runs = exchange.client_runs
         exchange.message_view = view
         exchange.session_inference = inference
         if inference.session_id is None:
@@ -246,10 +249,17 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
     by_key: dict[str, tuple[Any, list[Run]]] = {}
     runs: list[Run] = []
     if services.settings.mode == "observe":
+        match = exchange.raw_match
+        kept = match.kept.runs if match is not None and match.kept is not None else None
         for key in adapter.prefix_keys:
             if key in body:
                 value = body[key]
-                by_key[key] = (value, adapter.layout({key: value}))
+                hit = kept.get(key) if kept is not None else None
+                if hit is not None and hit[0] is value:  # the recent body's own value (`parse`)
+                    by_key[key] = hit
+                else:
+                    redone = adapter.relayout(key, value, hit[0], hit[1]) if hit is not None else None
+                    by_key[key] = (value, redone[0] if redone is not None else adapter.layout({key: value}))
                 runs.extend(by_key[key][1])
     else:
         policy = adapter.marker_policy(body)

@@ -39,6 +39,7 @@ EDITS = st.sampled_from(
         "append",
         "trailing_key",
         "trailing_duplicate",
+        "escaped_duplicate",
         "duplicate",
         "number",
         "number_longer",
@@ -64,6 +65,8 @@ def _edited(raw: bytes, edit: str, at: int) -> bytes:
         return dumped[:-1] + b',"stream":false}'
     if edit == "trailing_duplicate":  # a later duplicate of a key before the array
         return dumped[:-1] + b',"model":"claude-opus-4-6"}'
+    if edit == "escaped_duplicate":  # `messages` again, spelt with an escape
+        return dumped[:-1] + b',"m\\u0065ssages":[{"role":"user","content":"other"}]}'
     if edit == "number":  # a number as the last element (not a message: the upstream says so)
         return dumped[:-2] + b",7]}"
     if edit == "number_longer":  # the same bytes up to the number's end, a longer number
@@ -95,10 +98,10 @@ def test_reused_parse_is_the_full_parse(edits: list[tuple[str, int]], turns: int
             assert len(raw) < MIN_BYTES
             continue
         kept = masker.raw_index.parsed(match.state) if match.state is not None else None
-        before = copy.deepcopy(list(kept[0])) if kept is not None else None
+        before = copy.deepcopy(list(kept.elements)) if kept is not None else None
         got = reused_parse(raw, match)
         if kept is not None:
-            assert list(kept[0]) == before  # the earlier elements are not edited
+            assert list(kept.elements) == before  # the earlier elements are not edited
         if not isinstance(expected, dict):
             assert got is None
             continue
@@ -174,7 +177,19 @@ def _same(a: Exchange, b: Exchange) -> None:
 CONVERSATION = st.lists(
     st.tuples(
         st.sampled_from(
-            ["append", "append", "append", "edit_middle", "marker", "truncate", "trailing_key", "reformat", "same"]
+            [
+                "append",
+                "append",
+                "append",
+                "edit_middle",
+                "marker",
+                "truncate",
+                "trailing_key",
+                "trailing_duplicate",
+                "escaped_duplicate",
+                "reformat",
+                "same",
+            ]
         ),
         st.integers(0, 10_000),
     ),
@@ -225,3 +240,19 @@ async def test_an_appended_turn_through_the_stages_reuses_the_earlier_objects() 
         assert (mode, b.body["messages"][0] is a.body["messages"][0]) == (mode, True)
         if mode == "observe":  # optimise rewrites it (copy-on-write)
             assert b.body == orjson.loads(second)
+
+
+def test_an_escaped_duplicate_array_key_is_not_taken_for_the_array() -> None:
+    """`"m\\u0065ssages"` after the array replaces it: neither the view nor the parse reuses
+    the earlier elements for it (the view was wrong before: it reused their digests)."""
+    masker, plain = _masker(), _masker()
+    first = orjson.dumps(_body(30))
+    view_messages(ANTHROPIC, orjson.loads(first), masker, raw=RawBody(first, SCOPE))
+    second = first[:-1] + b',"m\\u0065ssages":[{"role":"user","content":"other"}]}'
+    assert orjson.loads(second)["messages"] == [{"role": "user", "content": "other"}]
+    match = match_raw(masker.raw_index, SCOPE, second)
+    assert match is not None and match.state is not None and match.kept is not None
+    assert reused_parse(second, match) is None
+    got = view_messages(ANTHROPIC, orjson.loads(second), masker, raw=RawBody(second, SCOPE, match))
+    expected = view_messages(ANTHROPIC, orjson.loads(second), plain)
+    assert (got.digests, got.exact, got.boundaries) == (expected.digests, expected.exact, expected.boundaries)

@@ -116,3 +116,58 @@ async def test_an_appended_turn_reuses_every_earlier_message() -> None:
         reuse = reuse_for(ex, ex.sent_prompt[0])
         assert reuse is not None and reuse.array_key == "messages"
         assert (mode, reuse.same) == (mode, expected)
+
+
+def _laid_out(adapter: Any, body: dict[str, Any], earlier: dict[str, tuple[Any, list[Any]]]) -> dict[str, Any]:
+    """Runs per prefix key as the session stage lays them out against a recent body's
+    (`proxy.pipeline.session.client_runs`): the same value's runs, else `relayout`, else fresh."""
+    out = {}
+    for key in adapter.prefix_keys:
+        if key not in body:
+            continue
+        value, hit = body[key], earlier.get(key)
+        if hit is not None and hit[0] is value:
+            out[key] = hit
+            continue
+        redone = adapter.relayout(key, value, hit[0], hit[1]) if hit is not None else None
+        out[key] = (value, redone[0] if redone is not None else adapter.layout({key: value}))
+    return out
+
+
+def _check_resumed(data: st.DataObject, adapter: Any, body: dict[str, Any]) -> None:
+    """The next body shares leading objects with `body` (some messages kept, maybe one
+    replaced, maybe more appended, maybe new tools): a scan resumed from `body`'s scan is the
+    full scan."""
+    key = "input" if adapter.api_path == "/v1/responses" else "messages"
+    if not isinstance(body.get(key), list):
+        return
+    earlier_runs = _laid_out(adapter, body, {})
+    earlier = scan_prompt([run for _, runs in earlier_runs.values() for run in runs])
+    items = list(body[key])
+    del items[data.draw(st.integers(0, len(items))) :]
+    if items and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(items) - 1))
+        items[i] = {"role": "user", "content": [{"type": "text", "text": "edited", "cache_control": {"type": "x"}}]}
+    items.extend(copy.deepcopy(body[key][: data.draw(st.integers(0, 3))]))
+    nxt = {**body, key: items}
+    if "tools" in nxt and data.draw(st.booleans()):
+        nxt["tools"] = copy.deepcopy(nxt["tools"])
+    runs = [run for _, rs in _laid_out(adapter, nxt, earlier_runs).values() for run in rs]
+    assert _fields(scan_prompt(runs, None, earlier)) == _fields(scan_prompt(runs))
+    assert _fields(scan_prompt(runs, None, earlier)) == _fields(scan_prompt(_runs(adapter, nxt)))
+
+
+@FAST
+@given(anthropic_bodies(), st.data())
+def test_a_scan_resumed_from_a_recent_bodys_runs_is_the_full_scan_anthropic(
+    body: dict[str, Any], data: st.DataObject
+) -> None:
+    _check_resumed(data, ANTHROPIC, body)
+
+
+@FAST
+@given(openai_bodies(), st.data())
+def test_a_scan_resumed_from_a_recent_bodys_runs_is_the_full_scan_openai(
+    case: tuple[str, dict[str, Any]], data: st.DataObject
+) -> None:
+    _check_resumed(data, route(case[0])[0], case[1])
