@@ -243,6 +243,8 @@ class AnthropicAdapter:
         return {}
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
+    counts_tokens: Final = False
+    """Reads follow the markers (`predict_read_tokens` counts nothing)."""
 
     def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking for cache diagnostics against response `previous_id`.

@@ -313,6 +313,12 @@ class ProviderAdapter(Protocol):
         that agree with it (`proxy.measure.agreement`); empty without diagnostics."""
         ...
 
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether `predict_read_tokens` counts text with its `count` argument: before the first
+        such request the handler loads the `o200k_base` counter (`proxy.tokenizer`)."""
+        ...
+
     def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
         """Per message role, keys a client may drop when it re-sends a message without making
         it another message (session identity and replay ignore them; replay sends them back)."""

@@ -274,6 +274,8 @@ class OpenAIAdapter:
         return CHAT_OPTIONAL if path == CHAT_PATH else {}
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
+    counts_tokens: Final = True
+    """The automatic-cache read is counted in `o200k_base` tokens (`predict_read_tokens`)."""
 
     def predict_read_tokens(
         self,
