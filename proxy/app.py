@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.admin import add_admin_routes, ui_token_for
+from proxy.admission import BodyGate
 from proxy.affinity import Affinity, base_urls
 from proxy.aio import create_task
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
@@ -210,6 +211,7 @@ def create_app(
         pricing=pricing,
         ui_token=ui_token_for(settings),
         tokenizer=TokenizerLoader(budget.token_counts),
+        gate=BodyGate(settings.pipeline_inflight_bytes, metrics.pipeline_admission_waits.inc),
     )
     app.on_response_prepare.append(close_when_draining)
     app.cleanup_ctx.append(_resolve_upstreams)

@@ -10,6 +10,7 @@ from proxy.pricing import PricingTable, default_pricing
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
+    from proxy.admission import BodyGate
     from proxy.affinity import Affinity
     from proxy.debug import LastMeasurements
     from proxy.keepwarm import KeepWarm
@@ -45,6 +46,8 @@ class Services:
     """`o200k_base` counter (`proxy.sim.tokens.TokenCounter`) for predictions in real tokens,
     built off the loop by `tokenizer` before the first request that counts tokens; `None`
     before (and when it cannot be built: measurement then estimates bytes/4)."""
+    gate: BodyGate | None = None
+    """Admission to the request stages by body bytes (`proxy.admission`; `proxy.app`)."""
     tokenizer: TokenizerLoader | None = None
     """Builds `tokens` on first need (`proxy.tokenizer`; set by `proxy.app.create_app`)."""
     teams: TeamResolver | None = None
