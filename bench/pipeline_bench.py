@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
     raws = [orjson.dumps(build_body(i)) for i in range(args.requests + 20)]
-    blocks = len(ANTHROPIC.prefix_blocks("/v1/messages", orjson.loads(raws[0])))
+    blocks = len(ANTHROPIC.prefix_blocks(orjson.loads(raws[0])))
     services = Services(settings=Settings(), metrics=Metrics(CollectorRegistry()))
     baseline, totals, per_stage = asyncio.run(_measure(raws, services))
     warm = slice(20, None)  # first requests fill the rule caches

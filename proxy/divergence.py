@@ -158,22 +158,21 @@ def request_model(body: JSONObject) -> str:
     return model if isinstance(model, str) else ""
 
 
-def params_digest(adapter: ProviderAdapter, path: str, body: JSONObject) -> bytes:
+def params_digest(adapter: ProviderAdapter, body: JSONObject) -> bytes:
     """xxh3-128 of the prompt-affecting parameters outside the blocks (16 bytes)."""
-    fingerprint = adapter.params_fingerprint(path, body)
+    fingerprint = adapter.params_fingerprint(body)
     return xxhash.xxh3_128_digest(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS))
 
 
-def read_rules(adapter: ProviderAdapter, path: str, body: JSONObject, min_tokens: int = 0) -> ReadRules:
+def read_rules(adapter: ProviderAdapter, body: JSONObject, min_tokens: int = 0) -> ReadRules:
     """The adapter's read rules for `body` (its `MarkerPolicy`: per request, OpenAI's depends on
     the model and on the gateway's profile)."""
-    policy = adapter.marker_policy(path, body)
+    policy = adapter.marker_policy(body)
     return ReadRules(policy.key, policy.top_level_key, policy.lookback, policy.run_kinds, min_tokens)
 
 
 def read_predictor(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     n_blocks: int,
     min_tokens: int,
@@ -185,7 +184,7 @@ def read_predictor(
 
     def predict(shared: int, previous: PreviousRequest) -> tuple[int | None, int] | None:
         return adapter.predict_read_tokens(
-            path, body, count, n_blocks, shared, len(previous.ends), previous.breakpoints, min_tokens
+            body, count, n_blocks, shared, len(previous.ends), previous.breakpoints, min_tokens
         )
 
     return predict
@@ -404,18 +403,18 @@ def compare(
 
 
 def prompt_of(
-    adapter: ProviderAdapter, path: str, body: JSONObject, rules: ReadRules, chain: PrefixChain | None = None
+    adapter: ProviderAdapter, body: JSONObject, rules: ReadRules, chain: PrefixChain | None = None
 ) -> Prompt:
     """The `Prompt` of a whole body, built from its `prefix_blocks` (offline callers; the live
     path builds it from its scan, `proxy.measure`). `chain` when the caller digested it."""
-    blocks = adapter.prefix_blocks(path, body)
+    blocks = adapter.prefix_blocks(body)
     return Prompt(
         chain if chain is not None else chain_blocks(blocks),
         blocks,
         [block.kind for block in blocks],
         marker_positions([block.value for block in blocks], body, rules),
         request_model(body),
-        params_digest(adapter, path, body),
+        params_digest(adapter, body),
     )
 
 

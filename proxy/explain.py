@@ -273,7 +273,7 @@ def pair_view(
     adapter, _ = route(path)
     classifier = classifier_for(rules) if rules is not None else None
     maps = [
-        map_blocks(scan_prompt(adapter.layout(path, body)), top_ttl(body), classifier) if body else ()
+        map_blocks(scan_prompt(adapter.layout(body)), top_ttl(body), classifier) if body else ()
         for body in (a, b)
     ]
     family, prices = default_pricing().lookup(adapter.name, request_model(b))
@@ -339,7 +339,6 @@ def pair_view(
 
 def plan_lines(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     *,
     min_tokens: int = 0,
@@ -358,8 +357,8 @@ def plan_lines(
     if not callable(place) or context_type is None:
         return None
     context = context_type(previous_breakpoints=tuple(previous_breakpoints))
-    _, plan = place(adapter, path, body, min_tokens=min_tokens, context=context)
-    blocks = adapter.prefix_blocks(path, body)
+    _, plan = place(adapter, body, min_tokens=min_tokens, context=context)
+    blocks = adapter.prefix_blocks(body)
     lines = []
     for marker in plan.markers:
         where = blocks[marker.index].path if marker.index < len(blocks) else "?"
@@ -402,7 +401,7 @@ def _load(path: str) -> Any:
 def _usage_from(data: Any, path: str) -> Usage | None:
     """`Usage` from a saved response body (or a bare `usage` object) of B."""
     adapter, _ = route(path)
-    reader = adapter.usage_reader(path)
+    reader = adapter.usage_reader()
     reader.feed_json(data if isinstance(data, dict) and "usage" in data else {"usage": data})
     result = reader.result()
     return result if result.seen else None
@@ -483,10 +482,10 @@ def explain_command(
     adapter, _ = route(path)
     model = request_model(b)
     min_tokens = adapter.min_cacheable_tokens(model, rules.min_tokens(model))
-    previous = marker_positions([blk.value for blk in adapter.prefix_blocks(path, a)], a, read_rules(adapter, path, a))
+    previous = marker_positions([blk.value for blk in adapter.prefix_blocks(a)], a, read_rules(adapter, a))
 
-    def planner(adapter: ProviderAdapter, path: str, body: JSONObject) -> list[str] | None:
-        return plan_lines(adapter, path, body, min_tokens=min_tokens, previous_breakpoints=previous)
+    def planner(adapter: ProviderAdapter, body: JSONObject) -> list[str] | None:
+        return plan_lines(adapter, body, min_tokens=min_tokens, previous_breakpoints=previous)
 
     result = explain(
         a,

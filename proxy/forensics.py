@@ -140,8 +140,8 @@ def _one_line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
-def _params_detail(adapter: ProviderAdapter, path: str, a: JSONObject, b: JSONObject) -> str:
-    fa, fb = adapter.params_fingerprint(path, a), adapter.params_fingerprint(path, b)
+def _params_detail(adapter: ProviderAdapter, a: JSONObject, b: JSONObject) -> str:
+    fa, fb = adapter.params_fingerprint(a), adapter.params_fingerprint(b)
     keys = [k for k in dict.fromkeys([*fa, *fb]) if fa.get(k) != fb.get(k)]
     return "parameters changed: " + ", ".join(keys)
 
@@ -159,7 +159,7 @@ def explain(
 ) -> Explanation:
     """Compare request body `b` with the reference `a` as sent to `path` (see module docstring).
 
-    `usage` is B's response usage (enables `expired`); `planner(adapter, path, body)` returns
+    `usage` is B's response usage (enables `expired`); `planner(adapter, body)` returns
     plan lines for B, or `None` when no planner is available (also when `planner` is `None`);
     `is_volatile(block)` says whether a changed system block matched a volatile rule;
     `min_tokens` is B's model's minimum cacheable prefix (tokens), below which nothing is read;
@@ -168,9 +168,9 @@ def explain(
     """
     adapter, _ = route(path)
     # A's read rules (its markers); B's (the lookback and minimum its read is judged by)
-    prompt_a = prompt_of(adapter, path, a, read_rules(adapter, path, a))
-    rules = read_rules(adapter, path, b, min_tokens)
-    prompt_b = prompt_of(adapter, path, b, rules)
+    prompt_a = prompt_of(adapter, a, read_rules(adapter, a))
+    rules = read_rules(adapter, b, min_tokens)
+    prompt_b = prompt_of(adapter, b, rules)
     blocks_a, blocks_b = prompt_a.blocks, prompt_b.blocks
     chain_a, chain_b = prompt_a.chain, prompt_b.chain
     reference = reference_of(prompt_a) if a else None
@@ -181,11 +181,11 @@ def explain(
         previous_messages=[blk.message_index if blk.section == "messages" else None for blk in blocks_a],
         is_volatile=is_volatile,
         usage=usage,
-        predictor=read_predictor(adapter, path, b, len(blocks_b), min_tokens, count),
+        predictor=read_predictor(adapter, b, len(blocks_b), min_tokens, count),
     )
     divergence, cause, predicted = found.divergence, found.cause, found.predicted_read_tokens
     fields = _locate(divergence.section, divergence.block_index, blocks_a, blocks_b, chain_b)
-    detail = _detail(divergence.cause, adapter, path, a, b, blocks_a, blocks_b)
+    detail = _detail(divergence.cause, adapter, a, b, blocks_a, blocks_b)
     byte_offset = fields[4] if fields is not None else divergence.byte_offset
     return Explanation(
         provider=adapter.name,
@@ -207,14 +207,14 @@ def explain(
         a_bytes=chain_a.total_bytes,
         b_bytes=chain_b.total_bytes,
         predicted_read_tokens=predicted,
-        plan=_plan(planner, adapter, path, b),
+        plan=_plan(planner, adapter, b),
     )
 
 
-def _plan(planner: Any, adapter: ProviderAdapter, path: str, body: JSONObject) -> tuple[str, ...] | None:
+def _plan(planner: Any, adapter: ProviderAdapter, body: JSONObject) -> tuple[str, ...] | None:
     if planner is None:
         return None
-    lines = planner(adapter, path, body)
+    lines = planner(adapter, body)
     return None if lines is None else tuple(lines)
 
 
@@ -239,7 +239,6 @@ def _locate(
 def _detail(
     cause: str,
     adapter: ProviderAdapter,
-    path: str,
     a: JSONObject,
     b: JSONObject,
     blocks_a: Sequence[Block],
@@ -250,7 +249,7 @@ def _detail(
     if cause == "model_changed":
         return f"model changed: {request_model(a)!r} -> {request_model(b)!r} (the cache is per model)"
     if cause == "params_changed":
-        return _params_detail(adapter, path, a, b)
+        return _params_detail(adapter, a, b)
     if cause == "none" and len(blocks_b) > len(blocks_a):
         return f"B appends {len(blocks_b) - len(blocks_a)} block(s) to A"
     if cause == "none" and len(blocks_b) < len(blocks_a):

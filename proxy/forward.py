@@ -357,7 +357,7 @@ async def _send(
         for key, value in upstream.headers.items():
             if key.lower() not in _DROP_RESPONSE:
                 response.headers.add(key, value)
-        reader = adapter.usage_reader(exchange.path)
+        reader = adapter.usage_reader()
         tee = UsageTee(
             reader,
             upstream.headers.get("content-type", ""),

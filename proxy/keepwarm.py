@@ -211,7 +211,7 @@ class KeepWarm:
             return False
         if not isinstance(sent, dict):
             return False
-        cut = exchange.adapter.prefix_request(exchange.path, sent, markers[-1].index)
+        cut = exchange.adapter.prefix_request(sent, markers[-1].index)
         body = dict(cut if cut is not None else sent)
         prefix = usage.cache_read + usage.cache_write if cut is not None else usage.prompt_total
         share = 1.0
@@ -316,7 +316,7 @@ class KeepWarm:
             self.breaker[tenant] = now + BREAKER_SECONDS
             self._drop(window)
             return False
-        reader = window.adapter.usage_reader(window.path)
+        reader = window.adapter.usage_reader()
         try:
             reader.feed_json(orjson.loads(data))
         except orjson.JSONDecodeError:

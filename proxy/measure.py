@@ -102,7 +102,7 @@ def sent_params_digest(exchange: Exchange, body: JSONObject) -> bytes:
     found = exchange.sent_params
     if found is not None and found[0] is body:
         return found[1]
-    digest = params_digest(exchange.adapter, exchange.path, body)
+    digest = params_digest(exchange.adapter, body)
     exchange.sent_params = (body, digest)
     return digest
 
@@ -164,11 +164,11 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
     found = exchange.sent_prompt
     if found is not None and found[0] is body:
         return found[1]
-    adapter, path = exchange.adapter, exchange.path
+    adapter = exchange.adapter
     known = exchange.client_runs or {}
     cache = exchange.layout_cache
     runs: list[Any] = []
-    for key in adapter.prefix_keys(path):
+    for key in adapter.prefix_keys:
         if key not in body:
             continue
         value = body[key]
@@ -180,8 +180,8 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
         if scanned is not None:
             runs.extend(scanned)
             continue
-        redone = adapter.relayout(path, key, value, hit[0], hit[1]) if hit is not None else None
-        runs.extend(redone[0] if redone is not None else adapter.layout(path, {key: value}))
+        redone = adapter.relayout(key, value, hit[0], hit[1]) if hit is not None else None
+        runs.extend(redone[0] if redone is not None else adapter.layout({key: value}))
     prompt = scan_prompt(runs, reuse_for(exchange, body))
     exchange.sent_prompt = (body, prompt)
     return prompt
@@ -287,7 +287,7 @@ def sent_marker_positions(exchange: Exchange, body: JSONObject, prompt: PromptSc
     """The blocks of the body as sent (`body`, scanned as `prompt`) that carry a marker by its
     adapter's rules (`proxy.divergence.marked_positions`): what measurement compares and the
     session record keeps."""
-    return _markers(body, prompt, read_rules(exchange.adapter, exchange.path, body))
+    return _markers(body, prompt, read_rules(exchange.adapter, body))
 
 
 def _markers(body: JSONObject, prompt: PromptScan, rules: ReadRules) -> tuple[int, ...]:
@@ -323,9 +323,9 @@ def measure(exchange: Exchange, services: Services) -> None:
 
     prompt = sent_prompt(exchange, body)
     exchange.sent_chain = prompt.chain
-    adapter, path = exchange.adapter, exchange.path
+    adapter = exchange.adapter
     min_tokens = min_tokens_for(services, exchange, model_for(exchange))
-    rules = read_rules(adapter, path, body, min_tokens)
+    rules = read_rules(adapter, body, min_tokens)
     counter = services.tokens
     usage = exchange.usage
     found = compare(
@@ -336,7 +336,7 @@ def measure(exchange: Exchange, services: Services) -> None:
         is_volatile=_checker(_rules(services)),
         usage=usage,
         predictor=read_predictor(
-            adapter, path, body, len(prompt.blocks), min_tokens, counter.count if counter is not None else None
+            adapter, body, len(prompt.blocks), min_tokens, counter.count if counter is not None else None
         ),
     )
     divergence, cause, predicted = found.divergence, found.cause, found.predicted_read_tokens

@@ -154,7 +154,7 @@ def tracing_middleware(provider: trace.TracerProvider) -> Middleware:
         if request.match_info.handler is not proxy_handler:
             return await handler(request)
         adapter, path = route(request.path, _is_openai_shaped(request))
-        is_pipeline = request.method == "POST" and path in adapter.pipeline_paths
+        is_pipeline = request.method == "POST" and path == adapter.api_path
         name = f"{request.method} {request.path}" if is_pipeline else request.method
         parent = _PROPAGATOR.extract(request.headers)
         attributes = {

@@ -94,7 +94,7 @@ def test_per_provider_settings_are_one_mapping(tmp_path: Path) -> None:
 
     from proxy.metrics import Metrics
     from proxy.pipeline.support import capabilities_for
-    from proxy.providers import ANTHROPIC, OPENAI
+    from proxy.providers import ANTHROPIC, OPENAI_CHAT
     from proxy.services import Services
     from proxy.settings import ProviderSettings, UpstreamCapabilities
 
@@ -112,7 +112,7 @@ def test_per_provider_settings_are_one_mapping(tmp_path: Path) -> None:
         ),
     }
     services = Services(settings=settings, metrics=Metrics(CollectorRegistry()))
-    assert capabilities_for(services, OPENAI).no_tool_message_markers is True
+    assert capabilities_for(services, OPENAI_CHAT).no_tool_message_markers is True
     assert capabilities_for(services, ANTHROPIC).no_tool_message_markers is False
 
 

@@ -103,17 +103,16 @@ def _is_hidden_call(value: Any, hidden: HiddenCalls) -> bool:
 class Legality:
     """Which blocks may carry a marker (docs/provider-rules.md 1.3, 2.3), per policy and capabilities."""
 
-    __slots__ = ("adapter", "path", "policy", "caps", "view", "_cache", "_hidden")
+    __slots__ = ("adapter", "policy", "caps", "view", "_cache", "_hidden")
 
     def __init__(
         self,
         adapter: ProviderAdapter,
-        path: str,
         policy: MarkerPolicy,
         caps: UpstreamCapabilities,
         view: BlockView,
     ) -> None:
-        self.adapter, self.path, self.policy, self.caps, self.view = adapter, path, policy, caps, view
+        self.adapter, self.policy, self.caps, self.view = adapter, policy, caps, view
         self._cache: dict[tuple[int, bool], bool] = {}
         self._hidden: frozenset[Any] | None = None
 
@@ -162,7 +161,7 @@ class Legality:
         if run.is_list:
             if not isinstance(value, dict):
                 return False
-        elif not isinstance(value, str) or self.adapter.as_block_list(self.path, run) is None:
+        elif not isinstance(value, str) or self.adapter.as_block_list(run) is None:
             return False
         if kind in policy.text_kinds:
             text = value if isinstance(value, str) else value.get("text")
@@ -249,7 +248,7 @@ def stronger(current: Any, new: Any) -> Any:
 
 
 def write_marker(
-    editor: Editor, adapter: ProviderAdapter, path: str, view: BlockView, key: str, index: int, marker: Any
+    editor: Editor, adapter: ProviderAdapter, view: BlockView, key: str, index: int, marker: Any
 ) -> None:
     """Put `marker` (`None`: remove it) on block `index` through `editor`. A whole-string block
     becomes a one-block list first (`adapter.as_block_list`); the caller checked legality."""
@@ -265,7 +264,7 @@ def write_marker(
         return
     if marker is None:
         return
-    converted = adapter.as_block_list(path, run)
+    converted = adapter.as_block_list(run)
     if converted is None:
         raise ValueError(f"block {index} cannot carry a marker")
     value, inner = converted

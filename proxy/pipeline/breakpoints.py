@@ -1,9 +1,9 @@
 """breakpoints: plan at most `MarkerPolicy.max_markers` cache markers.
 
-Pure core `place_breakpoints(adapter, path, body, ...)` -> `(body, Plan)` (its planning parts
+Pure core `place_breakpoints(adapter, body, ...)` -> `(body, Plan)` (its planning parts
 live in `proxy.pipeline.planner`); `STAGE` adapts it to the `Exchange`.
 
-Contract (positions are indices into `adapter.prefix_blocks(path, body)`):
+Contract (positions are indices into `adapter.prefix_blocks(body)`):
 - Client markers that are legal stay. Illegal ones move to the nearest block that may carry a
   marker (ties: the earlier block): from thinking blocks and empty text (docs/provider-rules.md 1.3), from
   tool messages when the upstream has `no_tool_message_markers`; markers inside
@@ -179,7 +179,6 @@ class Plan:
 
 def place_breakpoints(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     *,
     min_tokens: int = 0,
@@ -191,9 +190,9 @@ def place_breakpoints(
     """`body` with its markers planned (see the module docstring), and the plan (pure).
 
     `cache` reuses layout and scan results of earlier stages of the same request."""
-    policy = adapter.marker_policy(path, body)
+    policy = adapter.marker_policy(body)
     cache = cache if cache is not None else LayoutCache()
-    view, marks, nested = cache.view(adapter, path, body, policy, adapter.tool_shape(path).call_kinds)
+    view, marks, nested = cache.view(adapter, body, policy, adapter.tool_shape.call_kinds)
     stable_end, session_end = system_ends(view, system_tiers)
     editor = Editor(body)
     cache_key = None
@@ -202,8 +201,8 @@ def place_breakpoints(
         if cache_key is not None:
             editor.set((policy.cache_key_field,), cache_key)
     if policy.max_markers <= 0:
-        return _finish(editor, adapter, path, cache_key), Plan(cache_key=cache_key)
-    planner = Planner(adapter, path, policy, view, caps, context or PlanContext())
+        return _finish(editor, adapter, cache_key), Plan(cache_key=cache_key)
+    planner = Planner(adapter, policy, view, caps, context or PlanContext())
     top_key = policy.top_level_key
     top = body.get(top_key) if top_key is not None else None
     planner.resolve(marks, nested, top)
@@ -212,7 +211,7 @@ def place_breakpoints(
         stable_end, session_end, first_cacheable(view, policy, min_tokens), tools_end=tools_end
     )
     final = planner.finish()
-    _apply(editor, adapter, path, view, policy.key, marks, nested, final)
+    _apply(editor, adapter, view, policy.key, marks, nested, final)
     if top_key is not None and top is not None:
         editor.delete((top_key,))
     markers = tuple(
@@ -221,19 +220,18 @@ def place_breakpoints(
     )
     kept = sum(1 for m in markers if m.origin == "client")
     plan = Plan(markers, cache_key, injected, planner.moved, planner.dropped, kept)
-    return _finish(editor, adapter, path, cache_key), plan
+    return _finish(editor, adapter, cache_key), plan
 
 
-def _finish(editor: Editor, adapter: ProviderAdapter, path: str, cache_key: str | None) -> JSONObject:
+def _finish(editor: Editor, adapter: ProviderAdapter, cache_key: str | None) -> JSONObject:
     """The edited body; an added top-level key goes before the prefix keys (canonical order)."""
     result = editor.result()
-    return order_top_keys(result, adapter.prefix_keys(path)) if cache_key is not None else result
+    return order_top_keys(result, adapter.prefix_keys) if cache_key is not None else result
 
 
 def _apply(
     editor: Editor,
     adapter: ProviderAdapter,
-    path: str,
     view: BlockView,
     key: str,
     marks: dict[int, Any],
@@ -247,7 +245,7 @@ def _apply(
             continue
         run, pos = view.locate(index)
         if not run.is_list:
-            write_marker(editor, adapter, path, view, key, index, desired)
+            write_marker(editor, adapter, view, key, index, desired)
             continue
         value = run.value[pos]
         new = {k: v for k, v in value.items() if k != key}
@@ -272,7 +270,6 @@ class BreakpointsStage:
         model = model_for(exchange)
         new_body, plan = place_breakpoints(
             exchange.adapter,
-            exchange.path,
             body,
             min_tokens=min_tokens_for(services, exchange, model),
             system_tiers=exchange.system_tiers,

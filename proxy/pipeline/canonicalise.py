@@ -1,6 +1,6 @@
 """canonicalise: make what the provider renders deterministic.
 
-Pure core `canonicalise_body(adapter, path, body, pins, caps)`; `STAGE` adapts it to the
+Pure core `canonicalise_body(adapter, body, pins, caps)`; `STAGE` adapts it to the
 `Exchange`.
 
 Contract:
@@ -194,7 +194,6 @@ def _clean_block(value: JSONObject, kind: Any, key: str, nested: frozenset[str],
 
 def canonicalise_body(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     pins: SessionPins | None = None,
     caps: UpstreamCapabilities = NO_CAPABILITY_LIMITS,
@@ -205,10 +204,10 @@ def canonicalise_body(
     `cache` shares layout and scan results with later stages of the same request."""
     report = CanonicalReport()
     cache = cache if cache is not None else LayoutCache()
-    policy = adapter.marker_policy(path, body)
+    policy = adapter.marker_policy(body)
     key = policy.key
-    shape = adapter.tool_shape(path)
-    scans = cache.scans(adapter, path, body, policy, shape.call_kinds)
+    shape = adapter.tool_shape
+    scans = cache.scans(adapter, body, policy, shape.call_kinds)
     editor = Editor(body)
     if pins is not None and scans and scans[0][0] == "tools" and scans[0][1].runs:
         tools_run = scans[0][1].runs[0]
@@ -243,13 +242,13 @@ def canonicalise_body(
     report.empty_removed = len(removed)
     if stranded:
         view = view_of([part for _, part in scans])
-        _rehome(adapter, path, view, editor, caps, policy, frozenset(removed), stranded, report)
+        _rehome(adapter, view, editor, caps, policy, frozenset(removed), stranded, report)
     top_key = policy.top_level_key
     if top_key is not None and top_key in body and body[top_key] is None:
         editor.delete((top_key,))
         report.nulls_removed += 1
     result = editor.result()
-    ordered = order_top_keys(result, adapter.prefix_keys(path))
+    ordered = order_top_keys(result, adapter.prefix_keys)
     report.top_keys_reordered = ordered is not result
     return ordered, report
 
@@ -335,7 +334,6 @@ def _pin_inputs(
 
 def _rehome(
     adapter: ProviderAdapter,
-    path: str,
     view: BlockView,
     editor: Editor,
     caps: UpstreamCapabilities,
@@ -345,7 +343,7 @@ def _rehome(
     report: CanonicalReport,
 ) -> None:
     """Move the markers of removed empty text blocks to the nearest block that may carry one."""
-    legal = Legality(adapter, path, policy, caps, view)
+    legal = Legality(adapter, policy, caps, view)
     for index, marker in stranded:
         target = legal.nearest(index, removed)
         if target is None:
@@ -353,7 +351,7 @@ def _rehome(
             continue
         current = editor.get(view.path(target))
         current_marker = current.get(policy.key) if isinstance(current, dict) else None
-        write_marker(editor, adapter, path, view, policy.key, target, stronger(current_marker, marker))
+        write_marker(editor, adapter, view, policy.key, target, stronger(current_marker, marker))
         report.markers_moved += 1
 
 
@@ -368,7 +366,7 @@ class CanonicaliseStage:
         pins = SessionPins.of(exchange.session_pins)
         caps = capabilities_for(services, exchange.adapter, model_for(exchange))
         cache = layout_cache(exchange)
-        new_body, report = canonicalise_body(exchange.adapter, exchange.path, body, pins, caps, cache)
+        new_body, report = canonicalise_body(exchange.adapter, body, pins, caps, cache)
         count_markers(exchange, services, moved=report.markers_moved, dropped=report.markers_dropped)
         if new_body is not body:
             exchange.replace_body(new_body)

@@ -26,11 +26,11 @@ from proxy.services import Services
 
 
 def with_diagnostics(
-    adapter: ProviderAdapter, path: str, body: JSONObject, previous: Any
+    adapter: ProviderAdapter, body: JSONObject, previous: Any
 ) -> JSONObject | None:
     """The body asking for diagnostics against `previous.last_response_id`, or `None` (no change)."""
     previous_id = getattr(previous, "last_response_id", None)
-    return adapter.with_cache_diagnostics(path, body, previous_id if isinstance(previous_id, str) else None)
+    return adapter.with_cache_diagnostics(body, previous_id if isinstance(previous_id, str) else None)
 
 
 class DiagnosticsStage:
@@ -40,7 +40,7 @@ class DiagnosticsStage:
     async def run(self, exchange: Exchange, services: Services) -> None:
         if not services.settings.cache_diagnostics or exchange.body is None:
             return
-        body = with_diagnostics(exchange.adapter, exchange.path, exchange.body, exchange.previous)
+        body = with_diagnostics(exchange.adapter, exchange.body, exchange.previous)
         if body is None:
             return
         exchange.replace_body(body)

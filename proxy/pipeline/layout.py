@@ -2,8 +2,8 @@
 
 Contract:
 - `LayoutCache.scans(...)`: for each prefix key present in the body (`adapter.prefix_keys`),
-  the adapter's runs of that key alone (`adapter.layout(path, {key: value})`, which is that
-  key's share of `adapter.layout(path, body)`; a test holds it) and ONE pass over their blocks
+  the adapter's runs of that key alone (`adapter.layout({key: value})`, which is that
+  key's share of `adapter.layout(body)`; a test holds it) and ONE pass over their blocks
   (`scan`) collecting run starts, section spans and what the stages look for: markers, null
   markers, markers inside `content` (`MarkerPolicy.nested_kinds`), removable empty text blocks
   and tool-call blocks.
@@ -265,7 +265,6 @@ class LayoutCache:
     def scans(
         self,
         adapter: ProviderAdapter,
-        path: str,
         body: JSONObject,
         policy: MarkerPolicy,
         call_kinds: frozenset[str],
@@ -276,15 +275,15 @@ class LayoutCache:
             self._policy = (policy, call_kinds)
             self._actions = _actions(policy, call_kinds)
         out = []
-        for key in adapter.prefix_keys(path):
+        for key in adapter.prefix_keys:
             if key not in body:
                 continue
             value = body[key]
             hit = self._scans.get(key)
             if hit is None or hit[0] is not value:
                 previous = hit[1] if hit is not None else None
-                redone = adapter.relayout(path, key, value, hit[0], hit[1].runs) if hit is not None else None
-                runs, known = redone if redone is not None else (adapter.layout(path, {key: value}), 0)
+                redone = adapter.relayout(key, value, hit[0], hit[1].runs) if hit is not None else None
+                runs, known = redone if redone is not None else (adapter.layout({key: value}), 0)
                 hit = self._scans[key] = (value, _scan(runs, policy.key, self._actions, previous, known))
             out.append((key, hit[1]))
         return out
@@ -298,14 +297,13 @@ class LayoutCache:
     def view(
         self,
         adapter: ProviderAdapter,
-        path: str,
         body: JSONObject,
         policy: MarkerPolicy,
         call_kinds: frozenset[str],
     ) -> tuple[BlockView, dict[int, Any], list[int]]:
         """The body's `BlockView`, its markers by block index, and the blocks holding markers
         inside their `content`."""
-        scans = [s for _, s in self.scans(adapter, path, body, policy, call_kinds)]
+        scans = [s for _, s in self.scans(adapter, body, policy, call_kinds)]
         marks: dict[int, Any] = {}
         nested: list[int] = []
         offset = 0
@@ -316,12 +314,12 @@ class LayoutCache:
             offset += part.size
         return view_of(scans), marks, nested
 
-    def system_messages(self, adapter: ProviderAdapter, path: str, body: JSONObject) -> bool:
+    def system_messages(self, adapter: ProviderAdapter, body: JSONObject) -> bool:
         """True when a run of `body`'s system section is a message-array element (OpenAI head
         messages): only then can rewriting the system prompt add or remove messages. False for
         a system prompt outside the array (Anthropic `system`, Responses `instructions`)."""
-        policy = adapter.marker_policy(path, body)
-        for _, part in self.scans(adapter, path, body, policy, adapter.tool_shape(path).call_kinds):
+        policy = adapter.marker_policy(body)
+        for _, part in self.scans(adapter, body, policy, adapter.tool_shape.call_kinds):
             groups, runs = part.groups, part.runs
             for g, (section, first, _) in enumerate(groups):
                 if section == "system":
@@ -330,10 +328,10 @@ class LayoutCache:
                         return True
         return False
 
-    def message_count(self, adapter: ProviderAdapter, path: str, body: JSONObject) -> int:
+    def message_count(self, adapter: ProviderAdapter, body: JSONObject) -> int:
         """Distinct message-array elements in the prefix of `body` (`Run.message` values)."""
-        policy = adapter.marker_policy(path, body)
-        parts = self.scans(adapter, path, body, policy, adapter.tool_shape(path).call_kinds)
+        policy = adapter.marker_policy(body)
+        parts = self.scans(adapter, body, policy, adapter.tool_shape.call_kinds)
         seen: set[Any] = set()
         for _, part in parts:
             seen |= part.messages

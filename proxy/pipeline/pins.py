@@ -16,7 +16,7 @@ When its fields really change:
   every earlier message stay byte-identical; later turns replay that message as sent. When no
   message can take the text, the new bytes are sent as in the default.
 
-Pure core `pin_body(adapter, path, body, rules, pinned)` -> `(body, PinReport)`; `STAGE`
+Pure core `pin_body(adapter, body, rules, pinned)` -> `(body, PinReport)`; `STAGE`
 (right after `reorder`, before `replay`; a separate step so it sees the system prompt as it
 will be sent: segments sorted, volatile text already moved) adapts it to the `Exchange`.
 
@@ -121,7 +121,6 @@ def _pinned_rules(rules: RuleSet) -> dict[str, Rule]:
 
 def pin_body(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     rules: RuleSet,
     pinned: Mapping[str, str] | None = None,
@@ -138,7 +137,7 @@ def pin_body(
     report = PinReport(dict(pinned or {}))
     if not by_name:
         return body, report
-    units = adapter.system_units(path, body)
+    units = adapter.system_units(body)
     classifier = classifier_for(rules)
     seen: dict[tuple[str, str], int] = {}
     parts: list[SystemPart] = []
@@ -188,11 +187,11 @@ def pin_body(
         parts.append(SystemPart(source, text, unit.marker, whole=is_whole))
     if not edited:
         return body, report
-    new_body = adapter.with_system(path, body, parts)
+    new_body = adapter.with_system(body, parts)
     if moving:
-        with_text = adapter.with_user_text(path, new_body, [content for _, content in moving])
+        with_text = adapter.with_user_text(new_body, [content for _, content in moving])
         if with_text is None:  # nothing can take it: send the new bytes after all
-            return _without_moves(adapter, path, body, rules, pinned, moving, delivered)
+            return _without_moves(adapter, body, rules, pinned, moving, delivered)
         new_body = with_text
         report.moved = len(moving)
         report.delivered = [(f"pin\x1f{key}", content) for key, content in moving]
@@ -201,7 +200,6 @@ def pin_body(
 
 def _without_moves(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     rules: RuleSet,
     pinned: Mapping[str, str] | None,
@@ -211,7 +209,7 @@ def _without_moves(
     """`pin_body` where the changed segments that could not move count as changed: their new
     content becomes the pinned one, so they are sent as the client sent them."""
     updated = {**(pinned or {}), **dict(moving)}
-    new_body, report = pin_body(adapter, path, body, rules, updated, delivered)
+    new_body, report = pin_body(adapter, body, rules, updated, delivered)
     report.changed += len(moving)
     return new_body, report
 
@@ -231,7 +229,7 @@ class PinStage:
         try:
             budget = scan_budget(exchange, services)
             new_body, report = pin_body(
-                exchange.adapter, exchange.path, body, rules_for(services), pinned, carried, budget
+                exchange.adapter, body, rules_for(services), pinned, carried, budget
             )
         except BudgetSpent:  # the system prompt goes as sent; the pins are kept for later turns
             count_budget_spent(services, self.name)

@@ -102,15 +102,14 @@ class Planner:
     def __init__(
         self,
         adapter: ProviderAdapter,
-        path: str,
         policy: MarkerPolicy,
         view: BlockView,
         caps: UpstreamCapabilities,
         context: PlanContext,
     ) -> None:
-        self.adapter, self.path, self.policy, self.view, self.caps = adapter, path, policy, view, caps
+        self.adapter, self.policy, self.view, self.caps = adapter, policy, view, caps
         self.context = context
-        self.legal = Legality(adapter, path, policy, caps, view)
+        self.legal = Legality(adapter, policy, caps, view)
         self.final: dict[int, tuple[Any, str, str]] = {}
         self.moved = self.dropped = 0
         self.ttl_shared, self.ttl_session = context.ttl_shared, context.ttl_session

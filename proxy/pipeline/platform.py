@@ -86,7 +86,7 @@ class PlatformStage:
         model = model_for(exchange)
         caps = capabilities_for(services, exchange.adapter, model)
         marked = exchange.adapter.with_platform_markers(
-            exchange.path, body, min_tokens_for(services, exchange, model), not caps.strip_ttl
+            body, min_tokens_for(services, exchange, model), not caps.strip_ttl
         )
         if marked is not None and marked is not body:
             exchange.replace_body(marked)

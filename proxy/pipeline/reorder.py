@@ -1,6 +1,6 @@
 """reorder: durable-first system prompt.
 
-Pure core `reorder_body(adapter, path, body, rules)`; `STAGE` adapts it to the `Exchange`.
+Pure core `reorder_body(adapter, body, rules)`; `STAGE` adapts it to the `Exchange`.
 
 Contract:
 - The system prompt (`adapter.system_units`: Anthropic `system` blocks or string; OpenAI head
@@ -220,7 +220,6 @@ def plan_system(
 
 def reorder_body(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     rules: RuleSet,
     caps: UpstreamCapabilities = NO_CAPABILITY_LIMITS,
@@ -245,7 +244,7 @@ def reorder_body(
     leaves the array: the plan's `dropped_messages` counts them, and replay and the session
     record align the sent array with the client's by it (`replay.aligned_items`). `cache`
     shares layout and scan results with the other stages of the request."""
-    units = adapter.system_units(path, body)
+    units = adapter.system_units(body)
     classifier = classifier_for(rules)
     try:
         plan = plan_system(units, classifier, budget=budget)
@@ -253,10 +252,10 @@ def reorder_body(
         return body, as_sent(units)
     if not plan.changed:
         return body, plan
-    new_body = adapter.with_system(path, body, plan.parts)
+    new_body = adapter.with_system(body, plan.parts)
     if not plan.moved:
         return new_body, plan
-    with_text = adapter.with_user_text(path, new_body, plan.moved)
+    with_text = adapter.with_user_text(new_body, plan.moved)
     if with_text is not None and delivered:
         pairs = zip(plan.slots, plan.moved, strict=True)
         fresh = [(slot, text) for slot, text in pairs if delivered.get(slot) != text]
@@ -264,15 +263,15 @@ def reorder_body(
             texts = tuple(text for _, text in fresh)
             slots = tuple(slot for slot, _ in fresh)
             plan = replace(plan, moved=texts, slots=slots, repeated=len(plan.moved) - len(fresh))
-            with_text = adapter.with_user_text(path, new_body, texts) if texts else new_body
+            with_text = adapter.with_user_text(new_body, texts) if texts else new_body
     cache = cache if cache is not None else LayoutCache()
     if with_text is None:
         staying = plan_system(units, classifier, allow_move=False)  # classified above: no budget
-        return (adapter.with_system(path, body, staying.parts) if staying.changed else body), staying
-    out = canonicalise_body(adapter, path, with_text, caps=caps, cache=cache)[0]
+        return (adapter.with_system(body, staying.parts) if staying.changed else body), staying
+    out = canonicalise_body(adapter, with_text, caps=caps, cache=cache)[0]
     # a system prompt outside the message array cannot take a message with it: nothing to count
-    if plan.emptied and cache.system_messages(adapter, path, body):
-        dropped = cache.message_count(adapter, path, body) - cache.message_count(adapter, path, out)
+    if plan.emptied and cache.system_messages(adapter, body):
+        dropped = cache.message_count(adapter, body) - cache.message_count(adapter, out)
         if dropped > 0:
             plan = replace(plan, dropped_messages=dropped)
     return out, plan
@@ -291,7 +290,7 @@ class ReorderStage:
         carried = delivered.texts_of(delivered.carried_notes(exchange)) if exchange.session_id else None
         budget = scan_budget(exchange, services)
         new_body, plan = reorder_body(
-            exchange.adapter, exchange.path, body, rules_for(services), caps, cache, carried, budget
+            exchange.adapter, body, rules_for(services), caps, cache, carried, budget
         )
         if plan.is_budget_spent:
             count_budget_spent(services, self.name)

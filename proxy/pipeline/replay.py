@@ -445,7 +445,6 @@ class MessageView:
 
 def view_messages(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     masker: Masker,
     runs: Sequence[Run] | None = None,
@@ -454,7 +453,7 @@ def view_messages(
     raw: RawBody | None = None,
 ) -> MessageView:
     """Compute the `MessageView` of `body` (the client's parsed request); `runs` is
-    `adapter.layout(path, body)` when the caller has it. Classifying the system prompt for its
+    `adapter.layout(body)` when the caller has it. Classifying the system prompt for its
     identity form costs `segment_budget` (the request's, shared with reorder: a line is paid for
     once). The rules scan at most `budget_chars`
     characters for it (`Budget`; `MessageView.is_budget_spent` says when that cut masking short).
@@ -464,7 +463,7 @@ def view_messages(
     budget = masker.begin(budget_chars)
     masker.segment_budget = segment_budget
     try:
-        view = _view_messages(adapter, path, body, masker, runs, raw)
+        view = _view_messages(adapter, body, masker, runs, raw)
     finally:
         masker.budget = masker.segment_budget = None
     if budget is not None and budget.is_spent:
@@ -474,7 +473,6 @@ def view_messages(
 
 def _view_messages(
     adapter: ProviderAdapter,
-    path: str,
     body: JSONObject,
     masker: Masker,
     runs: Sequence[Run] | None,
@@ -484,7 +482,7 @@ def _view_messages(
     array_key: str | None = None
     system_positions: set[int] = set()
     tools: list[bytes] = []
-    for run in adapter.layout(path, body) if runs is None else runs:
+    for run in adapter.layout(body) if runs is None else runs:
         if run.message is None:
             for value in run.value if run.is_list else (run.value,):
                 if run.section == "tools":
@@ -500,7 +498,7 @@ def _view_messages(
     items = body.get(array_key) if array_key is not None else None
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
-    optional = adapter.identity_optional(path)
+    optional = adapter.identity_optional
     if raw is not None and is_list and array_key is not None and elements and len(raw.data) >= rawprefix.MIN_BYTES:
         exact, digests, keys = _examine_known(masker, raw, array_key, elements, optional)
     else:

@@ -133,9 +133,9 @@ class SessionStage:
             previous = await store.load(tenant, sid) if store is not None else None
             if previous is not None:
                 masker.seed(previous.sidecars)
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget, raw)
+            view = view_messages(exchange.adapter, body, masker, runs, budget, segment_budget, raw)
         else:
-            view = view_messages(exchange.adapter, exchange.path, body, masker, runs, budget, segment_budget, raw)
+            view = view_messages(exchange.adapter, body, masker, runs, budget, segment_budget, raw)
             inference = state.index.infer(tenant, view.boundaries)
             source = inference.parent if inference.kind == "fork" else inference.session_id
             if source is not None and store is not None:
@@ -217,19 +217,19 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
     """The layout runs of the client's `body`, per prefix key from the request's shared
     `LayoutCache` (the rewriting stages reuse them; in `observe` mode nothing scans, so plain
     `layout` per key); kept by key in `Exchange.client_runs` as `(value, runs)`."""
-    adapter, path = exchange.adapter, exchange.path
+    adapter = exchange.adapter
     by_key: dict[str, tuple[Any, list[Run]]] = {}
     runs: list[Run] = []
     if services.settings.mode == "observe":
-        for key in adapter.prefix_keys(path):
+        for key in adapter.prefix_keys:
             if key in body:
                 value = body[key]
-                by_key[key] = (value, adapter.layout(path, {key: value}))
+                by_key[key] = (value, adapter.layout({key: value}))
                 runs.extend(by_key[key][1])
     else:
-        policy = adapter.marker_policy(path, body)
-        call_kinds = adapter.tool_shape(path).call_kinds
-        for key, scan in layout_cache(exchange).scans(adapter, path, body, policy, call_kinds):
+        policy = adapter.marker_policy(body)
+        call_kinds = adapter.tool_shape.call_kinds
+        for key, scan in layout_cache(exchange).scans(adapter, body, policy, call_kinds):
             by_key[key] = (body[key], scan.runs)
             runs.extend(scan.runs)
     exchange.client_runs = by_key
@@ -402,7 +402,7 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
                 exchange.replayed_bytes or {},
                 previous.sidecars if previous is not None else (),
             )
-    shape = adapter.tool_shape(exchange.path)
+    shape = adapter.tool_shape
     values, kinds, call_kinds = prompt.values, prompt.kinds, shape.call_kinds
     calls = [
         values[i] for i in range(prompt.tools, len(values)) if kinds[i] in call_kinds and isinstance(values[i], dict)

@@ -1,10 +1,14 @@
 """Provider adapters and upstream profiles, chosen explicitly by request path.
 
-`ADAPTERS` maps the routing prefix a client may use (`/anthropic`, `/openai`) to its adapter;
-`route(path)` resolves a request path to `(adapter, upstream_path)`: the explicit prefix wins,
-otherwise the path itself decides (`/v1/messages...` is Anthropic, `/v1/chat`, `/v1/responses`,
-`/v1/embeddings`... are OpenAI). Unknown paths go to the OpenAI upstream only when they carry an
-OpenAI-only shape; everything else defaults to Anthropic's.
+One adapter per API: `ANTHROPIC` (Messages), `OPENAI_CHAT` (Chat Completions),
+`OPENAI_RESPONSES` (Responses), and Bedrock's Converse on its platform paths. `route(path)`
+resolves a request path to `(adapter, path without a routing prefix)`: the family comes from
+the explicit prefix (`/anthropic`, `/openai`) or else from the path itself (`/v1/messages...` is
+Anthropic, `/v1/chat`, `/v1/responses`, `/v1/embeddings`... are OpenAI; an unknown path goes to
+OpenAI only when it carries an OpenAI-only credential shape, otherwise to Anthropic); the API
+path then picks the family's adapter (`FAMILY_APIS`), and a path of no API of its own
+(embeddings, models, count_tokens ...) gets the family's pass-through adapter (that of the API
+`FAMILY_DEFAULT` names: only its error shape and usage reader apply).
 
 `Router` adds the upstream profiles (`proxy.profiles`): a platform's own paths (Vertex
 `:rawPredict`, Bedrock `/model/{model}/invoke`, Azure `/openai/deployments/{d}/...`) run through
@@ -26,14 +30,32 @@ from urllib.parse import unquote
 from proxy.profiles import PathRule, Profile, Profiles
 from proxy.providers import anthropic as _anthropic
 from proxy.providers import openai as _openai
-from proxy.providers.anthropic import AnthropicAdapter
+from proxy.providers.anthropic import MESSAGES_PATH, AnthropicMessagesAdapter
 from proxy.providers.base import ProviderAdapter
 from proxy.providers.converse import CONVERSE_PATH, ConverseAdapter
-from proxy.providers.openai import OpenAIAdapter
+from proxy.providers.openai import CHAT_PATH, RESPONSES_PATH, OpenAIChatAdapter, OpenAIResponsesAdapter
 
-ANTHROPIC: Final = AnthropicAdapter()
-OPENAI: Final = OpenAIAdapter()
-ADAPTERS: Final[dict[str, ProviderAdapter]] = {"anthropic": ANTHROPIC, "openai": OPENAI}
+AdapterType = Callable[[Profile], ProviderAdapter]
+
+FAMILY_APIS: Final[dict[str, dict[str, AdapterType]]] = {
+    "anthropic": {MESSAGES_PATH: AnthropicMessagesAdapter},
+    "openai": {CHAT_PATH: OpenAIChatAdapter, RESPONSES_PATH: OpenAIResponsesAdapter},
+}
+"""Family -> the API paths a client may send on the standard routes -> their adapter type."""
+FAMILY_DEFAULT: Final[dict[str, str]] = {"anthropic": MESSAGES_PATH, "openai": RESPONSES_PATH}
+"""The API whose adapter serves a family's other paths (pass-through: only its error shape and
+usage reader apply; OpenAI's is Responses, whose usage reader those paths always had)."""
+PLATFORM_APIS: Final[dict[str, AdapterType]] = {CONVERSE_PATH: ConverseAdapter}
+"""API shapes reached only through a platform's own paths (`rules/profiles.yaml` `api`)."""
+
+ANTHROPIC: Final = AnthropicMessagesAdapter()
+OPENAI_CHAT: Final = OpenAIChatAdapter()
+OPENAI_RESPONSES: Final = OpenAIResponsesAdapter()
+_DIRECT: Final[dict[str, tuple[dict[str, ProviderAdapter], ProviderAdapter]]] = {
+    "anthropic": ({MESSAGES_PATH: ANTHROPIC}, ANTHROPIC),
+    "openai": ({CHAT_PATH: OPENAI_CHAT, RESPONSES_PATH: OPENAI_RESPONSES}, OPENAI_RESPONSES),
+}
+"""Family -> (API path -> adapter, pass-through adapter), on the `direct` profiles."""
 
 _OPENAI_PREFIXES: Final = (
     "/v1/chat/",
@@ -102,22 +124,33 @@ def redact_path(path: str, credential: str = "") -> str:
     return "/".join(segments)
 
 
-def route(path: str, openai_markers: bool = False) -> tuple[ProviderAdapter, str]:
-    """Pick the adapter for `path` and strip an explicit `/anthropic` or `/openai` prefix.
+def family_of(path: str, openai_markers: bool = False) -> tuple[str, str]:
+    """`(family, path without a routing prefix)`: an explicit `/anthropic` or `/openai` prefix
+    wins, then the path's own shape.
 
     `openai_markers` is true when the request carries an OpenAI-only credential shape
     (`Authorization: Bearer` without `x-api-key` and without `anthropic-version`); it decides
     shared paths such as `/v1/models` and `/v1/files`.
     """
-    for prefix, adapter in (("/anthropic", ANTHROPIC), ("/openai", OPENAI)):
+    for family in ("anthropic", "openai"):
+        prefix = "/" + family
         if path == prefix or path.startswith(prefix + "/"):
-            rest = path[len(prefix) :] or "/"
-            return adapter, rest
+            return family, path[len(prefix) :] or "/"
     if path.startswith(_OPENAI_PREFIXES):
-        return OPENAI, path
+        return "openai", path
     if path.startswith("/v1/messages"):
-        return ANTHROPIC, path
-    return (OPENAI if openai_markers else ANTHROPIC), path
+        return "anthropic", path
+    return ("openai" if openai_markers else "anthropic"), path
+
+
+def route(path: str, openai_markers: bool = False) -> tuple[ProviderAdapter, str]:
+    """The direct adapter of the API `path` names, and `path` without a routing prefix
+    (`family_of`): `/v1/chat/completions` -> `OPENAI_CHAT`, `/v1/responses` ->
+    `OPENAI_RESPONSES`, `/v1/messages` -> `ANTHROPIC`, another path -> its family's
+    pass-through adapter (`FAMILY_DEFAULT`)."""
+    family, rest = family_of(path, openai_markers)
+    apis, default = _DIRECT[family]
+    return apis.get(rest, default), rest
 
 
 _ROUTING_PREFIXES: Final = ("/anthropic/", "/openai/")
@@ -130,19 +163,14 @@ def _is_prefixed_standard(template: str) -> bool:
     return any(template.startswith(prefix + "v1/") for prefix in _ROUTING_PREFIXES)
 
 
-_ADAPTER_TYPES: Final[dict[str, Callable[[Profile], ProviderAdapter]]] = {
-    "anthropic": AnthropicAdapter,
-    "openai": OpenAIAdapter,
-}
-_API_ADAPTERS: Final[dict[str, Callable[[Profile], ProviderAdapter]]] = {CONVERSE_PATH: ConverseAdapter}
-"""API shapes with an adapter of their own (the family's adapter serves the others)."""
-
-
 def adapter_for(profile: Profile, api: str | None = None) -> ProviderAdapter:
-    """The adapter of `profile`'s family (or of the `api` shape, Converse), applying its rules."""
-    kind = _API_ADAPTERS.get(api or "", _ADAPTER_TYPES[profile.family])
-    adapter: ProviderAdapter = kind(profile)
-    return adapter
+    """The adapter of API path `api` in `profile`'s family (`FAMILY_APIS`, or a platform-only
+    shape: Converse), applying the profile's rules; the family's pass-through adapter
+    (`FAMILY_DEFAULT`) for `None` or a path of no API of its own."""
+    apis = FAMILY_APIS[profile.family]
+    key = api or ""
+    kind = PLATFORM_APIS.get(key) or apis.get(key) or apis[FAMILY_DEFAULT[profile.family]]
+    return kind(profile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +178,7 @@ class Route:
     """Where one request goes and how the pipeline reads it."""
 
     adapter: ProviderAdapter
+    """The adapter of the API the request speaks (`ProviderAdapter.api_path`), on its profile."""
     path: str
     """The path the adapter reads the body as: `/v1/messages` for a Vertex `:rawPredict`; for
     other paths the path without a routing prefix."""
@@ -168,19 +197,30 @@ class Router:
 
     def __init__(self, profiles: Profiles, anthropic_profile: str = "direct", openai_profile: str = "direct") -> None:
         chosen = {"anthropic": anthropic_profile, "openai": openai_profile}
-        self.adapters: dict[str, ProviderAdapter] = {
-            family: adapter_for(profiles.get(family, name)) for family, name in chosen.items()
-        }
+        self.apis: dict[str, dict[str, ProviderAdapter]] = {}
+        """Family -> API path -> adapter of the chosen profile (the standard paths)."""
+        self.defaults: dict[str, ProviderAdapter] = {}
+        """Family -> the chosen profile's pass-through adapter (the family's other paths)."""
+        for family, name in chosen.items():
+            self.apis[family], self.defaults[family] = self._adapters(profiles.get(family, name))
         self.platform: list[tuple[PathRule, ProviderAdapter]] = []
         for profile in profiles.with_paths():
             is_chosen = chosen[profile.family] == profile.name
-            family = self.adapters[profile.family] if is_chosen else adapter_for(profile)
-            own = {api: adapter_for(profile, api) for api in _API_ADAPTERS}
+            apis, default = (
+                (self.apis[profile.family], self.defaults[profile.family]) if is_chosen else self._adapters(profile)
+            )
+            own = {**apis, **{api: adapter_for(profile, api) for api in PLATFORM_APIS}}
             self.platform.extend(
-                (rule, own.get(rule.api, family))
+                (rule, own.get(rule.api, default))
                 for rule in profile.paths
                 if is_chosen or not _is_prefixed_standard(rule.template)
             )
+
+    @staticmethod
+    def _adapters(profile: Profile) -> tuple[dict[str, ProviderAdapter], ProviderAdapter]:
+        """`profile`'s adapter per API path of its family, and its pass-through adapter (one of them)."""
+        apis = {api: adapter_for(profile, api) for api in FAMILY_APIS[profile.family]}
+        return apis, apis[FAMILY_DEFAULT[profile.family]]
 
     def route(self, path: str, raw_path: str | None = None, openai_markers: bool = False) -> Route:
         """Resolve `path` (percent-decoded; `raw_path` as received, query string excluded)."""
@@ -188,11 +228,11 @@ class Router:
         platform = self._platform(raw, None)
         if platform is not None:  # Azure's own paths start with /openai/
             return platform
-        for prefix in ("/anthropic", "/openai"):
+        for family in ("anthropic", "openai"):
+            prefix = "/" + family
             if path == prefix or path.startswith(prefix + "/"):
-                family = prefix[1:]
                 rest, raw_rest = path[len(prefix) :] or "/", raw[len(prefix) :] or "/"
-                return self._resolve(rest, raw_rest, self.adapters[family])
+                return self._resolve(rest, raw_rest, family)
         return self._resolve(path, raw, None, openai_markers)
 
     def _platform(self, raw: str, family: str | None) -> Route | None:
@@ -205,14 +245,13 @@ class Router:
                 return Route(adapter, rule.api, raw, True, unquote(model) if model else None, rule.stream)
         return None
 
-    def _resolve(self, path: str, raw: str, forced: ProviderAdapter | None, openai_markers: bool = False) -> Route:
-        platform = self._platform(raw, forced.name if forced is not None else None)
+    def _resolve(self, path: str, raw: str, forced: str | None, openai_markers: bool = False) -> Route:
+        platform = self._platform(raw, forced)
         if platform is not None:
             return platform
-        if forced is None:
-            default, _ = route(path, openai_markers)
-            forced = self.adapters[default.name]
-        return Route(forced, path, raw, path in forced.pipeline_paths)
+        family = forced if forced is not None else family_of(path, openai_markers)[0]
+        adapter = self.apis[family].get(path) or self.defaults[family]
+        return Route(adapter, path, raw, path == adapter.api_path)
 
 
 def default_router(profiles: Profiles | None = None, names: Sequence[str] = ("direct", "direct")) -> Router:

@@ -37,7 +37,6 @@ from proxy.providers.base import (
     RunBlocks,
     SystemPart,
     SystemUnit,
-    ToolShape,
     Usage,
     platform_error_body,
 )
@@ -202,12 +201,17 @@ def session_in_user_id(user_id: str) -> str | None:
     return match.group(1) if match else None
 
 
-class AnthropicAdapter:
+MESSAGES_PATH: Final = "/v1/messages"
+
+
+class AnthropicMessagesAdapter:
     """The Anthropic Messages API (`POST /v1/messages`), as served through `profile` (the API
-    itself, Vertex AI, Bedrock InvokeModel, Foundry, a strict compatible server ...)."""
+    itself, Vertex AI, Bedrock InvokeModel, Foundry, a strict compatible server ...). Also the
+    Anthropic family's adapter for its paths outside the pipeline (`/v1/messages/count_tokens`,
+    `/v1/models` ...): only its error shape and usage reader apply to those."""
 
     name: Final = "anthropic"
-    pipeline_paths: Final = frozenset({"/v1/messages"})
+    api_path: Final = MESSAGES_PATH
 
     def __init__(self, profile: Profile = DIRECT["anthropic"]) -> None:
         self.profile = profile
@@ -220,14 +224,14 @@ class AnthropicAdapter:
             return platform
         return orjson.dumps({"type": "error", "error": {"type": ERROR_TYPES[kind.name], "message": message}})
 
-    def usage_reader(self, path: str) -> AnthropicUsage:
+    def usage_reader(self) -> AnthropicUsage:
         return AnthropicUsage()
 
-    def prefix_blocks(self, path: str, body: JSONObject) -> list[Block]:
+    def prefix_blocks(self, body: JSONObject) -> list[Block]:
         """Blocks in render order, flattened from `layout` (the one definition of the order)."""
-        return list(RunBlocks(self.layout(path, body)))
+        return list(RunBlocks(self.layout(body)))
 
-    def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
+    def params_fingerprint(self, body: JSONObject) -> JSONObject:
         """Prompt-affecting parameters outside the blocks (docs/provider-rules.md 1.8)."""
         return {key: body[key] for key in PARAM_KEYS if key in body}
 
@@ -238,15 +242,14 @@ class AnthropicAdapter:
         sid = session_in_user_id(user_id) if isinstance(user_id, str) else None
         return ("metadata", sid) if sid else None
 
-    def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
-        """None: every key of a message is part of it."""
-        return {}
+    identity_optional: Final[Mapping[str, frozenset[str]]] = {}
+    """None: every key of a message is part of it."""
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
     counts_tokens: Final = False
     """Reads follow the markers (`predict_read_tokens` counts nothing)."""
 
-    def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
+    def with_cache_diagnostics(self, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking for cache diagnostics against response `previous_id`.
 
         Sends `diagnostics: {"previous_message_id": <id or null>}` (null opts in on a first turn;
@@ -260,44 +263,40 @@ class AnthropicAdapter:
 
     # Request side (pipeline stages); implemented in proxy.providers.anthropic_request.
 
-    def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy:
+    def marker_policy(self, body: JSONObject) -> MarkerPolicy:
         """`cache_control` rules (docs/provider-rules.md 1.2-1.5); the same for every model."""
         return anthropic_request.POLICY
 
-    def layout(self, path: str, body: JSONObject) -> list[Run]:
+    def layout(self, body: JSONObject) -> list[Run]:
         return anthropic_request.layout(body)
 
-    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
+    def relayout(self, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
         return anthropic_request.relayout(key, value, previous, runs)
 
-    def prefix_keys(self, path: str) -> tuple[str, ...]:
-        return anthropic_request.PREFIX_KEYS
+    prefix_keys: Final = anthropic_request.PREFIX_KEYS
+    tool_shape: Final = anthropic_request.TOOL_SHAPE
 
-    def tool_shape(self, path: str) -> ToolShape:
-        return anthropic_request.TOOL_SHAPE
-
-    def as_block_list(self, path: str, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+    def as_block_list(self, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
         return anthropic_request.as_block_list(run)
 
-    def system_units(self, path: str, body: JSONObject) -> list[SystemUnit]:
+    def system_units(self, body: JSONObject) -> list[SystemUnit]:
         return anthropic_request.system_units(body)
 
-    def with_system(self, path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+    def with_system(self, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
         return anthropic_request.with_system(body, parts)
 
-    def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+    def with_user_text(self, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         return anthropic_request.with_user_text(body, texts)
 
-    def prefix_request(self, path: str, body: JSONObject, last: int) -> JSONObject | None:
+    def prefix_request(self, body: JSONObject, last: int) -> JSONObject | None:
         return anthropic_request.prefix_request(body, last)
 
-    def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
+    def with_platform_markers(self, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
         """Markers here are keys on blocks (the shared planner's): `None`."""
         return None
 
     def predict_read_tokens(
         self,
-        path: str,
         body: JSONObject,
         count: Callable[[str], int] | None,
         n_blocks: int,

@@ -1,6 +1,6 @@
 """Anthropic Messages, request side: marker policy, layout, and system/tool rewriters.
 
-The pure functions behind `AnthropicAdapter`'s request-side methods (the adapter delegates
+The pure functions behind `AnthropicMessagesAdapter`'s request-side methods (the adapter delegates
 here). Every rewriter is copy-on-write: new containers along the changed path, the caller's
 objects untouched.
 
@@ -73,7 +73,7 @@ PREFIX_KEYS: Final = ("tools", "system", "messages")
 
 
 def layout(body: JSONObject) -> list[Run]:
-    """Runs in render order; flattened they are `AnthropicAdapter.prefix_blocks`."""
+    """Runs in render order; flattened they are `AnthropicMessagesAdapter.prefix_blocks`."""
     runs: list[Run] = []
     tools = body.get("tools")
     if isinstance(tools, list):

@@ -3,7 +3,8 @@
 Shared code (handlers, forward, pipeline stages, measurement) talks to a provider only through
 an adapter. An adapter knows:
 
-- its routes and upstream (`name`, `pipeline_paths`),
+- its API and upstream family (`api_path`, `name`): one adapter per API (Anthropic Messages,
+  OpenAI Chat Completions, OpenAI Responses, Bedrock Converse), chosen once per request,
 - how to render an error body in the provider's own shape (`error_body`),
 - how to read `Usage` from a JSON response body or from decoded SSE events (`UsageReader`),
 - the provider's prefix order (`prefix_blocks`): the list of `Block`s the provider renders, in
@@ -283,25 +284,32 @@ class SystemPart:
 
 
 class ProviderAdapter(Protocol):
-    """The provider-specific half of promptcache. See the module docstring."""
+    """The provider-specific half of promptcache, for one API (see the module docstring).
+
+    One adapter serves one API shape (`api_path`) through one upstream profile; the router
+    (`proxy.providers.Router`) picks it once per request from the request's path and the
+    exchange carries it, so no method takes a path.
+    """
 
     @property
     def name(self) -> str:
-        """`anthropic` or `openai`: also the `provider` metric label."""
+        """`anthropic` or `openai`: the upstream family, also the `provider` metric label."""
         ...
 
     @property
-    def pipeline_paths(self) -> frozenset[str]:
-        """Request paths (without a routing prefix) that run through the pipeline."""
+    def api_path(self) -> str:
+        """The request path of the API this adapter reads (`/v1/messages`,
+        `/v1/chat/completions`, `/v1/responses`, `/converse`): the one path, without a routing
+        prefix, that runs through the pipeline."""
         ...
 
     def error_body(self, kind: ErrorKind, message: str) -> bytes: ...
 
-    def usage_reader(self, path: str) -> UsageReader: ...
+    def usage_reader(self) -> UsageReader: ...
 
-    def prefix_blocks(self, path: str, body: JSONObject) -> list[Block]: ...
+    def prefix_blocks(self, body: JSONObject) -> list[Block]: ...
 
-    def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject: ...
+    def params_fingerprint(self, body: JSONObject) -> JSONObject: ...
 
     def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
         """`(source, raw session id)` from provider-defined body fields, else `None`."""
@@ -319,7 +327,8 @@ class ProviderAdapter(Protocol):
         such request the handler loads the `o200k_base` counter (`proxy.tokenizer`)."""
         ...
 
-    def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
+    @property
+    def identity_optional(self) -> Mapping[str, frozenset[str]]:
         """Per message role, keys a client may drop when it re-sends a message without making
         it another message (session identity and replay ignore them; replay sends them back)."""
         ...
@@ -327,57 +336,59 @@ class ProviderAdapter(Protocol):
     # Request side, used by the pipeline stages (canonicalise, reorder, breakpoints). Every
     # rewriter is copy-on-write: it returns new containers and never mutates its arguments.
 
-    def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy: ...
+    def marker_policy(self, body: JSONObject) -> MarkerPolicy: ...
 
-    def layout(self, path: str, body: JSONObject) -> list[Run]:
-        """The prefix order as `Run`s; flattened, exactly `prefix_blocks(path, body)`. The runs
-        of one prefix key depend on that key's value only: `layout(path, {key: body[key]})` is
-        its share (the pipeline's `LayoutCache` relies on it)."""
+    def layout(self, body: JSONObject) -> list[Run]:
+        """The prefix order as `Run`s; flattened, exactly `prefix_blocks(body)`. The runs of one
+        prefix key depend on that key's value only: `layout({key: body[key]})` is its share (the
+        pipeline's `LayoutCache` relies on it)."""
         ...
 
-    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
-        """`layout(path, {key: value})`, given `runs == layout(path, {key: previous})`: the
-        runs of the parts `value` shares with `previous` (same objects) reused, the rest laid
-        out; with how many leading runs are `runs`' own objects. `None` when the adapter cannot
-        do better than laying out from scratch. The pipeline's `LayoutCache` calls it when a
-        stage replaced a few messages."""
+    def relayout(self, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
+        """`layout({key: value})`, given `runs == layout({key: previous})`: the runs of the
+        parts `value` shares with `previous` (same objects) reused, the rest laid out; with how
+        many leading runs are `runs`' own objects. `None` when the adapter cannot do better than
+        laying out from scratch. The pipeline's `LayoutCache` calls it when a stage replaced a
+        few messages."""
         ...
 
-    def prefix_keys(self, path: str) -> tuple[str, ...]:
+    @property
+    def prefix_keys(self) -> tuple[str, ...]:
         """Top-level keys that hold the prefix, in render order (canonical key order)."""
         ...
 
-    def tool_shape(self, path: str) -> ToolShape: ...
+    @property
+    def tool_shape(self) -> ToolShape: ...
 
-    def as_block_list(self, path: str, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+    def as_block_list(self, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
         """A whole-string run rewritten as a list of one text block: `(value for run.key,
         relative path of the block)`; `None` when the run cannot carry a block marker."""
         ...
 
-    def system_units(self, path: str, body: JSONObject) -> list[SystemUnit]: ...
+    def system_units(self, body: JSONObject) -> list[SystemUnit]: ...
 
-    def with_system(self, path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+    def with_system(self, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
         """`body` with its system prompt rebuilt from `parts` (in that order)."""
         ...
 
-    def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+    def with_user_text(self, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         """`body` with `texts` as leading text blocks of the newest user message, or `None`
         when the request has no user message that can take them."""
         ...
 
-    def prefix_request(self, path: str, body: JSONObject, last: int) -> JSONObject | None:
+    def prefix_request(self, body: JSONObject, last: int) -> JSONObject | None:
         """A request carrying `body`'s prefix up to prefix block `last` and as little after it
         as the API allows (a keep-warm ping reads the entry there and pays for nothing
         uncached); `body` itself when nothing follows `last`; `None` when the adapter cannot cut
         there (the caller sends the body whole)."""
         ...
 
-    def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
+    def with_cache_diagnostics(self, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking the provider to diagnose cache misses against the response
         `previous_id`, or `None` when the provider has no such feature (body unchanged)."""
         ...
 
-    def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
+    def with_platform_markers(self, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject | None:
         """`body` with markers that are blocks of their own (Bedrock Converse `cachePoint`),
         placed by the adapter; `None` when the shared planner's key markers are the only kind.
         `min_tokens`: the model's minimum prefix; `keep_ttl`: the upstream accepts `ttl`."""
@@ -387,7 +398,6 @@ class ProviderAdapter(Protocol):
 
     def predict_read_tokens(
         self,
-        path: str,
         body: JSONObject,
         count: Callable[[str], int] | None,
         n_blocks: int,

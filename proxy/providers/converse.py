@@ -89,7 +89,7 @@ class ConverseAdapter:
     """Bedrock's Converse API, metered under the `anthropic` provider label and upstream."""
 
     name: Final = "anthropic"
-    pipeline_paths: Final = frozenset({CONVERSE_PATH})
+    api_path: Final = CONVERSE_PATH
 
     def __init__(self, profile: Profile = DIRECT["anthropic"]) -> None:
         self.profile = profile
@@ -100,13 +100,13 @@ class ConverseAdapter:
             {"message": message}
         )
 
-    def usage_reader(self, path: str) -> ConverseUsage:
+    def usage_reader(self) -> ConverseUsage:
         return ConverseUsage()
 
-    def prefix_blocks(self, path: str, body: JSONObject) -> list[Block]:
-        return list(RunBlocks(self.layout(path, body)))
+    def prefix_blocks(self, body: JSONObject) -> list[Block]:
+        return list(RunBlocks(self.layout(body)))
 
-    def params_fingerprint(self, path: str, body: JSONObject) -> JSONObject:
+    def params_fingerprint(self, body: JSONObject) -> JSONObject:
         """Prompt-affecting parameters outside the blocks: tool choice, model-specific fields."""
         config = body.get("toolConfig")
         out = {"toolChoice": config["toolChoice"]} if isinstance(config, dict) and "toolChoice" in config else {}
@@ -117,11 +117,10 @@ class ConverseAdapter:
     def session_hint(self, body: JSONObject) -> tuple[str, str] | None:
         return None
 
-    def identity_optional(self, path: str) -> Mapping[str, frozenset[str]]:
-        """None: every key of a message is part of it."""
-        return {}
+    identity_optional: Final[Mapping[str, frozenset[str]]] = {}
+    """None: every key of a message is part of it."""
 
-    def prefix_request(self, path: str, body: JSONObject, last: int) -> JSONObject | None:
+    def prefix_request(self, body: JSONObject, last: int) -> JSONObject | None:
         """Keep-warm pings only follow TTL markers (Anthropic): not cut here."""
         return None
 
@@ -130,39 +129,35 @@ class ConverseAdapter:
     """Reads follow the checkpoints (`predict_read_tokens` counts nothing)."""
     """Converse has no cache diagnostics."""
 
-    def with_cache_diagnostics(self, path: str, body: JSONObject, previous_id: str | None) -> JSONObject | None:
+    def with_cache_diagnostics(self, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         return None
 
-    def marker_policy(self, path: str, body: JSONObject) -> MarkerPolicy:
+    def marker_policy(self, body: JSONObject) -> MarkerPolicy:
         return POLICY
 
-    def layout(self, path: str, body: JSONObject) -> list[Run]:
+    def layout(self, body: JSONObject) -> list[Run]:
         return converse_request.layout(body)
 
-    def relayout(self, path: str, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
+    def relayout(self, key: str, value: Any, previous: Any, runs: list[Run]) -> tuple[list[Run], int] | None:
         return None
 
-    def prefix_keys(self, path: str) -> tuple[str, ...]:
-        return converse_request.PREFIX_KEYS
+    prefix_keys: Final = converse_request.PREFIX_KEYS
+    tool_shape: Final = TOOL_SHAPE
 
-    def tool_shape(self, path: str) -> ToolShape:
-        return TOOL_SHAPE
-
-    def as_block_list(self, path: str, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+    def as_block_list(self, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
         return None
 
-    def system_units(self, path: str, body: JSONObject) -> list[SystemUnit]:
+    def system_units(self, body: JSONObject) -> list[SystemUnit]:
         return []
 
-    def with_system(self, path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+    def with_system(self, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
         return body
 
-    def with_user_text(self, path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+    def with_user_text(self, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
         return None
 
     def predict_read_tokens(
         self,
-        path: str,
         body: JSONObject,
         count: Callable[[str], int] | None,
         n_blocks: int,
@@ -178,6 +173,6 @@ class ConverseAdapter:
         own = self.profile.min_tokens_for(model)
         return own if own is not None else default
 
-    def with_platform_markers(self, path: str, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject:
+    def with_platform_markers(self, body: JSONObject, min_tokens: int, keep_ttl: bool) -> JSONObject:
         """`cachePoint` blocks placed (`converse_request.place_cache_points`)."""
         return converse_request.place_cache_points(body, min_tokens, keep_ttl)

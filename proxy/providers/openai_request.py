@@ -1,7 +1,9 @@
 """OpenAI Chat Completions and Responses, request side: marker policy, layout, rewriters.
 
-The pure functions behind `OpenAIAdapter`'s request-side methods (the adapter delegates here).
-Copy-on-write like every rewriter: the caller's objects are never changed.
+The pure functions behind the request-side methods of `OpenAIChatAdapter` and
+`OpenAIResponsesAdapter` (each delegates here with its `OpenAIAPI`: `CHAT` or `RESPONSES`, the
+data in which the two APIs differ). Copy-on-write like every rewriter: the caller's objects are
+never changed.
 
 Provider rules (developers.openai.com/api/docs/guides/prompt-caching; SDK types
 `chat_completion_content_part_text_param.py`, `response_create_params.py`; docs/provider-rules.md 2.1-2.3):
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.malformed import skipped
@@ -49,6 +52,61 @@ _COMMON: Final[dict[str, Any]] = {
 }
 _CHAT_KINDS: Final = frozenset({"text", "image_url", "input_audio", "file"})
 _RESPONSES_KINDS: Final = frozenset({"text", "input_text", "input_image", "input_file"})
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIAPI:
+    """Where Chat Completions and Responses bodies differ (`CHAT`, `RESPONSES`; SDK types
+    `completion_create_params.py`, `response_create_params.py`)."""
+
+    path: str
+    """The API's request path."""
+    array_key: str
+    """The top-level array of messages / items: `messages` (Chat) or `input` (Responses)."""
+    instructions_key: str | None
+    """Top-level system string outside the array (Responses `instructions`), else `None`."""
+    has_string_input: bool
+    """The array may be a string (Responses `input: "..."`, one user message)."""
+    text_type: str
+    """Type of a text content part the proxy writes: `text` (Chat) or `input_text` (Responses)."""
+    marker_kinds: frozenset[str]
+    """Content part kinds a `prompt_cache_breakpoint` may go on (docs/provider-rules.md 2.3)."""
+    text_kinds: frozenset[str]
+    """Text part kinds (an empty one can carry no marker)."""
+    tool_shape: ToolShape
+    """Chat tools nest the function (`function.parameters`); Responses tools are flat."""
+    output_item: str | None
+    """Item type of a tool output that takes text parts (`function_call_output`), else `None`."""
+
+    @property
+    def prefix_keys(self) -> tuple[str, ...]:
+        """Top-level keys of the prefix, in render order."""
+        keys = ("tools",) if self.instructions_key is None else ("tools", self.instructions_key)
+        return (*keys, self.array_key)
+
+
+CHAT: Final = OpenAIAPI(
+    path=CHAT_PATH,
+    array_key="messages",
+    instructions_key=None,
+    has_string_input=False,
+    text_type="text",
+    marker_kinds=_CHAT_KINDS,
+    text_kinds=frozenset({"text"}),
+    tool_shape=ToolShape(name_path=("function", "name"), schema_path=("function", "parameters")),
+    output_item=None,
+)
+RESPONSES: Final = OpenAIAPI(
+    path=RESPONSES_PATH,
+    array_key="input",
+    instructions_key="instructions",
+    has_string_input=True,
+    text_type="input_text",
+    marker_kinds=_RESPONSES_KINDS,
+    text_kinds=frozenset({"text", "input_text"}),
+    tool_shape=ToolShape(name_path=("name",), schema_path=("parameters",)),
+    output_item="function_call_output",
+)
 
 
 CLAUDE_CHAT_POLICY: Final = MarkerPolicy(
@@ -79,11 +137,9 @@ def has_breakpoints(model: Any) -> bool:
     return version >= _BREAKPOINTS_SINCE
 
 
-def marker_policy(path: str, body: JSONObject) -> MarkerPolicy:
+def marker_policy(api: OpenAIAPI, body: JSONObject) -> MarkerPolicy:
     """The policy for this request's model; `max_markers` 0 before GPT-5.6."""
-    is_responses = path == RESPONSES_PATH
-    kinds = _RESPONSES_KINDS if is_responses else _CHAT_KINDS
-    text_kinds = frozenset({"text", "input_text"}) if is_responses else frozenset({"text"})
+    kinds, text_kinds = api.marker_kinds, api.text_kinds
     if not has_breakpoints(body.get("model")):
         return MarkerPolicy(max_markers=0, kinds=kinds, text_kinds=text_kinds, **_COMMON)
     options = body.get("prompt_cache_options")
@@ -91,35 +147,21 @@ def marker_policy(path: str, body: JSONObject) -> MarkerPolicy:
     return MarkerPolicy(max_markers=4 if mode == "explicit" else 3, kinds=kinds, text_kinds=text_kinds, **_COMMON)
 
 
-def tool_shape(path: str) -> ToolShape:
-    """Chat tools nest the function (`function.parameters`); Responses tools are flat."""
-    if path == RESPONSES_PATH:
-        return ToolShape(name_path=("name",), schema_path=("parameters",))
-    return ToolShape(name_path=("function", "name"), schema_path=("function", "parameters"))
-
-
-def prefix_keys(path: str) -> tuple[str, ...]:
-    return ("tools", "instructions", "input") if path == RESPONSES_PATH else ("tools", "messages")
-
-
-def layout(path: str, body: JSONObject) -> list[Run]:
-    """Runs in render order; flattened they are `OpenAIAdapter.prefix_blocks`."""
+def layout(api: OpenAIAPI, body: JSONObject) -> list[Run]:
+    """Runs in render order; flattened they are the adapter's `prefix_blocks`."""
     runs: list[Run] = []
     tools = body.get("tools")
     if isinstance(tools, list):
         runs.append(Run("tools", ("tools",), tools, True, "tool"))
-    if path == RESPONSES_PATH:
-        instructions = body.get("instructions")
+    if api.instructions_key is not None:
+        instructions = body.get(api.instructions_key)
         if isinstance(instructions, str):
-            runs.append(Run("system", ("instructions",), instructions, False, "text"))
-        items = body.get("input")
-        if isinstance(items, str):
-            runs.append(Run("messages", ("input",), items, False, "text", "user", 0))
-            return runs
-        array_key = "input"
-    else:
-        items = body.get("messages")
-        array_key = "messages"
+            runs.append(Run("system", (api.instructions_key,), instructions, False, "text"))
+    array_key = api.array_key
+    items = body.get(array_key)
+    if api.has_string_input and isinstance(items, str):
+        runs.append(Run("messages", (array_key,), items, False, "text", "user", 0))
+        return runs
     if not isinstance(items, list):
         return runs
     in_head = True
@@ -145,23 +187,26 @@ def layout(path: str, body: JSONObject) -> list[Run]:
     return runs
 
 
-def _text_type(path: str) -> str:
-    return "input_text" if path == RESPONSES_PATH else "text"
-
-
-def as_block_list(path: str, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
+def as_block_list(api: OpenAIAPI, run: Run) -> tuple[Any, tuple[str | int, ...]] | None:
     """String content as one text part; a string Responses `input` as one user message."""
-    if run.is_list or not isinstance(run.value, str) or run.key == ("instructions",):
+    if run.is_list or not isinstance(run.value, str) or run.key == (api.instructions_key,):
         return None
-    part = {"type": _text_type(path), "text": run.value}
-    if run.key == ("input",):
+    part = {"type": api.text_type, "text": run.value}
+    if run.key == (api.array_key,):
         return [{"role": "user", "content": [part]}], (0, "content", 0)
     return [part], (0,)
 
 
-def _array(path: str, body: JSONObject) -> tuple[str, Any]:
-    key = "input" if path == RESPONSES_PATH else "messages"
-    return key, body.get(key)
+def _array(api: OpenAIAPI, body: JSONObject) -> tuple[str, Any]:
+    return api.array_key, body.get(api.array_key)
+
+
+def _instructions(api: OpenAIAPI, body: JSONObject) -> str | None:
+    """The API's top-level system string (Responses `instructions`), when the body has one."""
+    if api.instructions_key is None:
+        return None
+    value = body.get(api.instructions_key)
+    return value if isinstance(value, str) else None
 
 
 def _head(items: Any) -> int | None:
@@ -181,12 +226,12 @@ def _head(items: Any) -> int | None:
     return len(items)
 
 
-def _unit_sources(path: str, body: JSONObject) -> list[tuple[int, int | None]] | None:
+def _unit_sources(api: OpenAIAPI, body: JSONObject) -> list[tuple[int, int | None]] | None:
     """Per system unit: `(message index, part index)`; `(-1, None)` is `instructions`."""
     sources: list[tuple[int, int | None]] = []
-    if path == RESPONSES_PATH and isinstance(body.get("instructions"), str):
+    if _instructions(api, body) is not None:
         sources.append((-1, None))
-    _, items = _array(path, body)
+    _, items = _array(api, body)
     head = _head(items)
     if head is None:
         return None
@@ -199,17 +244,17 @@ def _unit_sources(path: str, body: JSONObject) -> list[tuple[int, int | None]] |
     return sources
 
 
-def system_units(path: str, body: JSONObject) -> list[SystemUnit]:
+def system_units(api: OpenAIAPI, body: JSONObject) -> list[SystemUnit]:
     """`instructions` (not splittable), then each part of the head messages."""
-    sources = _unit_sources(path, body)
+    sources = _unit_sources(api, body)
     if sources is None:
         return []
-    _, items = _array(path, body)
+    _, items = _array(api, body)
     text_kinds = ("text", "input_text")
     units = []
     for m, c in sources:
         if m < 0:
-            units.append(SystemUnit(body["instructions"], splittable=False))
+            units.append(SystemUnit(_instructions(api, body), splittable=False))
             continue
         content = items[m]["content"]
         if c is None:
@@ -225,10 +270,10 @@ def system_units(path: str, body: JSONObject) -> list[SystemUnit]:
     return units
 
 
-def _part(path: str, items: list[Any], source: tuple[int, int | None], part: SystemPart) -> Any:
+def _part(api: OpenAIAPI, items: list[Any], source: tuple[int, int | None], part: SystemPart) -> Any:
     m, c = source
     if c is None:
-        block: JSONObject = {"type": _text_type(path), "text": part.text}
+        block: JSONObject = {"type": api.text_type, "text": part.text}
     else:
         original = items[m]["content"][c]
         if part.whole:
@@ -240,16 +285,16 @@ def _part(path: str, items: list[Any], source: tuple[int, int | None], part: Sys
     return block
 
 
-def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
+def with_system(api: OpenAIAPI, body: JSONObject, parts: Sequence[SystemPart]) -> JSONObject:
     """Head messages rebuilt from `parts`: consecutive parts of one message form one message
     (string content stays a string when it stays one unmarked part); a message split into
     several keeps its `id` on its first part only (item ids are unique, docs/provider-rules.md 9); parts of
     `instructions` are joined back into it; head items with no text units keep their place
     (`_merge_head`)."""
-    sources = _unit_sources(path, body)
+    sources = _unit_sources(api, body)
     if sources is None:
         return body
-    array_key, items = _array(path, body)
+    array_key, items = _array(api, body)
     head = _head(items) or 0
     instructions: list[str] = []
     messages: list[Any] = []
@@ -269,7 +314,7 @@ def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSO
             part = group[0]
             messages.append(original if part.whole else {**original, "content": part.text})
         else:
-            content = [_part(path, items, sources[p.source], p) for p in group]
+            content = [_part(api, items, sources[p.source], p) for p in group]
             messages.append({**original, "content": content})
         group.clear()
 
@@ -283,11 +328,11 @@ def with_system(path: str, body: JSONObject, parts: Sequence[SystemPart]) -> JSO
         group.append(part)
     flush()
     new_body = dict(body)
-    if path == RESPONSES_PATH and isinstance(body.get("instructions"), str):
+    if api.instructions_key is not None and _instructions(api, body) is not None:
         if instructions:
-            new_body["instructions"] = "".join(instructions)
+            new_body[api.instructions_key] = "".join(instructions)
         else:
-            del new_body["instructions"]
+            del new_body[api.instructions_key]
     if isinstance(items, list):
         with_units = {m for m, _ in sources if m >= 0}
         new_body[array_key] = [*_merge_head(items[:head], messages, with_units), *items[head:]]
@@ -320,18 +365,18 @@ def _with_leading_parts(value: Any, parts: list[JSONObject], text_type: str) -> 
     return None
 
 
-def with_user_text(path: str, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
+def with_user_text(api: OpenAIAPI, body: JSONObject, texts: Sequence[str]) -> JSONObject | None:
     """`texts` as the first parts of the last item: a user message, or a tool output when a tool
     turn is last (Chat `role: tool` content, Responses `function_call_output.output`; both take
     a list of text parts: `ChatCompletionToolMessageParam`, `ResponseFunctionCallOutputItemList`).
     A string Responses `input` becomes one user message. `None` otherwise (an assistant turn is
     last: inserting into an older message would rewrite history every turn)."""
-    text_type = _text_type(path)
+    text_type = api.text_type
     parts = [{"type": text_type, "text": text} for text in texts]
-    array_key, items = _array(path, body)
-    if isinstance(items, str) and array_key == "input":
+    array_key, items = _array(api, body)
+    if isinstance(items, str) and api.has_string_input:
         original = [{"type": text_type, "text": items}] if items else []
-        return {**body, "input": [{"role": "user", "content": [*parts, *original]}]}
+        return {**body, array_key: [{"role": "user", "content": [*parts, *original]}]}
     if not isinstance(items, list) or not items:
         return None
     last = items[-1]
@@ -339,7 +384,7 @@ def with_user_text(path: str, body: JSONObject, texts: Sequence[str]) -> JSONObj
         return None
     if last.get("role") in ("user", "tool"):
         key = "content"
-    elif path == RESPONSES_PATH and last.get("type") == "function_call_output":
+    elif api.output_item is not None and last.get("type") == api.output_item:
         key = "output"
     else:
         return None

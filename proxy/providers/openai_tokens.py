@@ -10,10 +10,11 @@ a documented approximation), as is a `json_schema` output format. Responses: `in
 a system message; `function_call` / `custom_tool_call` items are `<call> name arguments <|end|>`;
 `function_call_output` items a `tool` message named by `call_id`. Item `id`s are not rendered.
 
-`prompt_offsets(path, body, count)` returns `PromptOffsets`: the token offset after each block of
-`OpenAIAdapter.prefix_blocks` (same order), after each message's `<|end|>`, and the total with
-the reply priming; `None` when the body holds a shape this rule does not cover (the caller
-falls back to the bytes/4 estimate).
+`chat_offsets(body, count, n_blocks)` (Chat Completions) and `responses_offsets(...)`
+(Responses) return `PromptOffsets`: the token offset after each block of the adapter's
+`prefix_blocks` (same order), after each message's `<|end|>`, and the total with the reply
+priming; `None` when the body holds a shape this rule does not cover (the caller falls back to
+the bytes/4 estimate).
 
 `predict_read(...)` is OpenAI's cache rule (docs/provider-rules.md 2.1, 2.3) applied to those offsets:
 - automatic caching (before GPT-5.6): the longest `min + k * 128` tokens within the prefix the
@@ -187,16 +188,26 @@ def _responses(walk: _Walk, body: dict[str, Any]) -> bool:
     return True
 
 
-def prompt_offsets(path: str, body: dict[str, Any], count: Count, n_blocks: int) -> PromptOffsets | None:
-    """Token offsets of `body` (see the module docstring); `None` when its shape is not covered
-    or the walk does not yield `n_blocks` blocks (the adapter's prefix blocks)."""
+def _offsets(
+    rule: Callable[[_Walk, dict[str, Any]], bool], body: dict[str, Any], count: Count, n_blocks: int
+) -> PromptOffsets | None:
     walk = _Walk(count)
-    is_chat = path.endswith("/chat/completions")
-    ok = _chat(walk, body) if is_chat else _responses(walk, body)
-    if not ok or len(walk.out.block_ends) != n_blocks:
+    if not rule(walk, body) or len(walk.out.block_ends) != n_blocks:
         return None
     walk.out.total = walk.at + PRIMING
     return walk.out
+
+
+def chat_offsets(body: dict[str, Any], count: Count, n_blocks: int) -> PromptOffsets | None:
+    """Token offsets of a Chat Completions `body` (see the module docstring); `None` when its
+    shape is not covered or the walk does not yield `n_blocks` blocks (the adapter's prefix blocks)."""
+    return _offsets(_chat, body, count, n_blocks)
+
+
+def responses_offsets(body: dict[str, Any], count: Count, n_blocks: int) -> PromptOffsets | None:
+    """Token offsets of a Responses `body` (`instructions` first, items as the module docstring
+    renders them); `None` as `chat_offsets`."""
+    return _offsets(_responses, body, count, n_blocks)
 
 
 def predict_read(

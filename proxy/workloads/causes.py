@@ -85,8 +85,8 @@ class CauseTracker:
         adapter, _ = route(path)
         model = request_model(body)
         min_tokens = adapter.min_cacheable_tokens(model, self._min_tokens(model))
-        rules = read_rules(adapter, path, body, min_tokens)
-        prompt = prompt_of(adapter, path, body, rules)
+        rules = read_rules(adapter, body, min_tokens)
+        prompt = prompt_of(adapter, body, rules)
         lowered = {k.lower(): v for k, v in headers.items()}
         key = (path, explicit_session(lowered, body, self._session_headers, adapter))
         previous = self._previous.get(key)
@@ -97,7 +97,7 @@ class CauseTracker:
             previous_messages=previous.message_indices if previous is not None else None,
             is_volatile=self._is_volatile,
             usage=usage,
-            predictor=read_predictor(adapter, path, body, len(prompt.blocks), min_tokens),
+            predictor=read_predictor(adapter, body, len(prompt.blocks), min_tokens),
         )
         self._previous[key] = SentRequest(
             reference_of(prompt),

@@ -32,7 +32,7 @@ def big_message(text_bytes: int) -> bytes:
 
 def test_tee_holds_head_and_tail_only() -> None:
     body = big_message(8 * 1024 * 1024)
-    tee = UsageTee(ANTHROPIC.usage_reader("/v1/messages"), "application/json", "")
+    tee = UsageTee(ANTHROPIC.usage_reader(), "application/json", "")
     most = most_after = 0
     for i in range(0, len(body), 65536):
         tee.feed(body[i : i + 65536])

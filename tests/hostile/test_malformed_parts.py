@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.pipeline.canonicalise import SessionPins
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, route
 from proxy.providers.openai_request import has_breakpoints
 from tests.fakes.upstream import FakeUpstream
 from tests.pipeline.helpers import RULES, optimise
@@ -139,7 +139,7 @@ async def test_tool_use_name_not_a_string(start_proxy: Any, fake_upstream: FakeU
     out = sent(fake_upstream, 1)
     assert list(out["messages"][3]["content"][0]["input"]) == ["path", "mode"]  # pinned order
     assert out["messages"][3]["content"][1] == {**bad_call, "cache_control": EPH}
-    assert count_markers(ANTHROPIC, "/v1/messages", out, ANTHROPIC_MARKER_KEY) == 4
+    assert count_markers(ANTHROPIC, out, ANTHROPIC_MARKER_KEY) == 4
     assert stage_errors(proxy) == {}
     assert malformed(proxy) == {("canonicalise", "call_name"): 1}
 
@@ -246,15 +246,15 @@ def _pins(body: dict[str, Any]) -> SessionPins:
 def test_cores_with_malformed_parts_anthropic(body: dict) -> None:
     before = orjson.dumps(body)
     pins = _pins(body)
-    out, plan = optimise(ANTHROPIC, "/v1/messages", body, RULES, min_tokens=8, pins=pins)
+    out, plan = optimise(ANTHROPIC, body, RULES, min_tokens=8, pins=pins)
     assert orjson.dumps(body) == before, "input mutated"
-    again, plan2 = optimise(ANTHROPIC, "/v1/messages", out, RULES, min_tokens=8, pins=pins)
+    again, plan2 = optimise(ANTHROPIC, out, RULES, min_tokens=8, pins=pins)
     assert orjson.dumps(again) == orjson.dumps(out), "not idempotent"
     assert plan2.injected == plan2.moved == plan2.dropped == 0
     key = ANTHROPIC_MARKER_KEY
-    assert count_markers(ANTHROPIC, "/v1/messages", out, key) <= 4
-    assert content_fingerprint(ANTHROPIC, "/v1/messages", out, key) == content_fingerprint(
-        ANTHROPIC, "/v1/messages", body, key
+    assert count_markers(ANTHROPIC, out, key) <= 4
+    assert content_fingerprint(ANTHROPIC, out, key) == content_fingerprint(
+        ANTHROPIC, body, key
     )
 
 
@@ -263,15 +263,15 @@ def test_cores_with_malformed_parts_anthropic(body: dict) -> None:
 def test_cores_with_malformed_parts_openai(case: tuple[str, dict]) -> None:
     path, body = case
     before = orjson.dumps(body)
-    out, _ = optimise(OPENAI, path, body, RULES, min_tokens=8, pins=_pins(body))
+    out, _ = optimise(route(path)[0], body, RULES, min_tokens=8, pins=_pins(body))
     assert orjson.dumps(body) == before, "input mutated"
-    again, _ = optimise(OPENAI, path, out, RULES, min_tokens=8, pins=_pins(body))
+    again, _ = optimise(route(path)[0], out, RULES, min_tokens=8, pins=_pins(body))
     assert orjson.dumps(again) == orjson.dumps(out), "not idempotent"
     key = OPENAI_MARKER_KEY
     # a model without breakpoints takes no markers from promptcache: the client's pass as sent
-    limit = 4 if has_breakpoints(body.get("model")) else max(4, count_markers(OPENAI, path, body, key))
-    assert count_markers(OPENAI, path, out, key) <= limit
-    assert content_fingerprint(OPENAI, path, out, key) == content_fingerprint(OPENAI, path, body, key)
+    limit = 4 if has_breakpoints(body.get("model")) else max(4, count_markers(route(path)[0], body, key))
+    assert count_markers(route(path)[0], out, key) <= limit
+    assert content_fingerprint(route(path)[0], out, key) == content_fingerprint(route(path)[0], body, key)
 
 
 DEEP = b'{"a":' * 300 + b"1" + b"}" * 300

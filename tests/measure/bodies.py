@@ -68,19 +68,19 @@ def variant(name: str) -> dict[str, Any]:
     return body
 
 
-def record_for(adapter: Any, path: str, body: dict[str, Any]) -> Any:
+def record_for(adapter: Any, body: dict[str, Any]) -> Any:
     """The `SessionRecord` the session stage keeps after sending `body` (its adapter's marker
     rules: `proxy.divergence.read_rules`)."""
     from proxy.divergence import marker_positions, params_digest, read_rules
     from proxy.prefix import chain_blocks
     from proxy.store.codec import SessionRecord
 
-    blocks = adapter.prefix_blocks(path, body)
+    blocks = adapter.prefix_blocks(body)
     chain = chain_blocks(blocks)
     return SessionRecord(
         chain=chain.chain,
         ends=chain.ends,
         model=body["model"],
-        params_digest=params_digest(adapter, path, body),
-        breakpoints=marker_positions([b.value for b in blocks], body, read_rules(adapter, path, body)),
+        params_digest=params_digest(adapter, body),
+        breakpoints=marker_positions([b.value for b in blocks], body, read_rules(adapter, body)),
     )

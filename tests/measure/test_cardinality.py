@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from proxy.exchange import Exchange
 from proxy.metrics import CAUSES, UPSTREAM_MISS_REASONS, Metrics
 from proxy.pricing import default_pricing
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT
 from proxy.providers.base import Usage
 from proxy.response import run_response_stages
 from proxy.services import Services
@@ -46,7 +46,7 @@ async def test_series_are_bounded() -> None:
         if is_openai:
             body = {"model": model, "messages": [{"role": "user", "content": f"session {n}"}]}
             ex = Exchange(
-                OPENAI, "/v1/chat/completions", "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(body)
+                OPENAI_CHAT, "/v1/chat/completions", "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(body)
             )
         else:
             body = {

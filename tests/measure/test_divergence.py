@@ -28,7 +28,7 @@ from proxy.store.codec import SessionRecord
 from tests.measure.bodies import BASE, record_for, variant
 
 PATH = "/v1/messages"
-RULES = read_rules(ANTHROPIC, PATH, BASE)
+RULES = read_rules(ANTHROPIC, BASE)
 """Anthropic's read rules: the 20-position lookback, tool runs counted once (docs/provider-rules.md 1.5)."""
 
 
@@ -42,18 +42,18 @@ def predict_read(*args: Any, **kwargs: Any) -> tuple[int | None, int]:
 
 def record_of(body: dict[str, Any]) -> SessionRecord:
     """The record the session stage would keep after sending `body`."""
-    return record_for(ANTHROPIC, PATH, body)
+    return record_for(ANTHROPIC, body)
 
 
 def divergence_of(name: str, **kwargs: Any) -> Divergence:
     body = variant(name)
-    blocks = ANTHROPIC.prefix_blocks(PATH, body)
+    blocks = ANTHROPIC.prefix_blocks(body)
     return find_divergence(
         record_of(BASE),
         chain_blocks(blocks),
         blocks,
         body["model"],
-        params_digest(ANTHROPIC, PATH, body),
+        params_digest(ANTHROPIC, body),
         **kwargs,
     )
 
@@ -89,7 +89,7 @@ def test_divergence_per_cause(name: str, kwargs: dict[str, Any], expected: Diver
 
 
 def test_first_request() -> None:
-    blocks = ANTHROPIC.prefix_blocks(PATH, BASE)
+    blocks = ANTHROPIC.prefix_blocks(BASE)
     got = find_divergence(None, chain_blocks(blocks), blocks, BASE["model"], b"")
     assert got == Divergence("first_request", "none", 0, 0, 0, 0.0, 0)
 
@@ -102,9 +102,9 @@ def test_history_flag_only_applies_to_messages() -> None:
 def test_tools_change_wins_over_params_change() -> None:
     body = variant("tools_changed")
     body["tool_choice"] = {"type": "any"}
-    blocks = ANTHROPIC.prefix_blocks(PATH, body)
+    blocks = ANTHROPIC.prefix_blocks(body)
     got = find_divergence(
-        record_of(BASE), chain_blocks(blocks), blocks, body["model"], params_digest(ANTHROPIC, PATH, body)
+        record_of(BASE), chain_blocks(blocks), blocks, body["model"], params_digest(ANTHROPIC, body)
     )
     assert (got.cause, got.block_index) == ("tools_changed", 0)
 
@@ -112,23 +112,23 @@ def test_tools_change_wins_over_params_change() -> None:
 def test_shorter_fork_shares_everything_it_sends() -> None:
     body = variant("identical")
     body["messages"] = body["messages"][:1]
-    blocks = ANTHROPIC.prefix_blocks(PATH, body)
+    blocks = ANTHROPIC.prefix_blocks(body)
     got = find_divergence(
-        record_of(BASE), chain_blocks(blocks), blocks, body["model"], params_digest(ANTHROPIC, PATH, body)
+        record_of(BASE), chain_blocks(blocks), blocks, body["model"], params_digest(ANTHROPIC, body)
     )
     assert got == Divergence("none", "none", 4, 188, 47, 1.0, 4)
 
 
 def test_markers_from_blocks_and_automatic_caching() -> None:
-    blocks = ANTHROPIC.prefix_blocks(PATH, BASE)
+    blocks = ANTHROPIC.prefix_blocks(BASE)
     assert marker_positions(blocks, BASE) == (2, 5)
     automatic = {**variant("identical"), "cache_control": {"type": "ephemeral"}}
     automatic["system"][1].pop("cache_control")
     automatic["messages"][2]["content"][0].pop("cache_control")
-    assert marker_positions(ANTHROPIC.prefix_blocks(PATH, automatic), automatic) == (5,)
+    assert marker_positions(ANTHROPIC.prefix_blocks(automatic), automatic) == (5,)
     nulled = variant("identical")
     nulled["system"][1]["cache_control"] = None
-    assert marker_positions(ANTHROPIC.prefix_blocks(PATH, nulled), nulled) == (5,)
+    assert marker_positions(ANTHROPIC.prefix_blocks(nulled), nulled) == (5,)
 
 
 def _blocks(kinds: list[str]) -> list[Block]:
@@ -142,7 +142,7 @@ def test_lookback_positions_merge_tool_runs() -> None:
 
 def test_predicted_read_is_the_furthest_reachable_shared_breakpoint() -> None:
     current = variant("none")
-    blocks = ANTHROPIC.prefix_blocks(PATH, current)
+    blocks = ANTHROPIC.prefix_blocks(current)
     previous = record_of(BASE)
     got = predict_read(
         previous.breakpoints,

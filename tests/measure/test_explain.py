@@ -330,7 +330,7 @@ def test_command_prints_the_divergence_and_exits_1(tmp_path: Path) -> None:
     out = io.StringIO()
     assert explain_command(*_files(tmp_path, BASE, variant("system_changed")), out=out) == 1
     plan = plan_lines(
-        ANTHROPIC, "/v1/messages", variant("system_changed"), min_tokens=1024, previous_breakpoints=(2, 5)
+        ANTHROPIC, variant("system_changed"), min_tokens=1024, previous_breakpoints=(2, 5)
     )
     assert plan is not None
     assert out.getvalue() == (

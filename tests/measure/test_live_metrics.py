@@ -62,7 +62,7 @@ SCRIPT = [
 
 
 def _bytes(body: dict[str, Any]) -> int:
-    return chain_blocks(ANTHROPIC.prefix_blocks("/v1/messages", body)).total_bytes
+    return chain_blocks(ANTHROPIC.prefix_blocks(body)).total_bytes
 
 
 def _rules_without_minimum(folder: Path) -> Path:

@@ -18,7 +18,7 @@ from proxy.measure import Measurement, measure
 from proxy.metrics import Metrics
 from proxy.prefix import PrefixChain
 from proxy.pricing import Prices, PricingTable
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT
 from proxy.providers.base import Usage
 from proxy.rules import RuleSet, load_rules
 from proxy.services import Services
@@ -206,7 +206,7 @@ def test_openai_chat_is_measured_too() -> None:
         "model": "gpt-5.1",
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
     }
-    ex = Exchange(OPENAI, "/v1/chat/completions", "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(body))
+    ex = Exchange(OPENAI_CHAT, "/v1/chat/completions", "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(body))
     ex.body, ex.status = body, 200
     ex.usage = Usage(input_none=128, cache_read=1920, output=5, seen=True)
     measure(ex, svc)

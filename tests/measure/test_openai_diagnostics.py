@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from proxy.measure import agreement
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from proxy.sim.app import start_sim
 from proxy.sim.clock import Clock
 
@@ -26,24 +26,24 @@ def _body(turns: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 def test_adapter_asks_only_on_responses_for_gpt_56_with_a_baseline() -> None:
     body = _body([{"role": "user", "content": "hi"}], prompt_cache_options={"mode": "explicit"})
-    asked = OPENAI.with_cache_diagnostics("/v1/responses", body, "resp_1")
+    asked = OPENAI_RESPONSES.with_cache_diagnostics(body, "resp_1")
     assert asked == {**body, "prompt_cache_options": {"mode": "explicit", "comparison_response_id": "resp_1"}}
     assert body["prompt_cache_options"] == {"mode": "explicit"}
-    assert OPENAI.with_cache_diagnostics("/v1/responses", body, None) is None
-    assert OPENAI.with_cache_diagnostics("/v1/responses", {**body, "model": "gpt-5.5"}, "resp_1") is None
-    assert OPENAI.with_cache_diagnostics("/v1/chat/completions", body, "resp_1") is None
+    assert OPENAI_RESPONSES.with_cache_diagnostics(body, None) is None
+    assert OPENAI_RESPONSES.with_cache_diagnostics({**body, "model": "gpt-5.5"}, "resp_1") is None
+    assert OPENAI_CHAT.with_cache_diagnostics(body, "resp_1") is None
     own = {**body, "prompt_cache_options": {"comparison_response_id": "resp_0"}}
-    assert OPENAI.with_cache_diagnostics("/v1/responses", own, "resp_1") is None
+    assert OPENAI_RESPONSES.with_cache_diagnostics(own, "resp_1") is None
 
 
 @pytest.mark.parametrize(
     ("adapter", "reason", "cause", "result"),
     [
-        (OPENAI, None, "none", "agree"),
-        (OPENAI, "tools_changed", "tools_changed", "agree"),
-        (OPENAI, "input_changed", "system_volatile_text", "agree"),
-        (OPENAI, "service_tier_changed", "none", "disagree"),
-        (OPENAI, "comparison_response_not_found", "none", "unknown"),
+        (OPENAI_RESPONSES, None, "none", "agree"),
+        (OPENAI_RESPONSES, "tools_changed", "tools_changed", "agree"),
+        (OPENAI_RESPONSES, "input_changed", "system_volatile_text", "agree"),
+        (OPENAI_RESPONSES, "service_tier_changed", "none", "disagree"),
+        (OPENAI_RESPONSES, "comparison_response_not_found", "none", "unknown"),
         (ANTHROPIC, None, "expired", "agree"),
         (ANTHROPIC, "messages_changed", "history_rewritten", "agree"),
         (ANTHROPIC, "system_changed", "tools_changed", "disagree"),

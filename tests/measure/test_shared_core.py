@@ -34,7 +34,7 @@ from proxy.exchange import Exchange
 from proxy.forensics import explain
 from proxy.measure import measure
 from proxy.metrics import Metrics
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT
 from proxy.providers.base import ProviderAdapter, Usage
 from proxy.rules import RuleSet, load_rules
 from proxy.services import Services
@@ -52,18 +52,18 @@ record_of = record_for
 
 
 def live(
-    adapter: ProviderAdapter, path: str, a: dict[str, Any], b: dict[str, Any], usage: Usage | None, rules: RuleSet
+    adapter: ProviderAdapter, a: dict[str, Any], b: dict[str, Any], usage: Usage | None, rules: RuleSet
 ) -> tuple[Any, ...]:
     """B measured by the response stage against A's record (the session's verdict on a rewritten
     history given as the offline rule finds it: the stage sees the client's bytes, not A)."""
     svc = Services(settings=Settings(), metrics=Metrics(CollectorRegistry()), rules=rules)
-    ex = Exchange(adapter, path, "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(b))
+    ex = Exchange(adapter, adapter.api_path, "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(b))
     ex.body, ex.status, ex.usage = b, 200, usage
-    ex.previous = record_of(adapter, path, a) if a else None
-    blocks_a = adapter.prefix_blocks(path, a)
+    ex.previous = record_of(adapter, a) if a else None
+    blocks_a = adapter.prefix_blocks(a)
     messages = [blk.message_index if blk.section == "messages" else None for blk in blocks_a]
     probe = compare(
-        ex.previous, prompt_of(adapter, path, b, read_rules(adapter, path, b)), read_rules(adapter, path, b)
+        ex.previous, prompt_of(adapter, b, read_rules(adapter, b)), read_rules(adapter, b)
     )
     if probe.divergence.section == "messages" and a and is_rewrite(messages, probe.divergence.block_index):
         ex.history_rewritten = 0
@@ -74,9 +74,9 @@ def live(
 
 
 def offline(
-    adapter: ProviderAdapter, path: str, a: dict[str, Any], b: dict[str, Any], usage: Usage | None, rules: RuleSet
+    adapter: ProviderAdapter, a: dict[str, Any], b: dict[str, Any], usage: Usage | None, rules: RuleSet
 ) -> tuple[Any, ...]:
-    x = explain(a, b, path, usage=usage, min_tokens=rules.min_tokens(b.get("model")))
+    x = explain(a, b, adapter.api_path, usage=usage, min_tokens=rules.min_tokens(b.get("model")))
     return (x.cause, x.section, x.block_index, x.block_path, x.predicted_read_tokens)
 
 
@@ -102,14 +102,14 @@ ANTHROPIC_PAIRS = [
 )
 def test_anthropic_pairs_answer_the_same_live_and_offline(name: str, usage: Usage | None, expected: tuple) -> None:
     b = variant(name)
-    assert live(ANTHROPIC, MESSAGES, BASE, b, usage, NO_MINIMUM) == expected
-    assert offline(ANTHROPIC, MESSAGES, BASE, b, usage, NO_MINIMUM) == expected
+    assert live(ANTHROPIC, BASE, b, usage, NO_MINIMUM) == expected
+    assert offline(ANTHROPIC, BASE, b, usage, NO_MINIMUM) == expected
 
 
 def test_a_first_request_answers_the_same() -> None:
     expected = ("first_request", "none", 0, None, 0)
-    assert live(ANTHROPIC, MESSAGES, {}, BASE, USAGE, NO_MINIMUM) == expected
-    assert offline(ANTHROPIC, MESSAGES, {}, BASE, USAGE, NO_MINIMUM) == expected
+    assert live(ANTHROPIC, {}, BASE, USAGE, NO_MINIMUM) == expected
+    assert offline(ANTHROPIC, {}, BASE, USAGE, NO_MINIMUM) == expected
 
 
 # --- OpenAI: no block lookback -----------------------------------------------------------------
@@ -163,16 +163,16 @@ OPENAI_READ = 1409
 )
 def test_openai_divergence_beyond_twenty_blocks_reads_the_shared_turn_end(usage: Usage, cause: str) -> None:
     a, b = _openai_pair()
-    blocks = OPENAI.prefix_blocks(CHAT, b)
-    assert len(blocks) == 56 and len(OPENAI.prefix_blocks(CHAT, a)) == 30
+    blocks = OPENAI_CHAT.prefix_blocks(b)
+    assert len(blocks) == 56 and len(OPENAI_CHAT.prefix_blocks(a)) == 30
     expected = (cause, "messages", 29, "messages[29].content[0]", OPENAI_READ)
-    assert live(OPENAI, CHAT, a, b, usage, RULES) == expected
-    assert offline(OPENAI, CHAT, a, b, usage, RULES) == expected
+    assert live(OPENAI_CHAT, a, b, usage, RULES) == expected
+    assert offline(OPENAI_CHAT, a, b, usage, RULES) == expected
     # the OpenAI adapter's rules carry no lookback; Anthropic's 20 positions from B's markers
     # (blocks 0 and 55) reach only the system breakpoint (4,025 canonical bytes: ~1,007 tokens)
-    rules = read_rules(OPENAI, CHAT, b)
+    rules = read_rules(OPENAI_CHAT, b)
     assert rules.lookback is None
-    previous = record_of(OPENAI, CHAT, a)
+    previous = record_of(OPENAI_CHAT, a)
     assert previous.breakpoints == (0, 29)
     current = marker_positions([blk.value for blk in blocks], b, rules)
     assert current == (0, 55)
@@ -184,11 +184,11 @@ def test_a_claude_model_behind_an_openai_gateway_keeps_anthropics_lookback() -> 
     from proxy.profiles import load_profiles
     from proxy.providers import adapter_for
 
-    gateway = adapter_for(load_profiles().get("openai", "litellm"))
+    gateway = adapter_for(load_profiles().get("openai", "litellm"), CHAT)
     body = {"model": "claude-sonnet-4-6", "messages": [{"role": "user", "content": "hi"}]}
-    assert read_rules(gateway, CHAT, body).lookback == 20
-    assert gateway.predict_read_tokens(CHAT, body, None, 1, 1, 1, (0,), 0) is None
-    assert read_rules(OPENAI, CHAT, body).lookback is None
+    assert read_rules(gateway, body).lookback == 20
+    assert gateway.predict_read_tokens(body, None, 1, 1, 1, (0,), 0) is None
+    assert read_rules(OPENAI_CHAT, body).lookback is None
 
 
 # --- properties ---------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_live_and_offline_agree_on_random_pairs(pair: tuple[dict[str, Any], dict
     b.setdefault("model", "claude-sonnet-4-6")
     before = (orjson.dumps(a), orjson.dumps(b))
     usage = Usage(input_none=10, cache_read=0, cache_write_5m=50, seen=True)
-    assert live(ANTHROPIC, MESSAGES, a, b, usage, NO_MINIMUM) == offline(ANTHROPIC, MESSAGES, a, b, usage, NO_MINIMUM)
+    assert live(ANTHROPIC, a, b, usage, NO_MINIMUM) == offline(ANTHROPIC, a, b, usage, NO_MINIMUM)
     assert (orjson.dumps(a), orjson.dumps(b)) == before  # inputs never modified
 
 
@@ -230,8 +230,8 @@ def test_live_and_offline_agree_on_random_pairs(pair: tuple[dict[str, Any], dict
 def test_a_request_compared_with_itself_shares_everything(pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
     a, _ = pair
     a.setdefault("model", "claude-sonnet-4-6")
-    rules = read_rules(ANTHROPIC, MESSAGES, a)
-    prompt = prompt_of(ANTHROPIC, MESSAGES, a, rules)
+    rules = read_rules(ANTHROPIC, a)
+    prompt = prompt_of(ANTHROPIC, a, rules)
     got = compare(reference_of(prompt), prompt, rules)
     n = len(prompt.blocks)
     assert (got.cause, got.divergence.section, got.divergence.block_index, got.divergence.shared_blocks) == (
@@ -258,13 +258,13 @@ def test_the_explain_command_counts_openai_reads_as_a_live_proxy_does(tmp_path) 
     (tmp_path / "b.json").write_bytes(orjson.dumps(b))
     svc = Services(settings=Settings(), metrics=Metrics(CollectorRegistry()), rules=RULES)
     svc.tokens = TokenCounter(load_o200k())
-    ex = Exchange(OPENAI, CHAT, "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(b))
-    ex.body, ex.status, ex.usage, ex.previous = b, 200, None, record_of(OPENAI, CHAT, a)
+    ex = Exchange(OPENAI_CHAT, CHAT, "", CIMultiDictProxy(CIMultiDict()), orjson.dumps(b))
+    ex.body, ex.status, ex.usage, ex.previous = b, 200, None, record_of(OPENAI_CHAT, a)
     measure(ex, svc)
     assert ex.measurement is not None
     read = ex.measurement.predicted_read_tokens
     assert ex.measurement.predicted_breakpoint == 27 and read != OPENAI_READ  # real tokens, not bytes/4
-    counted = OPENAI.predict_read_tokens(CHAT, b, svc.tokens.count, 56, 29, 30, (0, 29), RULES.min_tokens("gpt-5.6"))
+    counted = OPENAI_CHAT.predict_read_tokens(b, svc.tokens.count, 56, 29, 30, (0, 29), RULES.min_tokens("gpt-5.6"))
     assert counted == (27, read)
     out = io.StringIO()
     assert explain_command(str(tmp_path / "a.json"), str(tmp_path / "b.json"), out=out, err=io.StringIO()) == 1

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from proxy.exchange import Exchange
 from proxy.metrics import STAGES, Metrics
 from proxy.pipeline.diagnostics import STAGE
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, route
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.store.codec import SessionRecord
@@ -32,7 +32,7 @@ def _events(raw: list[bytes]) -> list[tuple[str, Any]]:
 
 
 def test_anthropic_json_id_and_miss_reason() -> None:
-    reader = ANTHROPIC.usage_reader("/v1/messages")
+    reader = ANTHROPIC.usage_reader()
     reader.feed_json({**ANTHROPIC_MESSAGE, "diagnostics": MISS})
     usage = reader.result()
     assert (usage.response_id, usage.cache_miss_reason, usage.cache_missed_tokens) == (
@@ -44,7 +44,7 @@ def test_anthropic_json_id_and_miss_reason() -> None:
 
 
 def test_anthropic_stream_diagnostics_on_message_start() -> None:
-    reader = ANTHROPIC.usage_reader("/v1/messages")
+    reader = ANTHROPIC.usage_reader()
     start = {
         "type": "message_start",
         "message": {**ANTHROPIC_MESSAGE, "id": "msg_s", "diagnostics": {"cache_miss_reason": None}},
@@ -62,21 +62,21 @@ def test_anthropic_stream_diagnostics_on_message_start() -> None:
 
 def test_anthropic_null_or_absent_diagnostics_is_none() -> None:
     for body in (ANTHROPIC_MESSAGE, {**ANTHROPIC_MESSAGE, "diagnostics": None}):
-        reader = ANTHROPIC.usage_reader("/v1/messages")
+        reader = ANTHROPIC.usage_reader()
         reader.feed_json(body)
         assert reader.result().cache_miss_reason is None
 
 
 def test_openai_response_ids() -> None:
     for path, body in (("/v1/chat/completions", CHAT_COMPLETION), ("/v1/responses", RESPONSE)):
-        reader = OPENAI.usage_reader(path)
+        reader = route(path)[0].usage_reader()
         reader.feed_json(body)
         assert reader.result().response_id == body["id"]
-    chat = OPENAI.usage_reader("/v1/chat/completions")
+    chat = OPENAI_CHAT.usage_reader()
     for event, data in _events(chat_stream(include_usage=True)):
         chat.feed_event(event, data)
     assert (chat.result().response_id, chat.result().cache_read) == ("chatcmpl-fake", 1920)
-    responses = OPENAI.usage_reader("/v1/responses")
+    responses = OPENAI_RESPONSES.usage_reader()
     for event, data in _events(responses_stream()):
         responses.feed_event(event, data)
     assert (responses.result().response_id, responses.result().cache_read) == ("resp_fake", 3968)
@@ -113,7 +113,7 @@ async def test_stage_leaves_body_alone_when_off_openai_or_client_set() -> None:
     body = {"model": "claude-sonnet-4-6", "messages": []}
     off = _exchange(ANTHROPIC, "/v1/messages", body, None)
     await STAGE.run(off, _services(False))
-    chat = _exchange(OPENAI, "/v1/chat/completions", {"model": "gpt-5", "messages": []}, None)
+    chat = _exchange(OPENAI_CHAT, "/v1/chat/completions", {"model": "gpt-5", "messages": []}, None)
     await STAGE.run(chat, _services(True))
     own = {**body, "diagnostics": {"previous_message_id": "msg_client"}}
     client = _exchange(ANTHROPIC, "/v1/messages", own, None)

@@ -24,7 +24,6 @@ CAPS = UpstreamCapabilities()
 
 def optimise(
     adapter: ProviderAdapter,
-    path: str,
     body: dict[str, Any],
     rules: RuleSet = RULES,
     *,
@@ -37,11 +36,10 @@ def optimise(
     """canonicalise -> reorder -> breakpoints, sharing one `LayoutCache` as the stages do
     (`shared_cache=False`: each core lays out on its own)."""
     cache = LayoutCache() if shared_cache else None
-    canonical, _ = canonicalise_body(adapter, path, body, pins, caps, cache)
-    reordered, system = reorder_body(adapter, path, canonical, rules, caps)
+    canonical, _ = canonicalise_body(adapter, body, pins, caps, cache)
+    reordered, system = reorder_body(adapter, canonical, rules, caps)
     return place_breakpoints(
         adapter,
-        path,
         reordered,
         min_tokens=rules.min_tokens(body.get("model")) if min_tokens is None else min_tokens,
         system_tiers=system.tiers,

@@ -281,12 +281,12 @@ def _text_lines(out: Counter, value: Any) -> None:
                 out[("block", "part", _canon(part, ""))] += 1
 
 
-def content_fingerprint(adapter: ProviderAdapter, path: str, body: dict[str, Any], key: str) -> Counter:
+def content_fingerprint(adapter: ProviderAdapter, body: dict[str, Any], key: str) -> Counter:
     """Multiset of what the model sees: lines of text (system, messages, tool outputs), and
     every other block in canonical form (sorted keys, markers removed). Invariant under the
     pipeline; tag lines (`TAG_LINE`) count once however often they appear."""
     out: Counter = Counter()
-    for block in adapter.prefix_blocks(path, body):
+    for block in adapter.prefix_blocks(body):
         value = block.value
         if isinstance(value, str):
             out.update(("line", line) for line in _lines(value))
@@ -309,10 +309,10 @@ def content_fingerprint(adapter: ProviderAdapter, path: str, body: dict[str, Any
     return out
 
 
-def count_markers(adapter: ProviderAdapter, path: str, body: dict[str, Any], key: str) -> int:
+def count_markers(adapter: ProviderAdapter, body: dict[str, Any], key: str) -> int:
     """Markers in `body`: on blocks, inside `content` of blocks, and at the top level."""
     total = 1 if body.get(key) is not None else 0
-    for block in adapter.prefix_blocks(path, body):
+    for block in adapter.prefix_blocks(body):
         value = block.value
         if isinstance(value, dict):
             total += value.get(key) is not None
@@ -322,8 +322,8 @@ def count_markers(adapter: ProviderAdapter, path: str, body: dict[str, Any], key
     return total
 
 
-def flatten_layout(adapter: ProviderAdapter, path: str, body: dict[str, Any]) -> list[tuple]:
-    view = BlockView(adapter.layout(path, body))
+def flatten_layout(adapter: ProviderAdapter, body: dict[str, Any]) -> list[tuple]:
+    view = BlockView(adapter.layout(body))
     out = []
     for i in range(view.size):
         run, _ = view.locate(i)

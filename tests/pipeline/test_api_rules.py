@@ -20,7 +20,7 @@ import pytest
 
 from proxy.pipeline.breakpoints import PlanContext, place_breakpoints
 from proxy.pipeline.reorder import reorder_body
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_RESPONSES
 from proxy.rules import cached_rules
 from tests.pipeline.test_simulator import GUIDE
 
@@ -60,13 +60,13 @@ def _codex_like() -> dict[str, Any]:
 def test_a_split_item_keeps_its_id_on_one_part() -> None:
     body = _codex_like()
     before = copy.deepcopy(body)
-    out, plan = reorder_body(OPENAI, RESPONSES, body, cached_rules(None))
+    out, plan = reorder_body(OPENAI_RESPONSES, body, cached_rules(None))
     assert plan.tiers == ("stable", "stable", "stable", "session")
     ids = [item.get("id") for item in out["input"]]
     assert ids == ["msg_dev_1", "msg_dev_2", None, None]
     assert out["input"][2]["content"][0]["text"] == "## Memory\n- the user prefers tabs\n"
     assert body == before
-    assert reorder_body(OPENAI, RESPONSES, out, cached_rules(None))[0] == out
+    assert reorder_body(OPENAI_RESPONSES, out, cached_rules(None))[0] == out
 
 
 async def test_codex_like_request_is_accepted_through_promptcache(make_proxy: Any) -> None:
@@ -109,18 +109,18 @@ def _programmatic(client_marker: bool) -> dict[str, Any]:
 def test_no_marker_on_code_execution_calls_or_their_results() -> None:
     body = _programmatic(client_marker=False)  # blocks: tool 0, system 1, messages 2..5
     before = copy.deepcopy(body)
-    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext())
+    out, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext())
     assert [(m.index, m.reason) for m in plan.markers] == [(0, "tools"), (1, "shared"), (3, "last")]
     assert "cache_control" not in out["messages"][1]["content"][1]
     assert "cache_control" not in out["messages"][2]["content"][0]
     assert body == before
-    marked, moved = place_breakpoints(ANTHROPIC, MESSAGES, _programmatic(client_marker=True), context=PlanContext())
+    marked, moved = place_breakpoints(ANTHROPIC, _programmatic(client_marker=True), context=PlanContext())
     assert [(m.index, m.origin) for m in moved.markers] == [(0, "injected"), (1, "injected"), (3, "moved")]
     assert "cache_control" not in marked["messages"][2]["content"][0]
     # a direct call (no code-execution caller) keeps its result's marker
     direct = _programmatic(client_marker=True)
     del direct["messages"][1]["content"][1]["caller"]
-    _, kept = place_breakpoints(ANTHROPIC, MESSAGES, direct, context=PlanContext())
+    _, kept = place_breakpoints(ANTHROPIC, direct, context=PlanContext())
     assert (5, "client") in [(m.index, m.origin) for m in kept.markers]
 
 

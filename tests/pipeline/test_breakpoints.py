@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.pipeline.breakpoints import PlanContext, place_breakpoints
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT
 from proxy.settings import UpstreamCapabilities
 from tests.pipeline.helpers import optimise
 
@@ -18,20 +18,20 @@ def _chat(n: int) -> list[dict]:
 
 def _marked(body: dict, key: str = "cache_control") -> list[int]:
     blocks = (
-        ANTHROPIC.prefix_blocks(MESSAGES, body)
+        ANTHROPIC.prefix_blocks(body)
         if key == "cache_control"
-        else OPENAI.prefix_blocks(CHAT, body)
+        else OPENAI_CHAT.prefix_blocks(body)
     )
     return [i for i, b in enumerate(blocks) if isinstance(b.value, dict) and b.value.get(key) is not None]
 
 
 def test_bridge_within_twenty_positions_of_the_previous_breakpoint() -> None:
     body = {"model": "claude-sonnet-4-6", "messages": _chat(41)}
-    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(previous_breakpoints=(5,)))
+    out, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext(previous_breakpoints=(5,)))
     assert [(m.index, m.reason) for m in plan.markers] == [(24, "bridge"), (39, "turn"), (40, "last")]
     assert _marked(out) == [24, 39, 40]
     near, near_plan = place_breakpoints(
-        ANTHROPIC, MESSAGES, body, context=PlanContext(previous_breakpoints=(25,))
+        ANTHROPIC, body, context=PlanContext(previous_breakpoints=(25,))
     )
     assert "bridge" not in [m.reason for m in near_plan.markers]
 
@@ -41,7 +41,7 @@ def test_runs_of_tool_use_and_tool_result_count_as_one_lookback_position() -> No
     results = [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok"} for i in range(25)]
     messages = [*_chat(3), {"role": "assistant", "content": calls}, {"role": "user", "content": results}]
     body = {"model": "claude-sonnet-4-6", "messages": messages}
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(previous_breakpoints=(2,)))
+    _, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext(previous_breakpoints=(2,)))
     assert [m.reason for m in plan.markers] == ["turn", "last"]
     texts = [{"type": "text", "text": f"part {i}"} for i in range(25)]
     flat = {
@@ -49,29 +49,29 @@ def test_runs_of_tool_use_and_tool_result_count_as_one_lookback_position() -> No
         "messages": [*_chat(3), {"role": "assistant", "content": texts}, {"role": "user", "content": "next"}],
     }
     _, flat_plan = place_breakpoints(
-        ANTHROPIC, MESSAGES, flat, context=PlanContext(previous_breakpoints=(2,))
+        ANTHROPIC, flat, context=PlanContext(previous_breakpoints=(2,))
     )
     assert [(m.index, m.reason) for m in flat_plan.markers] == [(21, "bridge"), (27, "turn"), (28, "last")]
 
 
 def test_no_new_marker_under_the_model_minimum() -> None:
     body = {"model": "claude-opus-4-6", "system": "Short prompt.", "messages": _chat(3)}
-    out, plan = optimise(ANTHROPIC, MESSAGES, body)
+    out, plan = optimise(ANTHROPIC, body)
     assert plan.markers == () and out == body
     long_body = {**body, "system": "word " * 4000}
-    _, long_plan = optimise(ANTHROPIC, MESSAGES, long_body)
+    _, long_plan = optimise(ANTHROPIC, long_body)
     assert [m.reason for m in long_plan.markers] == ["shared", "turn", "last"]
 
 
 def test_ttls_from_the_plan_context_keep_one_hour_first() -> None:
     body = {"model": "m", "system": "word " * 2000, "messages": _chat(3)}
     context = PlanContext(ttl_shared="1h", ttl_session="5m")
-    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=context)
+    out, plan = place_breakpoints(ANTHROPIC, body, context=context)
     assert [(m.index, m.ttl) for m in plan.markers] == [(0, "1h"), (2, "5m"), (3, "5m")]
     assert out["system"] == [
         {"type": "text", "text": "word " * 2000, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
     ]
-    upgraded, plan2 = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(ttl_session="1h"))
+    upgraded, plan2 = place_breakpoints(ANTHROPIC, body, context=PlanContext(ttl_session="1h"))
     assert [m.ttl for m in plan2.markers] == ["1h", "1h", "1h"]
 
 
@@ -88,7 +88,7 @@ def test_one_hour_pacing_lengthens_the_client_markers_and_never_shortens_them() 
         ],
     }
     paced, plan = place_breakpoints(
-        ANTHROPIC, MESSAGES, body, context=PlanContext(ttl_shared="1h", ttl_session="1h")
+        ANTHROPIC, body, context=PlanContext(ttl_shared="1h", ttl_session="1h")
     )
     assert [(m.index, m.ttl, m.origin, m.reason) for m in plan.markers] == [
         (0, "1h", "client", "client"),
@@ -97,15 +97,14 @@ def test_one_hour_pacing_lengthens_the_client_markers_and_never_shortens_them() 
     ]
     assert paced["system"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
     assert paced["messages"][2]["content"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
-    assert place_breakpoints(ANTHROPIC, MESSAGES, paced, context=PlanContext(ttl_session="1h"))[0] == paced
-    short, short_plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext())
+    assert place_breakpoints(ANTHROPIC, paced, context=PlanContext(ttl_session="1h"))[0] == paced
+    short, short_plan = place_breakpoints(ANTHROPIC, body, context=PlanContext())
     assert [m.ttl for m in short_plan.markers] == ["5m", "5m", "5m"]
     assert short["messages"][2]["content"][0]["cache_control"] == {**EPH, "ttl": "5m"}
-    kept, _ = place_breakpoints(ANTHROPIC, MESSAGES, paced, context=PlanContext())
+    kept, _ = place_breakpoints(ANTHROPIC, paced, context=PlanContext())
     assert kept["messages"][2]["content"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
     stripped, _ = place_breakpoints(
         ANTHROPIC,
-        MESSAGES,
         body,
         context=PlanContext(ttl_session="1h"),
         caps=UpstreamCapabilities(strip_ttl=True),
@@ -131,7 +130,7 @@ def test_capabilities_strip_ttl_and_scope_and_keep_markers_off_tool_results() ->
         ],
     }
     caps = UpstreamCapabilities(strip_ttl=True, strip_scope=True, no_tool_message_markers=True)
-    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, caps=caps)
+    out, plan = place_breakpoints(ANTHROPIC, body, caps=caps)
     assert out["system"][0]["cache_control"] == EPH
     assert out["messages"][1]["content"][0]["cache_control"] == EPH
     assert "cache_control" not in out["messages"][2]["content"][0]
@@ -146,7 +145,7 @@ def test_injected_markers_before_a_scoped_client_marker_take_its_scope() -> None
         "system": [{"type": "text", "text": "Rules.", "cache_control": scoped}],
         "messages": [{"role": "user", "content": "hi"}],
     }
-    out, _ = place_breakpoints(ANTHROPIC, MESSAGES, body, system_tiers=("session",))
+    out, _ = place_breakpoints(ANTHROPIC, body, system_tiers=("session",))
     assert out["tools"][0]["cache_control"] == scoped
     assert out["messages"][0]["content"] == [{"type": "text", "text": "hi", "cache_control": EPH}]
 
@@ -160,14 +159,14 @@ def test_openai_before_gpt_5_6_gets_a_prefix_key_and_no_markers() -> None:
     }
     second = {**first, "messages": [{"role": "system", "content": "Be brief."}, *_chat(3)]}
     other = {**first, "tools": []}
-    out1, plan1 = optimise(OPENAI, CHAT, first)
-    out2, _ = optimise(OPENAI, CHAT, second)
-    out3, _ = optimise(OPENAI, CHAT, other)
+    out1, plan1 = optimise(OPENAI_CHAT, first)
+    out2, _ = optimise(OPENAI_CHAT, second)
+    out3, _ = optimise(OPENAI_CHAT, other)
     assert plan1.cache_key is not None and plan1.cache_key.startswith("pc-")
     assert out1["prompt_cache_key"] == out2["prompt_cache_key"] != out3["prompt_cache_key"]
     assert list(out1) == ["model", "prompt_cache_key", "tools", "messages"]
     assert _marked(out1, "prompt_cache_breakpoint") == []
-    kept, plan = optimise(OPENAI, CHAT, {**first, "prompt_cache_key": "client-key"})
+    kept, plan = optimise(OPENAI_CHAT, {**first, "prompt_cache_key": "client-key"})
     assert kept["prompt_cache_key"] == "client-key" and plan.cache_key is None
 
 
@@ -181,11 +180,11 @@ def test_the_prefix_key_digests_the_head_the_adapter_names() -> None:
 
     def key(text: str, tokens: int | None = None) -> str | None:
         body = {"model": "gpt-5.1", "messages": [{"role": "system", "content": text}, *_chat(1)]}
-        policy = OPENAI.marker_policy(CHAT, body)
+        policy = OPENAI_CHAT.marker_policy(body)
         assert policy.cache_key_tokens == 1024
         if tokens is not None:
             policy = dataclasses.replace(policy, cache_key_tokens=tokens)
-        view = LayoutCache().view(OPENAI, CHAT, body, policy, frozenset())[0]
+        view = LayoutCache().view(OPENAI_CHAT, body, policy, frozenset())[0]
         return prefix_cache_key(view, policy, 0)
 
     head = "a" * 5000
@@ -209,7 +208,7 @@ def test_openai_breakpoints_on_gpt_5_6_only_on_user_system_tool_parts() -> None:
             {"role": "user", "content": "more"},
         ],
     }
-    out, plan = optimise(OPENAI, CHAT, body)
+    out, plan = optimise(OPENAI_CHAT, body)
     marker = {"mode": "explicit"}
     assert out["messages"][0]["content"] == [
         {"type": "text", "text": "word " * 2000, "prompt_cache_breakpoint": marker}

@@ -11,7 +11,7 @@ import orjson
 import xxhash
 
 from proxy.pipeline.breakpoints import place_breakpoints
-from proxy.providers import OPENAI
+from proxy.providers import OPENAI_CHAT
 from tests.pipeline.helpers import optimise
 from tests.pipeline.test_simulator import GUIDE
 from tests.pipeline.test_simulator_turns import _both
@@ -30,7 +30,7 @@ def _chat(tail: str, question: str, history: int = 0) -> dict[str, Any]:
 
 
 def _key(body: dict[str, Any]) -> str | None:
-    return place_breakpoints(OPENAI, CHAT, body)[1].cache_key
+    return place_breakpoints(OPENAI_CHAT, body)[1].cache_key
 
 
 def test_key_is_shared_by_a_long_common_prefix_and_stable_per_session() -> None:
@@ -45,7 +45,7 @@ def test_key_is_shared_by_a_long_common_prefix_and_stable_per_session() -> None:
         != first
     )
     own = {**_chat("You review Python.", "hi"), "prompt_cache_key": "client-key"}
-    out, plan = place_breakpoints(OPENAI, CHAT, own)
+    out, plan = place_breakpoints(OPENAI_CHAT, own)
     assert plan.cache_key is None and out["prompt_cache_key"] == "client-key"
 
 
@@ -77,7 +77,7 @@ def test_the_key_is_exact_and_digests_stable_content_only() -> None:
         )
         body = _chat("You review Python.", f"turn {turn}?", history=turn)
         body["messages"][0]["content"] = f"{todo}\n# Guide\n{body['messages'][0]['content']}"
-        out, plan = optimise(OPENAI, CHAT, body)
+        out, plan = optimise(OPENAI_CHAT, body)
         assert out["messages"][-1]["content"][0]["text"] == f"{todo}\n"  # the section moved whole
         keys.add(plan.cache_key)
     assert keys == {_reference_key(f"# Guide\n{SHARED}")}  # the key never digested the changing section

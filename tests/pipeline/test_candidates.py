@@ -47,7 +47,7 @@ def _request(system: str, question: str) -> dict[str, Any]:
 def test_a_free_slot_goes_to_the_end_of_the_tools() -> None:
     body = _request("You are a careful assistant.", "hello")
     before = copy.deepcopy(body)
-    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext())
+    out, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext())
     assert [(m.index, m.reason, m.ttl) for m in plan.markers] == [
         (5, "tools", "5m"),
         (6, "shared", "5m"),
@@ -55,9 +55,9 @@ def test_a_free_slot_goes_to_the_end_of_the_tools() -> None:
     ]
     assert out["tools"][5]["cache_control"] == {"type": "ephemeral"}
     assert body == before
-    assert place_breakpoints(ANTHROPIC, MESSAGES, out, context=PlanContext())[0] == out
+    assert place_breakpoints(ANTHROPIC, out, context=PlanContext())[0] == out
     # the shared TTL is the tools' TTL too
-    _, long_plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(ttl_shared="1h"))
+    _, long_plan = place_breakpoints(ANTHROPIC, body, context=PlanContext(ttl_shared="1h"))
     assert [(m.reason, m.ttl) for m in long_plan.markers] == [("tools", "1h"), ("shared", "1h"), ("last", "5m")]
 
 
@@ -115,9 +115,9 @@ def _aider(turn: int) -> dict[str, Any]:
 
 def test_the_last_surviving_block_is_a_candidate() -> None:
     body = _aider(2)  # blocks: system 0, examples 1..8, history 9..12, files 13..14, newest 15
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(rewritten_from=8))
+    _, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext(rewritten_from=8))
     assert [(m.index, m.reason) for m in plan.markers] == [(0, "shared"), (8, "survivor"), (14, "turn"), (15, "last")]
-    _, plain = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext())
+    _, plain = place_breakpoints(ANTHROPIC, body, context=PlanContext())
     assert "survivor" not in [m.reason for m in plain.markers]
 
 
@@ -159,7 +159,7 @@ def test_with_a_1h_tail_the_session_system_end_outranks_the_anchor() -> None:
     def plan(next_hour: float) -> list[tuple[int, str | None, str]]:
         forecast = Forecast(p_end=1.0, human_soon=1 - next_hour, human_hour=next_hour, tool_soon=1.0, tool_hour=0.0)
         context = PlanContext((0, 1, 2, 3), pacing=PacingInput(forecast))
-        _, got = place_breakpoints(ANTHROPIC, MESSAGES, body, system_tiers=tiers, context=context)
+        _, got = place_breakpoints(ANTHROPIC, body, system_tiers=tiers, context=context)
         return [(m.index, m.ttl, m.reason) for m in got.markers]
 
     assert plan(1.0) == [(0, "1h", "client"), (1, "1h", "client"), (2, "1h", "session"), (5, "1h", "client")]

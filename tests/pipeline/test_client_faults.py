@@ -39,7 +39,7 @@ def test_four_client_markers_plus_top_level() -> None:
             {"role": "user", "content": [_text("c")]},
         ],
     }
-    out, plan = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW)
+    out, plan = optimise(ANTHROPIC, body, min_tokens=NO_NEW)
     assert out == {
         "model": MODEL,
         "max_tokens": 8,
@@ -73,7 +73,7 @@ def test_marker_inside_tool_result_content_moves_onto_the_tool_result() -> None:
             {"role": "user", "content": [result]},
         ],
     }
-    out, plan = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW)
+    out, plan = optimise(ANTHROPIC, body, min_tokens=NO_NEW)
     assert out["messages"][2] == {
         "role": "user",
         "content": [
@@ -94,7 +94,7 @@ def test_marker_on_empty_text_moves_and_the_block_goes() -> None:
         "model": MODEL,
         "messages": [{"role": "user", "content": [_text("hello"), _text("", EPH_1H)]}],
     }
-    out, plan = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW)
+    out, plan = optimise(ANTHROPIC, body, min_tokens=NO_NEW)
     assert out == {"model": MODEL, "messages": [{"role": "user", "content": [_text("hello", EPH_1H)]}]}
     assert plan.positions == (0,)
 
@@ -108,7 +108,7 @@ def test_marker_on_a_sole_empty_text_moves_to_the_nearest_block() -> None:
             {"role": "user", "content": [_text("", EPH)]},
         ],
     }
-    out, plan = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW)
+    out, plan = optimise(ANTHROPIC, body, min_tokens=NO_NEW)
     assert out["messages"] == [
         {"role": "user", "content": "question"},
         {"role": "assistant", "content": [_text("answer", EPH)]},
@@ -127,7 +127,7 @@ def test_one_hour_marker_after_bare_markers_upgrades_the_earlier_ones() -> None:
             {"role": "user", "content": [_text("c", EPH)]},
         ],
     }
-    out, plan = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW)
+    out, plan = optimise(ANTHROPIC, body, min_tokens=NO_NEW)
     assert out["system"] == [_text("Rules.", EPH_1H)]
     assert out["messages"] == [
         {"role": "user", "content": [_text("a", EPH_1H)]},
@@ -153,17 +153,17 @@ def test_first_system_block_that_changes_every_request_stays_first_and_its_new_v
     """Claude Code's billing header is API-significant: it keeps its place, first-seen bytes
     while unchanged (pin); a changed value goes onto the newest user message, so the system
     prompt stays byte-stable without moving the header out of it."""
-    first, _ = optimise(ANTHROPIC, MESSAGES, _turn("a1b2c", "hi"))
+    first, _ = optimise(ANTHROPIC, _turn("a1b2c", "hi"))
     assert first["system"] == [
         _text("x-anthropic-billing-header: cc_version=2.1.3; cch=a1b2c;"),
         _text(LONG, EPH),
     ]
     assert first["messages"] == [{"role": "user", "content": [_text("hi", EPH)]}]
-    pinned = pin_body(ANTHROPIC, MESSAGES, _turn("a1b2c", "hi"), RULES)[1].pinned
-    reordered, system = reorder_body(ANTHROPIC, MESSAGES, _turn("d3e4f", "hello"), RULES)
-    pinned_body, report = pin_body(ANTHROPIC, MESSAGES, reordered, RULES, pinned)
+    pinned = pin_body(ANTHROPIC, _turn("a1b2c", "hi"), RULES)[1].pinned
+    reordered, system = reorder_body(ANTHROPIC, _turn("d3e4f", "hello"), RULES)
+    pinned_body, report = pin_body(ANTHROPIC, reordered, RULES, pinned)
     second, plan = place_breakpoints(
-        ANTHROPIC, MESSAGES, pinned_body, min_tokens=RULES.min_tokens(MODEL), system_tiers=system.tiers
+        ANTHROPIC, pinned_body, min_tokens=RULES.min_tokens(MODEL), system_tiers=system.tiers
     )
     assert report.moved == 1
     assert second == {
@@ -186,7 +186,7 @@ def test_first_system_block_that_changes_every_request_stays_first_and_its_new_v
         PlannedMarker(1, "5m", "injected", "session"),
         PlannedMarker(3, "5m", "injected", "last"),
     )
-    staying, _ = optimise(ANTHROPIC, MESSAGES, _turn("d3e4f", "hello"), STAYING_RULES)
+    staying, _ = optimise(ANTHROPIC, _turn("d3e4f", "hello"), STAYING_RULES)
     assert staying["system"] == [
         _text("x-anthropic-billing-header: cc_version=2.1.3; cch=d3e4f;"),
         _text(LONG, EPH),
@@ -206,10 +206,10 @@ def test_tools_shuffled_between_turns_follow_the_pinned_order() -> None:
     turn2 = [_tool("bash", SCHEMA), _tool("grep", SCHEMA), _tool("read", SCHEMA), _tool("write", SCHEMA)]
     pins = SessionPins(pinned_tool_order=("read", "write", "bash"))
     body = {"model": MODEL, "tools": turn2, "messages": [{"role": "user", "content": "go"}]}
-    out, _ = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW, pins=pins)
+    out, _ = optimise(ANTHROPIC, body, min_tokens=NO_NEW, pins=pins)
     assert [t["name"] for t in out["tools"]] == ["read", "write", "bash", "grep"]
     assert orjson.dumps(out["tools"][:3]) == orjson.dumps(turn1)
-    unpinned, _ = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW)
+    unpinned, _ = optimise(ANTHROPIC, body, min_tokens=NO_NEW)
     assert [t["name"] for t in unpinned["tools"]] == ["bash", "grep", "read", "write"]
 
 
@@ -234,7 +234,7 @@ def test_schema_and_tool_input_keys_reordered_between_turns_are_pinned() -> None
         pinned_schemas={"read": SCHEMA},
         pinned_inputs={"read": {"path": "x", "limit": 1}},
     )
-    out, _ = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW, pins=pins)
+    out, _ = optimise(ANTHROPIC, body, min_tokens=NO_NEW, pins=pins)
     assert orjson.dumps(out["tools"]) == orjson.dumps([_tool("read", SCHEMA)])
     assert orjson.dumps(out["messages"][1]["content"][0]["input"]) == b'{"path":"a","limit":3}'
     assert orjson.dumps(body["tools"][0]["input_schema"]) == orjson.dumps(reordered)  # caller untouched
@@ -255,7 +255,7 @@ def test_marker_on_thinking_block_moves_to_the_nearest_legal_block() -> None:
             {"role": "user", "content": "ok"},
         ],
     }
-    out, plan = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW)
+    out, plan = optimise(ANTHROPIC, body, min_tokens=NO_NEW)
     assert out["messages"] == [
         {"role": "user", "content": [_text("why?", EPH)]},
         {
@@ -275,7 +275,7 @@ def test_null_markers_are_removed_and_prefix_keys_go_last() -> None:
         "system": "Be brief.",
         "max_tokens": 4,
     }
-    out, plan = optimise(ANTHROPIC, MESSAGES, body, min_tokens=NO_NEW)
+    out, plan = optimise(ANTHROPIC, body, min_tokens=NO_NEW)
     assert orjson.dumps(out) == orjson.dumps(
         {
             "model": MODEL,

@@ -23,7 +23,7 @@ from proxy.pipeline.canonicalise import canonicalise_body
 from proxy.pipeline.delivered import MAX_NOTE_CHARS, carried, next_delivered
 from proxy.pipeline.pins import pin_body
 from proxy.pipeline.reorder import reorder_body
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT, route
 from proxy.store.codec import Sidecar
 from tests.pipeline.helpers import RULES
 from tests.pipeline.strategies import (
@@ -94,25 +94,25 @@ def _anthropic(counter: int, question: str = "Q?") -> dict[str, Any]:
 
 def test_reorder_leaves_out_a_moved_line_equal_to_the_one_delivered() -> None:
     note = "Context used: 546 tokens of 200000 (0%)\n"
-    first, plan = reorder_body(ANTHROPIC, MESSAGES, _anthropic(546), RULES)
+    first, plan = reorder_body(ANTHROPIC, _anthropic(546), RULES)
     assert first["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": note}, {"type": "text", "text": "Q?"}]}
     ]
     assert (plan.moved, plan.slots, plan.repeated) == ((note,), (SLOT,), 0)
-    same, plan = reorder_body(ANTHROPIC, MESSAGES, _anthropic(546), RULES, delivered={SLOT: note})
+    same, plan = reorder_body(ANTHROPIC, _anthropic(546), RULES, delivered={SLOT: note})
     assert same == {
         "model": SONNET,
         "system": "You are terse.\nUse the tools.",
         "messages": [{"role": "user", "content": "Q?"}],
     }
     assert (plan.moved, plan.slots, plan.repeated) == ((), (), 1)
-    changed, plan = reorder_body(ANTHROPIC, MESSAGES, _anthropic(1046), RULES, delivered={SLOT: note})
+    changed, plan = reorder_body(ANTHROPIC, _anthropic(1046), RULES, delivered={SLOT: note})
     assert changed["system"] == same["system"]
     new_note = "Context used: 1046 tokens of 200000 (0%)\n"
     assert changed["messages"][0]["content"][0] == {"type": "text", "text": new_note}
     assert (plan.repeated, plan.slots) == (0, (SLOT,))
     # another slot's value never hides this one
-    other, _ = reorder_body(ANTHROPIC, MESSAGES, _anthropic(546), RULES, delivered={"move\x1fother\x1f0": note})
+    other, _ = reorder_body(ANTHROPIC, _anthropic(546), RULES, delivered={"move\x1fother\x1f0": note})
     assert other == first
 
 
@@ -122,7 +122,7 @@ def test_reorder_leaves_out_a_delivered_line_on_openai_chat_too() -> None:
         "model": "gpt-5.5",
         "messages": [{"role": "system", "content": _system(546)}, {"role": "user", "content": "Q?"}],
     }
-    out, plan = reorder_body(OPENAI, CHAT, body, RULES, delivered={SLOT: note})
+    out, plan = reorder_body(OPENAI_CHAT, body, RULES, delivered={SLOT: note})
     assert out["messages"] == [
         {"role": "system", "content": "You are terse.\nUse the tools."},
         {"role": "user", "content": "Q?"},
@@ -138,13 +138,13 @@ def test_pinned_change_is_moved_once_and_not_again_while_delivered() -> None:
             "system": [{"type": "text", "text": header.format(cch)}, {"type": "text", "text": GUIDE}],
             "messages": [{"role": "user", "content": "Q?"}],
         }
-    pinned = pin_body(ANTHROPIC, MESSAGES, body("a1"), RULES)[1].pinned
-    moved, report = pin_body(ANTHROPIC, MESSAGES, body("b2"), RULES, pinned)
+    pinned = pin_body(ANTHROPIC, body("a1"), RULES)[1].pinned
+    moved, report = pin_body(ANTHROPIC, body("b2"), RULES, pinned)
     assert moved["system"][0]["text"] == header.format("a1")
     assert moved["messages"][0]["content"][0] == {"type": "text", "text": header.format("b2")}
     ((slot, value),) = report.delivered
     assert (slot.startswith("pin\x1fbilling-header"), value, report.moved) == (True, header.format("b2"), 1)
-    again, report = pin_body(ANTHROPIC, MESSAGES, body("b2"), RULES, pinned, {slot: value})
+    again, report = pin_body(ANTHROPIC, body("b2"), RULES, pinned, {slot: value})
     assert again == {**body("b2"), "system": moved["system"]}
     assert (report.moved, report.repeated, report.delivered) == (0, 1, [])
 
@@ -168,29 +168,29 @@ def _empty_texts(value: Any, key: str) -> int:
     return here + sum(_empty_texts(item, key) for item in value.values())
 
 
-def _check(adapter: Any, path: str, body: dict[str, Any], key: str, pick: list[bool]) -> None:
-    body = canonicalise_body(adapter, path, body)[0]  # reorder's input (canonicalise runs first)
+def _check(adapter: Any, body: dict[str, Any], key: str, pick: list[bool]) -> None:
+    body = canonicalise_body(adapter, body)[0]  # reorder's input (canonicalise runs first)
     before = orjson.dumps(body)
-    full, plan = reorder_body(adapter, path, body, RULES)
+    full, plan = reorder_body(adapter, body, RULES)
     picks = pick + [False] * len(plan.slots)
     delivered = {s: t for s, t, on in zip(plan.slots, plan.moved, picks[: len(plan.slots)], strict=True) if on}
-    out, plan2 = reorder_body(adapter, path, body, RULES, delivered=delivered)
+    out, plan2 = reorder_body(adapter, body, RULES, delivered=delivered)
     assert orjson.dumps(body) == before  # caller input never mutated
-    again, _ = reorder_body(adapter, path, out, RULES, delivered=delivered)
+    again, _ = reorder_body(adapter, out, RULES, delivered=delivered)
     assert orjson.dumps(again) == orjson.dumps(out)  # idempotent
     # notes carry no marker: leaving one out moves none and adds none. One difference is allowed:
     # empty text blocks that the moved text made removable (canonicalise merged their markers
     # into it) stay, with their markers, when nothing is put on the user message
-    kept = count_markers(adapter, path, out, key) - count_markers(adapter, path, full, key)
+    kept = count_markers(adapter, out, key) - count_markers(adapter, full, key)
     assert 0 <= kept <= _empty_texts(out, key) - _empty_texts(full, key)
-    assert count_markers(adapter, path, full, key) <= count_markers(adapter, path, body, key)
+    assert count_markers(adapter, full, key) <= count_markers(adapter, body, key)
     if plan2.moved == plan.moved:  # nothing left out (or nothing could move): as without notes
         assert orjson.dumps(out) == orjson.dumps(full)
         return
     assert plan2.repeated == len(plan.moved) - len(plan2.moved) == len(delivered)
     # content: exactly the left-out notes are missing, everything else is the full output's
-    missing = content_fingerprint(adapter, path, full, key) - content_fingerprint(adapter, path, out, key)
-    extra = content_fingerprint(adapter, path, out, key) - content_fingerprint(adapter, path, full, key)
+    missing = content_fingerprint(adapter, full, key) - content_fingerprint(adapter, out, key)
+    extra = content_fingerprint(adapter, out, key) - content_fingerprint(adapter, full, key)
     left_out = tuple(delivered.values())
     assert not extra
     assert all(item[0] == "line" for item in missing) and set(missing) <= set(_lines(left_out))
@@ -201,7 +201,7 @@ def _check(adapter: Any, path: str, body: dict[str, Any], key: str, pick: list[b
 def test_reorder_with_delivered_notes_is_pure_idempotent_and_only_leaves_them_out(
     body: dict[str, Any], pick: list[bool]
 ) -> None:
-    _check(ANTHROPIC, MESSAGES, copy.deepcopy(body), ANTHROPIC_MARKER_KEY, pick)
+    _check(ANTHROPIC, copy.deepcopy(body), ANTHROPIC_MARKER_KEY, pick)
 
 
 _EMPTY_MARKED = {"type": "text", "text": "", OPENAI_MARKER_KEY: {"mode": "explicit"}}
@@ -226,7 +226,7 @@ def test_reorder_with_delivered_notes_is_pure_idempotent_and_only_leaves_them_ou
     case: tuple[str, dict[str, Any]], pick: list[bool]
 ) -> None:
     path, body = case
-    _check(OPENAI, path, body, OPENAI_MARKER_KEY, pick)
+    _check(route(path)[0], body, OPENAI_MARKER_KEY, pick)
 
 
 # --- through promptcache and the simulator ------------------------------------------------------

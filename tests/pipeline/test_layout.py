@@ -1,6 +1,6 @@
 """The per-request layout cache's shortcuts give exactly what a fresh layout and scan give.
 
-`AnthropicAdapter.relayout` (runs of unchanged messages reused) must equal `layout`, and a scan
+`AnthropicMessagesAdapter.relayout` (runs of unchanged messages reused) must equal `layout`, and a scan
 that reuses a previous scan's prefix (`scan(..., previous)`) must equal a scan from scratch,
 whatever the edit: messages replaced (by copies or by other messages), appended, dropped, non-
 object messages, other keys, OpenAI bodies.
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from proxy.pipeline.layout import LayoutCache, Scan, _actions, _scan, scan
 from proxy.pipeline.reorder import plan_system
 from proxy.pipeline.segments import classifier_for
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, route
 from proxy.providers.base import Run
 from tests.pipeline.helpers import RULES, STAYING_RULES
 from tests.pipeline.strategies import anthropic_bodies, openai_bodies
@@ -71,27 +71,27 @@ def test_relayout_is_layout_anthropic(data: st.DataObject, body: dict, other: di
     if data.draw(st.booleans()):
         old = [*old, "not a message"]
     new = data.draw(edited(old, other["messages"]))
-    runs = ANTHROPIC.layout(MESSAGES, {"messages": old})
-    again = ANTHROPIC.relayout(MESSAGES, "messages", new, old, runs)
+    runs = ANTHROPIC.layout({"messages": old})
+    again = ANTHROPIC.relayout("messages", new, old, runs)
     if again is not None:
         new_runs, reused = again
-        assert _fields(new_runs) == _fields(ANTHROPIC.layout(MESSAGES, {"messages": new}))
+        assert _fields(new_runs) == _fields(ANTHROPIC.layout({"messages": new}))
         assert all(a is b for a, b in zip(runs[:reused], new_runs[:reused], strict=True))
     for key in ("system", "tools"):
-        assert ANTHROPIC.relayout(MESSAGES, key, new, old, runs) is None
+        assert ANTHROPIC.relayout(key, new, old, runs) is None
 
 
 @FAST
 @given(st.data(), anthropic_bodies(), anthropic_bodies())
 def test_incremental_scan_is_a_fresh_scan_anthropic(data: st.DataObject, body: dict, other: dict) -> None:
-    policy = ANTHROPIC.marker_policy(MESSAGES, body)
-    kinds = ANTHROPIC.tool_shape(MESSAGES).call_kinds
+    policy = ANTHROPIC.marker_policy(body)
+    kinds = ANTHROPIC.tool_shape.call_kinds
     old = body["messages"]
     new = data.draw(edited(old, other["messages"]))
-    runs = ANTHROPIC.layout(MESSAGES, {"messages": old})
+    runs = ANTHROPIC.layout({"messages": old})
     previous = scan(runs, policy, kinds)
-    again = ANTHROPIC.relayout(MESSAGES, "messages", new, old, runs)
-    new_runs, known = again if again is not None else (ANTHROPIC.layout(MESSAGES, {"messages": new}), 0)
+    again = ANTHROPIC.relayout("messages", new, old, runs)
+    new_runs, known = again if again is not None else (ANTHROPIC.layout({"messages": new}), 0)
     fresh = _scan_fields(scan(new_runs, policy, kinds))
     assert _scan_fields(scan(new_runs, policy, kinds, previous)) == fresh
     assert _scan_fields(_scan(new_runs, policy.key, _actions(policy, kinds), previous, known)) == fresh
@@ -107,48 +107,48 @@ def test_incremental_scan_is_a_fresh_scan_openai(data: st.DataObject, case: tupl
     if not isinstance(old, list) or not isinstance(others, list):
         return
     new = data.draw(edited(old, others))
-    policy = OPENAI.marker_policy(path, body)
-    kinds = OPENAI.tool_shape(path).call_kinds
-    previous = scan(OPENAI.layout(path, {key: old}), policy, kinds)
-    new_runs = OPENAI.layout(path, {key: new})
+    policy = route(path)[0].marker_policy(body)
+    kinds = route(path)[0].tool_shape.call_kinds
+    previous = scan(route(path)[0].layout({key: old}), policy, kinds)
+    new_runs = route(path)[0].layout({key: new})
     assert _scan_fields(scan(new_runs, policy, kinds, previous)) == _scan_fields(scan(new_runs, policy, kinds))
 
 
 @FAST
 @given(st.data(), anthropic_bodies(), anthropic_bodies())
 def test_layout_cache_after_an_edit_is_a_fresh_one(data: st.DataObject, body: dict, other: dict) -> None:
-    policy = ANTHROPIC.marker_policy(MESSAGES, body)
-    kinds = ANTHROPIC.tool_shape(MESSAGES).call_kinds
+    policy = ANTHROPIC.marker_policy(body)
+    kinds = ANTHROPIC.tool_shape.call_kinds
     cache = LayoutCache()
-    cache.scans(ANTHROPIC, MESSAGES, body, policy, kinds)
+    cache.scans(ANTHROPIC, body, policy, kinds)
     if data.draw(st.booleans()):
-        cache.message_count(ANTHROPIC, MESSAGES, body)  # the edited body's count builds on it
+        cache.message_count(ANTHROPIC, body)  # the edited body's count builds on it
     edited_body = {**body, "messages": data.draw(edited(body["messages"], other["messages"]))}
-    warm = cache.scans(ANTHROPIC, MESSAGES, edited_body, policy, kinds)
-    cold = LayoutCache().scans(ANTHROPIC, MESSAGES, edited_body, policy, kinds)
+    warm = cache.scans(ANTHROPIC, edited_body, policy, kinds)
+    cold = LayoutCache().scans(ANTHROPIC, edited_body, policy, kinds)
     assert [(k, _scan_fields(s)) for k, s in warm] == [(k, _scan_fields(s)) for k, s in cold]
-    assert cache.message_count(ANTHROPIC, MESSAGES, edited_body) == len(
-        {r.message for r in ANTHROPIC.layout(MESSAGES, edited_body) if r.message is not None}
+    assert cache.message_count(ANTHROPIC, edited_body) == len(
+        {r.message for r in ANTHROPIC.layout(edited_body) if r.message is not None}
     )
 
 
-def _moved_and_kept(adapter: Any, path: str, body: dict, rules: Any) -> tuple[Any, Any] | None:
+def _moved_and_kept(adapter: Any, body: dict, rules: Any) -> tuple[Any, Any] | None:
     """What reorder compares for a shift: the body with text moved out, and the same system
     prompt sorted with nothing moved (`None` when nothing moves)."""
-    units = adapter.system_units(path, body)
+    units = adapter.system_units(body)
     classifier = classifier_for(rules)
     plan = plan_system(units, classifier)
     if not plan.moved:
         return None
-    with_text = adapter.with_user_text(path, adapter.with_system(path, body, plan.parts), plan.moved)
+    with_text = adapter.with_user_text(adapter.with_system(body, plan.parts), plan.moved)
     if with_text is None:
         return None
     staying = plan_system(units, classifier, allow_move=False)
-    return with_text, adapter.with_system(path, body, staying.parts) if staying.changed else body
+    return with_text, adapter.with_system(body, staying.parts) if staying.changed else body
 
 
-def _count(adapter: Any, path: str, body: dict) -> int:
-    return len({r.message for r in adapter.layout(path, body) if r.message is not None})
+def _count(adapter: Any, body: dict) -> int:
+    return len({r.message for r in adapter.layout(body) if r.message is not None})
 
 
 @FAST
@@ -156,18 +156,18 @@ def _count(adapter: Any, path: str, body: dict) -> int:
 def test_no_system_message_no_shift(body: dict, case: tuple, rules: Any) -> None:
     """reorder skips its shift check when `system_messages` is False: moving text then never
     changes the number of messages."""
-    for adapter, path, request in ((ANTHROPIC, MESSAGES, body), (OPENAI, *case)):
-        pair = _moved_and_kept(adapter, path, request, rules)
-        if pair is None or LayoutCache().system_messages(adapter, path, request):
+    for adapter, request in ((ANTHROPIC, body), (route(case[0])[0], case[1])):
+        pair = _moved_and_kept(adapter, request, rules)
+        if pair is None or LayoutCache().system_messages(adapter, request):
             continue
         moved, kept = pair
-        assert _count(adapter, path, moved) == _count(adapter, path, kept)
+        assert _count(adapter, moved) == _count(adapter, kept)
 
 
 @FAST
 @given(openai_bodies())
 def test_system_messages_are_head_messages(case: tuple) -> None:
     path, body = case
-    expected = any(r.section == "system" and r.message is not None for r in OPENAI.layout(path, body))
-    assert LayoutCache().system_messages(OPENAI, path, body) is expected
-    assert not LayoutCache().system_messages(ANTHROPIC, MESSAGES, {"system": "x", "messages": []})
+    expected = any(r.section == "system" and r.message is not None for r in route(path)[0].layout(body))
+    assert LayoutCache().system_messages(route(path)[0], body) is expected
+    assert not LayoutCache().system_messages(ANTHROPIC, {"system": "x", "messages": []})

@@ -117,8 +117,8 @@ def test_pinned_inputs_are_ordered_like_the_walk(data: st.DataObject, body: dict
             pinned[block["name"]] = data.draw(
                 st.one_of(st.just(_shuffled(data.draw, block["input"], top)), json_values)
             )
-    out, report = canonicalise_body(ANTHROPIC, MESSAGES, body, SessionPins(pinned_inputs=pinned))
-    plain, _ = canonicalise_body(ANTHROPIC, MESSAGES, body)
+    out, report = canonicalise_body(ANTHROPIC, body, SessionPins(pinned_inputs=pinned))
+    plain, _ = canonicalise_body(ANTHROPIC, body)
     got = [b for m in out["messages"] if isinstance(m["content"], list) for b in m["content"]]
     base = [b for m in plain["messages"] if isinstance(m["content"], list) for b in m["content"]]
     assert len(got) == len(base)

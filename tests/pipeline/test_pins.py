@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.pipeline.pins import PINS_KEY, fields, pin_body
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT, route
 from proxy.rules import RuleSet, load_rules
 from tests.pipeline.helpers import RULES
 from tests.pipeline.strategies import (
@@ -68,7 +68,7 @@ def test_fields_ignore_whitespace_bullets_key_case_and_line_order() -> None:
 
 def test_first_request_pins_and_changes_nothing() -> None:
     body = _body(f"{GUIDE}\nToday's date: 2026-11-29\n", "Q0?")
-    out, report = pin_body(ANTHROPIC, MESSAGES, body, RULES)
+    out, report = pin_body(ANTHROPIC, body, RULES)
     assert out is body
     assert report.pinned == {DATE_KEY: "Today's date: 2026-11-29"}
     assert (report.kept, report.moved, report.changed) == (0, 0, 0)
@@ -79,17 +79,17 @@ def test_reformatted_segment_is_sent_with_its_first_seen_bytes() -> None:
     reformatted = ENV.replace("Platform: linux", "  - platform:   linux").replace("\n</env>", "\n\n</env>")
     body = _body([{"type": "text", "text": GUIDE}, {"type": "text", "text": reformatted + "\n"}], "Q0?")
     before = copy.deepcopy(body)
-    out, report = pin_body(ANTHROPIC, MESSAGES, body, RULES, pinned)
+    out, report = pin_body(ANTHROPIC, body, RULES, pinned)
     assert out["system"] == [{"type": "text", "text": GUIDE}, {"type": "text", "text": ENV + "\n"}]
     assert out["messages"] == body["messages"] and body == before
     assert report.pinned == pinned and report.kept == 1
-    assert pin_body(ANTHROPIC, MESSAGES, out, RULES, report.pinned)[0] is out  # idempotent
+    assert pin_body(ANTHROPIC, out, RULES, report.pinned)[0] is out  # idempotent
 
 
 def test_real_change_is_sent_and_becomes_the_pinned_bytes() -> None:
     pinned = {DATE_KEY: "Today's date: 2026-11-29"}
     body = _body(f"{GUIDE}\nToday's date: 2026-11-30\n", "Q0?", "Q1?")
-    out, report = pin_body(ANTHROPIC, MESSAGES, body, RULES, pinned)
+    out, report = pin_body(ANTHROPIC, body, RULES, pinned)
     assert out is body
     assert report.pinned == {DATE_KEY: "Today's date: 2026-11-30"} and report.changed == 1
 
@@ -99,7 +99,7 @@ def test_real_change_moves_onto_the_newest_user_message() -> None:
     system = [{"type": "text", "text": GUIDE}, {"type": "text", "text": "Today's date: 2026-11-30\n"}]
     body = _body(system, "Q0?", "Q1?")
     before = copy.deepcopy(body)
-    out, report = pin_body(ANTHROPIC, MESSAGES, body, MOVING, pinned)
+    out, report = pin_body(ANTHROPIC, body, MOVING, pinned)
     assert out["system"] == [{"type": "text", "text": GUIDE}, {"type": "text", "text": "Today's date: 2026-11-29\n"}]
     assert out["messages"][:2] == body["messages"][:2]
     assert out["messages"][2] == {
@@ -107,13 +107,13 @@ def test_real_change_moves_onto_the_newest_user_message() -> None:
         "content": [{"type": "text", "text": "Today's date: 2026-11-30"}, {"type": "text", "text": "Q1?"}],
     }
     assert report.pinned == pinned and report.moved == 1 and body == before
-    assert pin_body(ANTHROPIC, MESSAGES, out, MOVING, report.pinned)[0] is out  # idempotent
+    assert pin_body(ANTHROPIC, out, MOVING, report.pinned)[0] is out  # idempotent
 
 
 def test_change_stays_in_the_system_when_no_message_can_take_it() -> None:
     pinned = {DATE_KEY: "Today's date: 2026-11-29"}
     body = {"model": SONNET, "system": f"{GUIDE}\nToday's date: 2026-11-30", "messages": []}
-    out, report = pin_body(ANTHROPIC, MESSAGES, body, MOVING, pinned)
+    out, report = pin_body(ANTHROPIC, body, MOVING, pinned)
     assert out is body
     assert report.pinned == {DATE_KEY: "Today's date: 2026-11-30"} and (report.moved, report.changed) == (0, 1)
 
@@ -121,7 +121,7 @@ def test_change_stays_in_the_system_when_no_message_can_take_it() -> None:
 def test_rules_without_pins_leave_the_body_alone() -> None:
     unpinned = dataclasses.replace(RULES, rules=tuple(dataclasses.replace(r, pin=False) for r in RULES.rules))
     body = _body(f"{GUIDE}\nToday's date: 2026-11-30\n", "Q0?")
-    out, report = pin_body(ANTHROPIC, MESSAGES, body, unpinned, {DATE_KEY: "Today's date: 2026-11-29"})
+    out, report = pin_body(ANTHROPIC, body, unpinned, {DATE_KEY: "Today's date: 2026-11-29"})
     assert out is body and report.pinned == {DATE_KEY: "Today's date: 2026-11-29"}
 
 
@@ -134,7 +134,7 @@ def test_openai_system_message_is_pinned_too() -> None:
             {"role": "user", "content": "Q0?"},
         ],
     }
-    out, report = pin_body(OPENAI, CHAT, body, RULES, pinned)
+    out, report = pin_body(OPENAI_CHAT, body, RULES, pinned)
     assert out["messages"][0] == {"role": "system", "content": f"{GUIDE}\n  cwd: /home/dev/app\n"}
     assert report.kept == 1
 
@@ -274,18 +274,18 @@ def _variants(pinned: dict[str, str]) -> list[dict[str, str]]:
     ]
 
 
-def _check(adapter: Any, path: str, body: dict[str, Any], rules: RuleSet, key: str) -> None:
+def _check(adapter: Any, body: dict[str, Any], rules: RuleSet, key: str) -> None:
     before = orjson.dumps(body)
-    own = pin_body(adapter, path, body, rules)
+    own = pin_body(adapter, body, rules)
     assert own[0] is body  # a first request is sent as is
     for pinned in _variants(own[1].pinned):
-        out, report = pin_body(adapter, path, body, rules, pinned)
+        out, report = pin_body(adapter, body, rules, pinned)
         assert orjson.dumps(body) == before  # caller input never mutated
-        again, _ = pin_body(adapter, path, out, rules, report.pinned)
+        again, _ = pin_body(adapter, out, rules, report.pinned)
         assert orjson.dumps(again) == orjson.dumps(out)  # idempotent
-        assert count_markers(adapter, path, out, key) == count_markers(adapter, path, body, key)
+        assert count_markers(adapter, out, key) == count_markers(adapter, body, key)
         # content: only the session's own texts appear, nothing else is edited
-        gained = content_fingerprint(adapter, path, out, key) - content_fingerprint(adapter, path, body, key)
+        gained = content_fingerprint(adapter, out, key) - content_fingerprint(adapter, body, key)
         allowed = {line for text in pinned.values() for line in text.split("\n")} | {
             line for text in own[1].pinned.values() for line in text.split("\n")
         }
@@ -295,7 +295,7 @@ def _check(adapter: Any, path: str, body: dict[str, Any], rules: RuleSet, key: s
 @FAST
 @given(anthropic_bodies(), st.sampled_from([RULES, MOVING]))
 def test_pin_body_is_pure_idempotent_and_only_sends_session_text(body: dict[str, Any], rules: RuleSet) -> None:
-    _check(ANTHROPIC, MESSAGES, body, rules, ANTHROPIC_MARKER_KEY)
+    _check(ANTHROPIC, body, rules, ANTHROPIC_MARKER_KEY)
 
 
 @FAST
@@ -304,4 +304,4 @@ def test_pin_body_is_pure_idempotent_and_only_sends_session_text_openai(
     case: tuple[str, dict[str, Any]], rules: RuleSet
 ) -> None:
     path, body = case
-    _check(OPENAI, path, body, rules, OPENAI_MARKER_KEY)
+    _check(route(path)[0], body, rules, OPENAI_MARKER_KEY)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from proxy.pipeline.breakpoints import PlanContext, place_breakpoints
 from proxy.pipeline.canonicalise import canonicalise_body
 from proxy.pipeline.reorder import reorder_body
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, route
 from proxy.providers.openai_request import has_breakpoints
 from proxy.settings import UpstreamCapabilities
 from tests.pipeline.helpers import RULES, STAYING_RULES, optimise
@@ -60,7 +60,7 @@ def _bytes(value: object) -> bytes:
 def _assert_anthropic_legal(body: dict) -> None:
     key = ANTHROPIC_MARKER_KEY
     ttls = []
-    for block in ANTHROPIC.prefix_blocks(MESSAGES, body):
+    for block in ANTHROPIC.prefix_blocks(body):
         value = block.value
         if not isinstance(value, dict):
             continue
@@ -86,9 +86,9 @@ def _assert_anthropic_legal(body: dict) -> None:
 def test_layout_is_prefix_blocks_anthropic(body: dict) -> None:
     blocks = anthropic_blocks(MESSAGES, body)
     expected = [(b.section, b.path, b.kind, id(b.value), b.message_index, b.role) for b in blocks]
-    assert flatten_layout(ANTHROPIC, MESSAGES, body) == expected
+    assert flatten_layout(ANTHROPIC, body) == expected
     assert [(b.section, b.path, b.kind, id(b.value), b.message_index, b.role)
-            for b in ANTHROPIC.prefix_blocks(MESSAGES, body)] == expected
+            for b in ANTHROPIC.prefix_blocks(body)] == expected
 
 
 @FAST
@@ -97,39 +97,39 @@ def test_layout_is_prefix_blocks_openai(case: tuple[str, dict]) -> None:
     path, body = case
     blocks = openai_blocks(path, body)
     expected = [(b.section, b.path, b.kind, id(b.value), b.message_index, b.role) for b in blocks]
-    assert flatten_layout(OPENAI, path, body) == expected
+    assert flatten_layout(route(path)[0], body) == expected
     assert [(b.section, b.path, b.kind, id(b.value), b.message_index, b.role)
-            for b in OPENAI.prefix_blocks(path, body)] == expected
+            for b in route(path)[0].prefix_blocks(body)] == expected
 
 
-def _per_key(adapter, path: str, body: dict) -> list:
+def _per_key(adapter, body: dict) -> list:
     runs = []
-    for key in adapter.prefix_keys(path):
+    for key in adapter.prefix_keys:
         if key in body:
-            runs.extend(adapter.layout(path, {key: body[key]}))
+            runs.extend(adapter.layout({key: body[key]}))
     return [(r.section, r.key, id(r.value), r.is_list, r.kind, r.role, r.message) for r in runs]
 
 
-def _whole(adapter, path: str, body: dict) -> list:
+def _whole(adapter, body: dict) -> list:
     return [
         (r.section, r.key, id(r.value), r.is_list, r.kind, r.role, r.message)
-        for r in adapter.layout(path, body)
+        for r in adapter.layout(body)
     ]
 
 
 @FAST
 @given(anthropic_bodies(), openai_bodies())
 def test_layout_per_prefix_key_is_the_whole_layout(body: dict, case: tuple[str, dict]) -> None:
-    assert _per_key(ANTHROPIC, MESSAGES, body) == _whole(ANTHROPIC, MESSAGES, body)
+    assert _per_key(ANTHROPIC, body) == _whole(ANTHROPIC, body)
     path, openai_body = case
-    assert _per_key(OPENAI, path, openai_body) == _whole(OPENAI, path, openai_body)
+    assert _per_key(route(path)[0], openai_body) == _whole(route(path)[0], openai_body)
 
 
 @FAST
 @given(anthropic_bodies(), rule_sets, min_tokens)
 def test_shared_layout_cache_changes_nothing(body: dict, rules, minimum) -> None:
-    shared, plan = optimise(ANTHROPIC, MESSAGES, body, rules, min_tokens=minimum)
-    alone, plan_alone = optimise(ANTHROPIC, MESSAGES, body, rules, min_tokens=minimum, shared_cache=False)
+    shared, plan = optimise(ANTHROPIC, body, rules, min_tokens=minimum)
+    alone, plan_alone = optimise(ANTHROPIC, body, rules, min_tokens=minimum, shared_cache=False)
     assert _bytes(shared) == _bytes(alone) and plan == plan_alone
 
 
@@ -138,20 +138,20 @@ def test_shared_layout_cache_changes_nothing(body: dict, rules, minimum) -> None
 def test_pipeline_anthropic(body: dict, rules, minimum, caps, context) -> None:
     before = _bytes(body)
     snapshot = copy.deepcopy(body)
-    out, plan = optimise(ANTHROPIC, MESSAGES, body, rules, min_tokens=minimum, caps=caps, context=context)
+    out, plan = optimise(ANTHROPIC, body, rules, min_tokens=minimum, caps=caps, context=context)
     assert _bytes(body) == before and body == snapshot, "input mutated"
-    again, plan2 = optimise(ANTHROPIC, MESSAGES, out, rules, min_tokens=minimum, caps=caps, context=context)
+    again, plan2 = optimise(ANTHROPIC, out, rules, min_tokens=minimum, caps=caps, context=context)
     assert _bytes(again) == _bytes(out), "not idempotent"
     assert plan2.positions == plan.positions and plan2.injected == plan2.moved == plan2.dropped == 0
     key = ANTHROPIC_MARKER_KEY
-    assert count_markers(ANTHROPIC, MESSAGES, out, key) <= 4
+    assert count_markers(ANTHROPIC, out, key) <= 4
     _assert_anthropic_legal(out)
-    assert content_fingerprint(ANTHROPIC, MESSAGES, out, key) == content_fingerprint(
-        ANTHROPIC, MESSAGES, body, key
+    assert content_fingerprint(ANTHROPIC, out, key) == content_fingerprint(
+        ANTHROPIC, body, key
     )
     roles = [m["role"] for m in body["messages"]]
     assert [m["role"] for m in out["messages"]] == roles
-    blocks = ANTHROPIC.prefix_blocks(MESSAGES, out)
+    blocks = ANTHROPIC.prefix_blocks(out)
     assert [i for i, b in enumerate(blocks) if isinstance(b.value, dict) and b.value.get(key)] == list(
         plan.positions
     )
@@ -166,22 +166,22 @@ def test_pipeline_anthropic(body: dict, rules, minimum, caps, context) -> None:
 def test_pipeline_openai(case: tuple[str, dict], rules, minimum) -> None:
     path, body = case
     before = _bytes(body)
-    out, plan = optimise(OPENAI, path, body, rules, min_tokens=minimum)
+    out, plan = optimise(route(path)[0], body, rules, min_tokens=minimum)
     assert _bytes(body) == before, "input mutated"
-    again, _ = optimise(OPENAI, path, out, rules, min_tokens=minimum)
+    again, _ = optimise(route(path)[0], out, rules, min_tokens=minimum)
     assert _bytes(again) == _bytes(out), "not idempotent"
     key = OPENAI_MARKER_KEY
-    assert content_fingerprint(OPENAI, path, out, key) == content_fingerprint(OPENAI, path, body, key)
+    assert content_fingerprint(route(path)[0], out, key) == content_fingerprint(route(path)[0], body, key)
     assert out.get("prompt_cache_key") == body.get("prompt_cache_key", out.get("prompt_cache_key"))
     items = out.get("input") if path == "/v1/responses" else None
     if isinstance(items, list):  # no repeated item id (docs/provider-rules.md 9)
         ids = [item["id"] for item in items if isinstance(item, dict) and "id" in item]
         assert len(ids) == len(set(ids))
     if not has_breakpoints(body["model"]):
-        assert count_markers(OPENAI, path, out, key) <= count_markers(OPENAI, path, body, key)
+        assert count_markers(route(path)[0], out, key) <= count_markers(route(path)[0], body, key)
         return
-    assert count_markers(OPENAI, path, out, key) <= 4
-    for block in OPENAI.prefix_blocks(path, out):
+    assert count_markers(route(path)[0], out, key) <= 4
+    for block in route(path)[0].prefix_blocks(out):
         if isinstance(block.value, dict) and block.value.get(key) is not None:
             assert block.role in ("user", "system", "developer", "tool")
             assert block.kind in (
@@ -199,13 +199,13 @@ def test_pipeline_openai(case: tuple[str, dict], rules, minimum) -> None:
 @given(anthropic_bodies(), rule_sets)
 def test_each_core_is_idempotent_and_pure(body: dict, rules) -> None:
     before = _bytes(body)
-    canonical, _ = canonicalise_body(ANTHROPIC, MESSAGES, body)
-    assert _bytes(canonicalise_body(ANTHROPIC, MESSAGES, canonical)[0]) == _bytes(canonical)
-    reordered, plan = reorder_body(ANTHROPIC, MESSAGES, canonical, rules)
-    again, plan2 = reorder_body(ANTHROPIC, MESSAGES, reordered, rules)
+    canonical, _ = canonicalise_body(ANTHROPIC, body)
+    assert _bytes(canonicalise_body(ANTHROPIC, canonical)[0]) == _bytes(canonical)
+    reordered, plan = reorder_body(ANTHROPIC, canonical, rules)
+    again, plan2 = reorder_body(ANTHROPIC, reordered, rules)
     assert _bytes(again) == _bytes(reordered) and plan2.tiers == plan.tiers and not plan2.changed
-    marked, _ = place_breakpoints(ANTHROPIC, MESSAGES, body)
-    assert _bytes(place_breakpoints(ANTHROPIC, MESSAGES, marked)[0]) == _bytes(marked)
+    marked, _ = place_breakpoints(ANTHROPIC, body)
+    assert _bytes(place_breakpoints(ANTHROPIC, marked)[0]) == _bytes(marked)
     assert _bytes(body) == before
 
 
@@ -214,10 +214,10 @@ def test_each_core_is_idempotent_and_pure(body: dict, rules) -> None:
 def test_each_core_is_idempotent_and_pure_openai(case: tuple[str, dict], rules) -> None:
     path, body = case
     before = _bytes(body)
-    canonical, _ = canonicalise_body(OPENAI, path, body)
-    assert _bytes(canonicalise_body(OPENAI, path, canonical)[0]) == _bytes(canonical)
-    reordered, _ = reorder_body(OPENAI, path, canonical, rules)
-    assert _bytes(reorder_body(OPENAI, path, reordered, rules)[0]) == _bytes(reordered)
-    marked, _ = place_breakpoints(OPENAI, path, body)
-    assert _bytes(place_breakpoints(OPENAI, path, marked)[0]) == _bytes(marked)
+    canonical, _ = canonicalise_body(route(path)[0], body)
+    assert _bytes(canonicalise_body(route(path)[0], canonical)[0]) == _bytes(canonical)
+    reordered, _ = reorder_body(route(path)[0], canonical, rules)
+    assert _bytes(reorder_body(route(path)[0], reordered, rules)[0]) == _bytes(reordered)
+    marked, _ = place_breakpoints(route(path)[0], body)
+    assert _bytes(place_breakpoints(route(path)[0], marked)[0]) == _bytes(marked)
     assert _bytes(body) == before

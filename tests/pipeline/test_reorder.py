@@ -6,7 +6,7 @@ import copy
 
 from proxy.pipeline.reorder import reorder_body
 from proxy.pipeline.segments import classifier_for
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, route
 from tests.pipeline.helpers import RULES, STAYING_RULES
 
 MESSAGES = "/v1/messages"
@@ -47,7 +47,7 @@ def test_one_marked_block_with_env_and_time_splits_and_the_marker_goes_to_its_st
         ],
         "messages": [{"role": "user", "content": "hi"}],
     }
-    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, STAYING_RULES)
+    out, plan = reorder_body(ANTHROPIC, body, STAYING_RULES)
     # the billing header is API-significant: a stable (pinned) block, it keeps its place
     assert out["system"] == [
         {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=1;"},
@@ -64,7 +64,7 @@ def test_one_marked_block_with_env_and_time_splits_and_the_marker_goes_to_its_st
     ]
     assert plan.tiers == ("session", "stable", "session", "volatile")  # the header ends the shared prefix
     assert out["messages"] is body["messages"]
-    assert reorder_body(ANTHROPIC, MESSAGES, out, STAYING_RULES)[0] is out
+    assert reorder_body(ANTHROPIC, out, STAYING_RULES)[0] is out
 
 
 def test_packaged_rules_keep_the_billing_header_first_and_move_the_time_onto_the_user_message() -> None:
@@ -76,7 +76,7 @@ def test_packaged_rules_keep_the_billing_header_first_and_move_the_time_onto_the
         ],
         "messages": [{"role": "user", "content": "hi"}],
     }
-    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
+    out, plan = reorder_body(ANTHROPIC, body, RULES)
     assert out["system"] == [
         {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=1;"},
         {
@@ -100,14 +100,14 @@ def test_packaged_rules_keep_the_billing_header_first_and_move_the_time_onto_the
     ]
     assert plan.tiers == ("session", "stable", "session")
     assert plan.moved == ("Current time: 2026-11-29T20:09:13Z\n\n",)
-    assert reorder_body(ANTHROPIC, MESSAGES, out, RULES)[0] is out
+    assert reorder_body(ANTHROPIC, out, RULES)[0] is out
 
 
 def test_string_system_splits_into_blocks_only_when_tiers_differ() -> None:
     stable = {"model": "m", "system": "You are helpful.\n\nBe brief.", "messages": []}
-    assert reorder_body(ANTHROPIC, MESSAGES, stable, RULES)[0] is stable
+    assert reorder_body(ANTHROPIC, stable, RULES)[0] is stable
     body = {"model": "m", "system": "Current time: 2026-11-29T20:09:13Z\nYou are helpful.", "messages": []}
-    out, _ = reorder_body(ANTHROPIC, MESSAGES, body, RULES)  # no user message: nothing moves
+    out, _ = reorder_body(ANTHROPIC, body, RULES)  # no user message: nothing moves
     assert out["system"] == [
         {"type": "text", "text": "You are helpful."},
         {"type": "text", "text": "Current time: 2026-11-29T20:09:13Z\n"},
@@ -125,7 +125,7 @@ def test_volatile_segment_moves_onto_the_newest_user_message_after_tool_results(
             {"role": "user", "content": [result, {"type": "text", "text": "continue"}]},
         ],
     }
-    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
+    out, plan = reorder_body(ANTHROPIC, body, RULES)
     assert out["system"] == "You are helpful."
     assert out["messages"][:2] == body["messages"][:2]
     assert out["messages"][2]["content"] == [
@@ -145,7 +145,7 @@ def test_without_a_user_message_to_take_it_the_volatile_segment_stays_last() -> 
             {"role": "assistant", "content": "Hello."},
         ],
     }
-    out, _ = reorder_body(OPENAI, "/v1/chat/completions", body, RULES)
+    out, _ = reorder_body(OPENAI_CHAT, body, RULES)
     assert out["messages"][0] == {
         "role": "system",
         "content": [
@@ -166,7 +166,7 @@ def test_chat_tool_turn_last_takes_the_moved_text_as_its_first_part() -> None:
             {"role": "tool", "tool_call_id": "c", "content": "ok"},
         ],
     }
-    out, plan = reorder_body(OPENAI, "/v1/chat/completions", body, RULES)
+    out, plan = reorder_body(OPENAI_CHAT, body, RULES)
     assert out["messages"] == [
         {"role": "system", "content": "You are helpful."},
         *body["messages"][1:3],
@@ -179,7 +179,7 @@ def test_chat_tool_turn_last_takes_the_moved_text_as_its_first_part() -> None:
             ],
         },
     ]
-    assert plan.tiers == ("stable",) and reorder_body(OPENAI, "/v1/chat/completions", out, RULES)[0] is out
+    assert plan.tiers == ("stable",) and reorder_body(OPENAI_CHAT, out, RULES)[0] is out
 
 
 def test_a_head_message_whose_every_line_moves_leaves_the_array() -> None:
@@ -192,7 +192,7 @@ def test_a_head_message_whose_every_line_moves_leaves_the_array() -> None:
         ],
     }
     before = copy.deepcopy(body)
-    out, plan = reorder_body(OPENAI, "/v1/chat/completions", body, RULES)
+    out, plan = reorder_body(OPENAI_CHAT, body, RULES)
     assert out["messages"] == [
         {"role": "system", "content": "You are helpful."},
         {
@@ -202,7 +202,7 @@ def test_a_head_message_whose_every_line_moves_leaves_the_array() -> None:
     ]
     assert plan.moved == ("Current time: 2026-11-29T20:09:13Z",) and plan.tiers == ("stable",)
     assert plan.dropped_messages == 1 and body == before
-    again, replan = reorder_body(OPENAI, "/v1/chat/completions", out, RULES)
+    again, replan = reorder_body(OPENAI_CHAT, out, RULES)
     assert again is out and replan.dropped_messages == 0
 
 
@@ -236,7 +236,7 @@ def test_a_wrapped_line_moves_with_its_wrapper_and_the_rest_keeps_it() -> None:
             {"type": "function_call_output", "call_id": "c1", "output": "ok"},
         ],
     }
-    out, plan = reorder_body(OPENAI, "/v1/responses", body, RULES)
+    out, plan = reorder_body(OPENAI_RESPONSES, body, RULES)
     assert out["input"][0]["content"] == [
         {
             "type": "input_text",
@@ -258,8 +258,8 @@ def test_a_wrapped_line_moves_with_its_wrapper_and_the_rest_keeps_it() -> None:
         ],
     }
     assert plan.tiers == ("stable", "session")
-    assert reorder_body(OPENAI, "/v1/responses", out, RULES)[0] is out
-    kept, staying = reorder_body(OPENAI, "/v1/responses", body, STAYING_RULES)
+    assert reorder_body(OPENAI_RESPONSES, out, RULES)[0] is out
+    kept, staying = reorder_body(OPENAI_RESPONSES, body, STAYING_RULES)
     assert kept["input"] == body["input"]  # nothing leaves: the section sorts whole, volatile
     assert staying.tiers == ("stable", "volatile")
 
@@ -270,7 +270,7 @@ def test_a_wrapped_section_sorts_as_one_piece_with_its_latest_tier() -> None:
     assert "".join(s.text for s in segments) == text
     assert [s.wrap for s in segments] == [0, 1, 0, 0, -1, 0]
     body = {"model": "m", "system": text, "messages": [{"role": "user", "content": "hi"}]}
-    out, plan = reorder_body(ANTHROPIC, MESSAGES, body, RULES)
+    out, plan = reorder_body(ANTHROPIC, body, RULES)
     assert out["system"] == [
         {"type": "text", "text": "Intro.\nOutro."},
         {"type": "text", "text": "<ctx>\nKeep it short.\n  <cwd>/home/dev/app</cwd>\n</ctx>\n"},
@@ -289,23 +289,23 @@ def test_openai_head_messages_sort_across_messages_and_keep_roles() -> None:
             {"role": "user", "content": "hi"},
         ],
     }
-    out, plan = reorder_body(OPENAI, "/v1/chat/completions", body, STAYING_RULES)
+    out, plan = reorder_body(OPENAI_CHAT, body, STAYING_RULES)
     assert out["messages"] == [body["messages"][1], body["messages"][0], body["messages"][2]]
     assert plan.tiers == ("stable", "volatile")
 
 
 def test_responses_instructions_sort_inside_the_string() -> None:
     body = {"model": "gpt-5.1", "instructions": "Tokens used: 5 of 100\nYou are helpful.\n", "input": "hi"}
-    out, plan = reorder_body(OPENAI, "/v1/responses", body, STAYING_RULES)
+    out, plan = reorder_body(OPENAI_RESPONSES, body, STAYING_RULES)
     assert out == {**body, "instructions": "You are helpful.\nTokens used: 5 of 100\n"}
     assert plan.tiers == ("volatile",)
     # An unterminated last line moves up with the newline moving along: same lines, same
     # characters, the volatile line last and still unterminated.
     unterminated = {**body, "instructions": "Tokens used: 5 of 100\nYou are helpful."}
-    sorted_out, _ = reorder_body(OPENAI, "/v1/responses", unterminated, STAYING_RULES)
+    sorted_out, _ = reorder_body(OPENAI_RESPONSES, unterminated, STAYING_RULES)
     assert sorted_out == {**body, "instructions": "You are helpful.\nTokens used: 5 of 100"}
-    assert reorder_body(OPENAI, "/v1/responses", sorted_out, STAYING_RULES)[0] is sorted_out
-    moved, moved_plan = reorder_body(OPENAI, "/v1/responses", body, RULES)
+    assert reorder_body(OPENAI_RESPONSES, sorted_out, STAYING_RULES)[0] is sorted_out
+    moved, moved_plan = reorder_body(OPENAI_RESPONSES, body, RULES)
     assert moved == {
         **body,
         "instructions": "You are helpful.\n",
@@ -337,7 +337,7 @@ def test_a_head_item_without_content_is_kept_in_place_when_the_head_is_rebuilt()
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
         ],
     }
-    out, plan = reorder_body(OPENAI, "/v1/responses", body, STAYING_RULES)
+    out, plan = reorder_body(OPENAI_RESPONSES, body, STAYING_RULES)
     assert out["input"] == [tools, body["input"][2], body["input"][1], body["input"][3]]
     assert plan.tiers == ("stable", "volatile")
 
@@ -347,7 +347,7 @@ def test_unsplittable_text_whose_last_piece_ends_in_a_blank_line_keeps_its_lines
     unterminated stable line, in Responses `instructions` (not splittable)."""
     text = "Working directory: /home/alice/project\n\nYou are a careful coding agent."
     body = {"model": "gpt-4o", "instructions": text, "input": [{"role": "user", "content": "hi"}]}
-    out, _ = reorder_body(OPENAI, "/v1/responses", body, RULES)
+    out, _ = reorder_body(OPENAI_RESPONSES, body, RULES)
     assert sorted(out["instructions"].split("\n")) == sorted(text.split("\n"))
 
 
@@ -355,7 +355,7 @@ def test_a_wrapper_split_across_groups_keeps_its_blank_lines_once() -> None:
     # hypothesis found it: the blank line after `<context>` went with the tag into both copies
     system = "<context>\n\nYou are a careful coding agent.\nCurrent time: 2026-11-29T20:09:13Z\n</context>"
     body = {"model": "m", "system": system, "messages": [{"role": "user", "content": "hi"}]}
-    out, _ = reorder_body(ANTHROPIC, "/v1/messages", body, RULES)
+    out, _ = reorder_body(ANTHROPIC, body, RULES)
     assert out["system"] == "<context>\n\nYou are a careful coding agent.\n</context>"
     assert out["messages"][0]["content"] == [
         {"type": "text", "text": "<context>\nCurrent time: 2026-11-29T20:09:13Z\n</context>"},
@@ -400,6 +400,6 @@ def test_heading_sections_reorder_idempotently() -> None:
         ),
     ):
         for rules in (RULES, STAYING_RULES):
-            out, plan = reorder_body(OPENAI, path, body, rules)
-            again, replan = reorder_body(OPENAI, path, out, rules)
+            out, plan = reorder_body(route(path)[0], body, rules)
+            again, replan = reorder_body(route(path)[0], out, rules)
             assert again == out and replan.tiers == plan.tiers

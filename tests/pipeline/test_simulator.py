@@ -226,7 +226,7 @@ async def test_client_faults_rejected_as_sent_are_accepted_after_the_pipeline() 
         async with aiohttp.ClientSession() as client:
             for name, fault in FAULTS.items():
                 body = {"model": MODEL, "max_tokens": 8, **fault}
-                fixed, _ = optimise(ANTHROPIC, "/v1/messages", body, min_tokens=0)
+                fixed, _ = optimise(ANTHROPIC, body, min_tokens=0)
                 statuses = []
                 for payload in (body, fixed):
                     async with client.post(

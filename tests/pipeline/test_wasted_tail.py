@@ -57,7 +57,7 @@ def _aider(turn: int) -> dict[str, Any]:
 
 
 def _sidecars(body: dict[str, Any], masker: Masker) -> tuple[Sidecar, ...]:
-    view = view_messages(ANTHROPIC, MESSAGES, body, masker)
+    view = view_messages(ANTHROPIC, body, masker)
     return tuple(Sidecar(i, view.digests[i], stripped_bytes(m), view.exact[i]) for i, m in enumerate(body["messages"]))
 
 
@@ -66,7 +66,7 @@ def test_tail_rewritten_only_when_the_newest_message_is_the_first_change() -> No
     before = _sidecars(_aider(1), masker)
 
     def rewritten(body: dict[str, Any]) -> bool:
-        view = view_messages(ANTHROPIC, MESSAGES, body, masker)
+        view = view_messages(ANTHROPIC, body, masker)
         return tail_rewritten(view.digests, before, view.system_positions)
 
     assert rewritten(_aider(2))  # the reminder went away
@@ -86,7 +86,7 @@ def test_tail_rewritten_only_when_the_newest_message_is_the_first_change() -> No
 def test_planner_marks_the_end_of_the_previous_turn_after_a_wasted_tail() -> None:
     body = _aider(1)  # blocks: system 0, messages 1..5 (the newest question is 5)
     before = copy.deepcopy(body)
-    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext())
+    out, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext())
     assert [(m.index, m.origin, m.reason) for m in plan.markers] == [
         (0, "injected", "shared"),
         (2, "client", "client"),
@@ -94,7 +94,7 @@ def test_planner_marks_the_end_of_the_previous_turn_after_a_wasted_tail() -> Non
         (5, "injected", "last"),
     ]
     skipping = PlanContext(tail_misses=1)
-    out, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=skipping)
+    out, plan = place_breakpoints(ANTHROPIC, body, context=skipping)
     assert [(m.index, m.origin, m.reason) for m in plan.markers] == [
         (0, "injected", "shared"),
         (2, "client", "client"),
@@ -102,29 +102,29 @@ def test_planner_marks_the_end_of_the_previous_turn_after_a_wasted_tail() -> Non
     ]
     assert "cache_control" not in out["messages"][-1]["content"][0]
     assert body == before  # input never mutated
-    assert place_breakpoints(ANTHROPIC, MESSAGES, out, context=skipping)[0] == out  # idempotent
+    assert place_breakpoints(ANTHROPIC, out, context=skipping)[0] == out  # idempotent
     # a client's own marker on the newest message stays where it is
     marked = copy.deepcopy(body)
     marked["messages"][-1]["content"][0]["cache_control"] = EPH
-    _, kept = place_breakpoints(ANTHROPIC, MESSAGES, marked, context=skipping)
+    _, kept = place_breakpoints(ANTHROPIC, marked, context=skipping)
     assert (5, "client", "client") in [(m.index, m.origin, m.reason) for m in kept.markers]
 
 
 def test_first_request_leaves_the_newest_message_to_a_client_that_marked_earlier_ones() -> None:
     body = _aider(0)  # blocks: system 0, messages 1 (question), 2 (`Ok.`, client), 3 (newest)
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext(first=True))
+    _, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext(first=True))
     assert [(m.index, m.origin, m.reason) for m in plan.markers] == [(0, "injected", "shared"), (2, "client", "client")]
     # with a record behind it the session's own evidence decides (nothing rewritten yet: marked)
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext())
+    _, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext())
     assert [(m.index, m.reason) for m in plan.markers] == [(0, "shared"), (2, "client"), (3, "last")]
     # a client that marks nothing in its messages, or marks its newest message, is not affected
     bare = copy.deepcopy(body)
     del bare["messages"][1]["content"][0]["cache_control"]
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, bare, context=PlanContext(first=True))
+    _, plan = place_breakpoints(ANTHROPIC, bare, context=PlanContext(first=True))
     assert [(m.index, m.reason) for m in plan.markers] == [(0, "shared"), (2, "turn"), (3, "last")]
     newest = copy.deepcopy(body)
     newest["messages"][-1]["content"][0]["cache_control"] = EPH
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, newest, context=PlanContext(first=True))
+    _, plan = place_breakpoints(ANTHROPIC, newest, context=PlanContext(first=True))
     assert [(m.index, m.origin) for m in plan.markers] == [(0, "injected"), (2, "client"), (3, "client")]
 
 
@@ -132,7 +132,7 @@ def test_no_tail_when_the_conversation_is_predicted_to_end() -> None:
     body = _aider(1)  # blocks: system 0, messages 1..5; the previous request's last marker was 4
     ending = Forecast(p_end=1.0, human_soon=0.0, human_hour=0.0, tool_soon=1.0, tool_hour=0.0)
     alive = PlanContext(previous_breakpoints=(4,), pacing=PacingInput(ending))
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=alive)
+    _, plan = place_breakpoints(ANTHROPIC, body, context=alive)
     # the shared prefix and the anchor (read, refreshed at the read price); no tail, no turn
     assert [(m.index, m.ttl, m.reason) for m in plan.markers] == [
         (0, "1h", "shared"),
@@ -140,10 +140,10 @@ def test_no_tail_when_the_conversation_is_predicted_to_end() -> None:
         (4, "1h", "anchor"),
     ]
     gone = PlanContext(previous_breakpoints=(4,), pacing=PacingInput(ending, expired=True))
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=gone)
+    _, plan = place_breakpoints(ANTHROPIC, body, context=gone)
     assert [(m.index, m.ttl, m.reason) for m in plan.markers] == [(0, "5m", "shared"), (2, "5m", "client")]
     coming = Forecast(p_end=1.0, human_soon=1.0, human_hour=0.0, tool_soon=1.0, tool_hour=0.0)
-    _, plan = place_breakpoints(ANTHROPIC, MESSAGES, body, context=PlanContext((4,), pacing=PacingInput(coming)))
+    _, plan = place_breakpoints(ANTHROPIC, body, context=PlanContext((4,), pacing=PacingInput(coming)))
     assert [(m.index, m.reason) for m in plan.markers] == [(0, "shared"), (2, "client"), (4, "anchor"), (5, "last")]
 
 

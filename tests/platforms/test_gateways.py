@@ -7,7 +7,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.providers.openai import OpenAIUsage
+from proxy.providers.openai import ChatUsage
 from tests.fakes.upstream import FakeUpstream
 from tests.platforms.conftest import SYSTEM
 
@@ -98,7 +98,7 @@ async def test_azure_deployment_path_is_optimised_in_place(fake_upstream: FakeUp
 
 
 def _chat_usage(usage: dict) -> tuple[int, int, int, float | None]:
-    reader = OpenAIUsage("/v1/chat/completions")
+    reader = ChatUsage()
     reader.feed_json({"id": "x", "usage": usage})
     result = reader.result()
     return result.input_none, result.cache_read, result.cache_write, result.cache_discount

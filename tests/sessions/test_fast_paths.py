@@ -40,7 +40,7 @@ from proxy.pipeline import run_request_stages
 from proxy.pipeline.replay import Masker, mask_strings, span_pattern, strip_markers, view_messages
 from proxy.pipeline.session import sent_markers, update_pins
 from proxy.prefix import MARKER_KEYS, PrefixChain, RunBlocks, chain_blocks, scan_prompt
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, route
 from proxy.providers.base import Usage
 from proxy.response import run_response_stages
 from proxy.rules import load_rules, volatile_patterns
@@ -109,16 +109,16 @@ def ref_digests(value: Any, patterns: Any) -> tuple[bytes, bytes]:
     return exact, xxhash.xxh3_128_digest(masked)
 
 
-def reference_blocks(adapter: Any, path: str, body: dict[str, Any]) -> list[Any]:
+def reference_blocks(adapter: Any, body: dict[str, Any]) -> list[Any]:
     """The independent body walk (not the layout the fast paths share)."""
-    return (anthropic_blocks if adapter.name == "anthropic" else openai_blocks)(path, body)
+    return (anthropic_blocks if adapter.name == "anthropic" else openai_blocks)(adapter.api_path, body)
 
 
-def ref_view(adapter: Any, path: str, body: dict[str, Any], patterns: Any) -> tuple[Any, ...]:
+def ref_view(adapter: Any, body: dict[str, Any], patterns: Any) -> tuple[Any, ...]:
     head = xxhash.xxh3_128()
     array_key, system = None, set()
     tools = []
-    for block in reference_blocks(adapter, path, body):
+    for block in reference_blocks(adapter, body):
         if block.message_index is None:
             if block.section == "tools":  # the tool set: order does not count
                 tools.append(ref_digests(block.value, patterns)[1])
@@ -131,7 +131,7 @@ def ref_view(adapter: Any, path: str, body: dict[str, Any], patterns: Any) -> tu
             system.add(block.message_index)
     items = body.get(array_key) if array_key is not None else None
     elements = items if isinstance(items, list) else ([] if items is None else [items])
-    optional = {"tool": {"name"}} if path == "/v1/chat/completions" else {}
+    optional = {"tool": {"name"}} if adapter.api_path == "/v1/chat/completions" else {}
     pairs = [
         (
             ref_digests(item, patterns)[0],
@@ -170,11 +170,11 @@ def _view_tuple(view: Any) -> tuple[Any, ...]:
 # --- pure twins --------------------------------------------------------------------------------
 
 
-def _check_scan(adapter: Any, path: str, body: dict[str, Any]) -> None:
-    blocks = reference_blocks(adapter, path, body)
-    whole = scan_prompt(adapter.layout(path, body))
+def _check_scan(adapter: Any, body: dict[str, Any]) -> None:
+    blocks = reference_blocks(adapter, body)
+    whole = scan_prompt(adapter.layout(body))
     per_key = scan_prompt(
-        [run for key in adapter.prefix_keys(path) if key in body for run in adapter.layout(path, {key: body[key]})]
+        [run for key in adapter.prefix_keys if key in body for run in adapter.layout({key: body[key]})]
     )
     for scan in (whole, per_key):
         assert scan.chain == ref_chain(blocks)
@@ -182,35 +182,35 @@ def _check_scan(adapter: Any, path: str, body: dict[str, Any]) -> None:
         assert [scan.blocks[i] for i in range(-len(blocks), 0)] == blocks
         assert scan.kinds == [b.kind for b in blocks]
         assert all(v is b.value for v, b in zip(scan.values, blocks, strict=True))
-        rules = read_rules(adapter, path, body)
+        rules = read_rules(adapter, body)
         assert marked_positions(scan.marked, scan.values, body, rules) == marker_positions(
             [b.value for b in blocks], body, rules
         )
         assert kind_positions(scan.kinds, rules.run_kinds) == lookback_positions(blocks, rules.run_kinds)
         assert scan.tools == sum(1 for b in blocks if b.section == "tools")
         assert all(b.section == "tools" for b in blocks[: scan.tools])
-    assert list(RunBlocks(adapter.layout(path, body))) == blocks
+    assert list(RunBlocks(adapter.layout(body))) == blocks
     assert chain_blocks(blocks) == ref_chain(blocks)
 
 
 @FAST
 @given(anthropic_bodies())
 def test_scan_prompt_is_chain_of_prefix_blocks_anthropic(body: dict[str, Any]) -> None:
-    _check_scan(ANTHROPIC, MESSAGES, body)
+    _check_scan(ANTHROPIC, body)
 
 
 @FAST
 @given(openai_bodies())
 def test_scan_prompt_is_chain_of_prefix_blocks_openai(case: tuple[str, dict[str, Any]]) -> None:
-    _check_scan(OPENAI, *case)
+    _check_scan(route(case[0])[0], case[1])
 
 
-def _check_view(adapter: Any, path: str, body: dict[str, Any]) -> None:
+def _check_view(adapter: Any, body: dict[str, Any]) -> None:
     for patterns in (PATTERNS, (re.compile(r"\d+"),), ()):
         masker = Masker(patterns)
-        expected = ref_view(adapter, path, body, patterns)
-        cold = view_messages(adapter, path, body, masker)
-        warm = view_messages(adapter, path, copy.deepcopy(body), masker, adapter.layout(path, body))
+        expected = ref_view(adapter, body, patterns)
+        cold = view_messages(adapter, body, masker)
+        warm = view_messages(adapter, copy.deepcopy(body), masker, adapter.layout(body))
         assert _view_tuple(cold) == expected
         assert _view_tuple(warm) == expected
 
@@ -218,13 +218,13 @@ def _check_view(adapter: Any, path: str, body: dict[str, Any]) -> None:
 @FAST
 @given(anthropic_bodies())
 def test_view_matches_reference_anthropic(body: dict[str, Any]) -> None:
-    _check_view(ANTHROPIC, MESSAGES, body)
+    _check_view(ANTHROPIC, body)
 
 
 @FAST
 @given(openai_bodies())
 def test_view_matches_reference_openai(case: tuple[str, dict[str, Any]]) -> None:
-    _check_view(OPENAI, *case)
+    _check_view(route(case[0])[0], case[1])
 
 
 def test_examine_memo_is_bounded_and_content_keyed() -> None:
@@ -251,9 +251,9 @@ def _services(mode: str) -> Services:
     return services
 
 
-async def _send(services: Services, adapter: Any, path: str, body: dict[str, Any]) -> Exchange:
+async def _send(services: Services, adapter: Any, body: dict[str, Any]) -> Exchange:
     headers = CIMultiDictProxy(CIMultiDict({"x-api-key": "key-a", "prompt_cache_key": "x"}))
-    ex = Exchange(adapter, path, "", headers, orjson.dumps(body))
+    ex = Exchange(adapter, adapter.api_path, "", headers, orjson.dumps(body))
     await run_request_stages(ex, services)
     ex.status = 200
     ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")
@@ -262,15 +262,15 @@ async def _send(services: Services, adapter: Any, path: str, body: dict[str, Any
     return ex
 
 
-async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], second: dict[str, Any]) -> None:
+async def _check_request_path(adapter: Any, first: dict[str, Any], second: dict[str, Any]) -> None:
     for mode in ("optimise", "observe"):
         services = _services(mode)
         previous = None
         for body in (first, second, second):
-            ex = await _send(services, adapter, path, body)
+            ex = await _send(services, adapter, body)
             assert ex.failed_stage is None
             sent = orjson.loads(ex.outgoing)
-            blocks = adapter.prefix_blocks(path, sent)
+            blocks = adapter.prefix_blocks(sent)
             chain = ref_chain(blocks)
             assert ex.sent_chain == chain
             # the measurement, from the reference chain and blocks of the bytes sent
@@ -280,7 +280,7 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
                 chain,
                 blocks,
                 request_model(sent),
-                params_digest(adapter, path, sent),
+                params_digest(adapter, sent),
                 history_rewritten=ex.history_rewritten is not None,
                 is_volatile=None,
             )
@@ -291,7 +291,7 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
             assert got.divergence.shared_blocks == expected.shared_blocks
             assert got.prompt_blocks == len(blocks) and got.prompt_bytes == chain.total_bytes
             model = request_model(sent)
-            rules = read_rules(adapter, path, sent, services.rules.min_tokens(model))
+            rules = read_rules(adapter, sent, services.rules.min_tokens(model))
             markers = marker_positions([b.value for b in blocks], sent, rules)
             if previous is not None and got.divergence.cause not in ("model_changed", "params_changed"):
                 reference = Prompt(chain, blocks, [b.kind for b in blocks], markers, model, b"")
@@ -300,14 +300,14 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
                     reference,
                     got.divergence.shared_blocks,
                     rules,
-                    read_predictor(adapter, path, sent, len(blocks), rules.min_tokens),
+                    read_predictor(adapter, sent, len(blocks), rules.min_tokens),
                 )
             # the record, from the reference view of the client's body and the bytes sent
             record = await services.store.load(ex.tenant, ex.session_id)
             assert record is not None
             assert (record.chain, record.ends) == (chain.chain, chain.ends)
             assert (record.breakpoints, record.ttls) == sent_markers(blocks, sent, markers)
-            pins = update_pins(ex.session_pins, blocks, adapter.tool_shape(path))
+            pins = update_pins(ex.session_pins, blocks, adapter.tool_shape)
             segments = record.pins.get("pinned_segments")  # the pin stage's (proxy.pipeline.pins)
             assert {k: v for k, v in record.pins.items() if k != "pinned_segments"} == pins
             assert segments == (ex.pinned_segments or None)
@@ -322,7 +322,7 @@ async def _check_request_path(adapter: Any, path: str, first: dict[str, Any], se
                     for line in text.split("\n")
                 )
             client = orjson.loads(ex.raw)
-            array_key, _, digests, exact, system, _, _ = ref_view(adapter, path, client, PATTERNS)
+            array_key, _, digests, exact, system, _, _ = ref_view(adapter, client, PATTERNS)
             items = sent.get(array_key) if array_key else None
             # reorder may drop leading system messages whose every line moved onto the newest
             # user message: the client's element i after its head is the sent element i - dropped
@@ -364,7 +364,7 @@ def test_request_path_matches_reference_anthropic(body: dict[str, Any], marked: 
     if marked:
         ask["content"][0]["cache_control"] = {"type": "ephemeral"}
     second = _next_turn(body, "messages", {"role": "assistant", "content": "ok"}, ask)
-    asyncio.run(_check_request_path(ANTHROPIC, MESSAGES, body, second))
+    asyncio.run(_check_request_path(ANTHROPIC, body, second))
 
 
 @FAST
@@ -373,4 +373,4 @@ def test_request_path_matches_reference_openai(case: tuple[str, dict[str, Any]])
     path, body = case
     key = "input" if path == "/v1/responses" else "messages"
     second = _next_turn(body, key, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"})
-    asyncio.run(_check_request_path(OPENAI, path, body, second))
+    asyncio.run(_check_request_path(route(path)[0], body, second))

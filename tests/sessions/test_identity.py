@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT
 from proxy.providers.anthropic import session_in_user_id
 from proxy.session_identity import (
     SessionIndex,
@@ -44,10 +44,10 @@ def test_explicit_sources_first_match_wins() -> None:
     headers = CIMultiDict({"X-Session-Id": "from-header"})
     assert explicit_session(headers, body, HEADERS, ANTHROPIC) == ("header", "from-header")
     assert explicit_session(CIMultiDict(), body, HEADERS, ANTHROPIC) == ("metadata", UUID)
-    assert explicit_session(CIMultiDict(), body, HEADERS, OPENAI) == ("prompt_cache_key", "k")
-    assert explicit_session(CIMultiDict(), {"user": "u"}, HEADERS, OPENAI) == ("user", "u")
+    assert explicit_session(CIMultiDict(), body, HEADERS, OPENAI_CHAT) == ("prompt_cache_key", "k")
+    assert explicit_session(CIMultiDict(), {"user": "u"}, HEADERS, OPENAI_CHAT) == ("user", "u")
     assert explicit_session(CIMultiDict(), {"user": "u"}, HEADERS, ANTHROPIC) is None
-    assert explicit_session(CIMultiDict(), {"user": ""}, HEADERS, OPENAI) is None
+    assert explicit_session(CIMultiDict(), {"user": ""}, HEADERS, OPENAI_CHAT) is None
     assert explicit_session(CIMultiDict(), {"metadata": {"user_id": "user_only"}}, HEADERS, ANTHROPIC) is None
 
 

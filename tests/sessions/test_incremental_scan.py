@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from proxy.measure import reuse_for
 from proxy.pipeline.replay import stripped_bytes
 from proxy.prefix import PrefixChain, Reuse, scan_prompt
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, route
 from tests.pipeline.strategies import anthropic_bodies, openai_bodies
 from tests.sessions.test_fast_paths import _send, _services
 
@@ -21,8 +21,8 @@ MESSAGES = "/v1/messages"
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _runs(adapter: Any, path: str, body: dict[str, Any]) -> list[Any]:
-    return [run for key in adapter.prefix_keys(path) if key in body for run in adapter.layout(path, {key: body[key]})]
+def _runs(adapter: Any, body: dict[str, Any]) -> list[Any]:
+    return [run for key in adapter.prefix_keys if key in body for run in adapter.layout({key: body[key]})]
 
 
 def _fields(scan: Any) -> tuple[Any, ...]:
@@ -49,19 +49,19 @@ def _earlier(data: st.DataObject, body: dict[str, Any], key: str) -> dict[str, A
     return earlier
 
 
-def _check(data: st.DataObject, adapter: Any, path: str, body: dict[str, Any]) -> None:
-    key = "input" if path == "/v1/responses" else "messages"
+def _check(data: st.DataObject, adapter: Any, body: dict[str, Any]) -> None:
+    key = "input" if adapter.api_path == "/v1/responses" else "messages"
     if not isinstance(body.get(key), list):
         return
     earlier = _earlier(data, body, key)
-    before = scan_prompt(_runs(adapter, path, earlier)).chain
+    before = scan_prompt(_runs(adapter, earlier)).chain
     # what reuse_for vouches for: leading elements whose marker-free bytes are the earlier ones
     same = 0
     for old, new in zip(earlier[key], body[key], strict=False):
         if stripped_bytes(old) != stripped_bytes(new):
             break
         same += 1
-    runs = _runs(adapter, path, body)
+    runs = _runs(adapter, body)
     full = scan_prompt(runs)
     incremental = scan_prompt(runs, Reuse(PrefixChain(before.chain, before.ends), key, same))
     assert _fields(incremental) == _fields(full)
@@ -70,13 +70,13 @@ def _check(data: st.DataObject, adapter: Any, path: str, body: dict[str, Any]) -
 @FAST
 @given(anthropic_bodies(), st.data())
 def test_incremental_scan_equals_full_scan_anthropic(body: dict[str, Any], data: st.DataObject) -> None:
-    _check(data, ANTHROPIC, MESSAGES, body)
+    _check(data, ANTHROPIC, body)
 
 
 @FAST
 @given(openai_bodies(), st.data())
 def test_incremental_scan_equals_full_scan_openai(case: tuple[str, dict[str, Any]], data: st.DataObject) -> None:
-    _check(data, OPENAI, *case)
+    _check(data, route(case[0])[0], case[1])
 
 
 def _turns(n: int) -> dict[str, Any]:
@@ -111,8 +111,8 @@ async def test_an_appended_turn_reuses_every_earlier_message() -> None:
     first, second = _turns(3), _turns(4)
     for mode, expected in (("observe", 7), ("optimise", 7)):
         services = _services(mode)
-        await _send(services, ANTHROPIC, MESSAGES, first)
-        ex = await _send(services, ANTHROPIC, MESSAGES, second)
+        await _send(services, ANTHROPIC, first)
+        ex = await _send(services, ANTHROPIC, second)
         reuse = reuse_for(ex, ex.sent_prompt[0])
         assert reuse is not None and reuse.array_key == "messages"
         assert (mode, reuse.same) == (mode, expected)

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from proxy.pacing import HUMAN, TOOL
 from proxy.providers.anthropic import AnthropicUsage
-from proxy.providers.openai import OpenAIUsage
+from proxy.providers.openai import ChatUsage, ResponsesUsage
 from tests.sessions.conftest import Client, Proxy, Sim
 from tests.sessions.test_simulator import body, first_message, usage
 
@@ -40,7 +40,7 @@ def test_who_acts_next_from_each_api_s_response() -> None:
     assert anthropic(None) is None and anthropic("something_new") is None
 
     def chat(reason: str | None, stream: bool = False) -> str | None:
-        reader = OpenAIUsage("/v1/chat/completions")
+        reader = ChatUsage()
         chunk = {"id": "c", "choices": [{"index": 0, "finish_reason": reason}]}
         reader.feed_event("", chunk) if stream else reader.feed_json(chunk)
         return reader.result().turn
@@ -54,7 +54,7 @@ def test_who_acts_next_from_each_api_s_response() -> None:
     ]
 
     def responses(output: list[dict[str, Any]], stream: bool = False) -> str | None:
-        reader = OpenAIUsage("/v1/responses")
+        reader = ResponsesUsage()
         response = {"id": "r", "output": output, "usage": {"input_tokens": 3}}
         if stream:
             reader.feed_event("response.completed", {"type": "response.completed", "response": response})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from proxy.pipeline.canonicalise import SessionPins
 from proxy.pipeline.session import update_pins
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, route
 
 PATH = "/v1/messages"
 
@@ -18,7 +18,7 @@ def tool(name: str, schema: dict) -> dict:
 
 
 def test_first_seen_wins_and_new_tools_append() -> None:
-    shape = ANTHROPIC.tool_shape(PATH)
+    shape = ANTHROPIC.tool_shape
     first = body(
         [
             tool("read", {"type": "object", "properties": {"b": {}, "a": {}}}),
@@ -34,7 +34,7 @@ def test_first_seen_wins_and_new_tools_append() -> None:
             },
         ],
     )
-    pins = update_pins(None, ANTHROPIC.prefix_blocks(PATH, first), shape)
+    pins = update_pins(None, ANTHROPIC.prefix_blocks(first), shape)
     assert pins == {
         "pinned_tool_order": ["read", "grep"],
         "pinned_schemas": {
@@ -46,7 +46,7 @@ def test_first_seen_wins_and_new_tools_append() -> None:
     second = body(
         [tool("edit", {"type": "object"}), tool("read", {"properties": {"a": {}, "b": {}}, "type": "object"})]
     )
-    later = update_pins(pins, ANTHROPIC.prefix_blocks(PATH, second), shape)
+    later = update_pins(pins, ANTHROPIC.prefix_blocks(second), shape)
     assert later["pinned_tool_order"] == ["read", "grep", "edit"]
     assert list(later["pinned_schemas"]["read"]) == ["type", "properties"]
     assert pins["pinned_tool_order"] == ["read", "grep"]  # input untouched
@@ -59,7 +59,7 @@ def test_openai_chat_tool_names() -> None:
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
         "messages": [{"role": "user", "content": "hi"}],
     }
-    pins = update_pins(None, OPENAI.prefix_blocks(path, request), OPENAI.tool_shape(path))
+    pins = update_pins(None, route(path)[0].prefix_blocks(request), route(path)[0].tool_shape)
     assert pins["pinned_tool_order"] == ["f"]
     assert pins["pinned_schemas"] == {"f": {"type": "object"}}
 
@@ -69,14 +69,14 @@ def test_sent_markers_positions_and_ttls() -> None:
     from proxy.pipeline.session import sent_markers
 
     def positions(body):
-        return marker_positions([b.value for b in blocks], body, read_rules(ANTHROPIC, PATH, body))
+        return marker_positions([b.value for b in blocks], body, read_rules(ANTHROPIC, body))
 
     sent = {
         "tools": [{"name": "t", "input_schema": {}, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
         "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
     }
-    blocks = ANTHROPIC.prefix_blocks(PATH, sent)
+    blocks = ANTHROPIC.prefix_blocks(sent)
     assert sent_markers(blocks, sent, positions(sent)) == ((0, 1), ("1h", "5m"))
     automatic = {**sent, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
     assert sent_markers(blocks, automatic, positions(automatic)) == ((0, 1, 3), ("1h", "5m", "1h"))

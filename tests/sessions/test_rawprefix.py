@@ -108,7 +108,7 @@ def test_index_keeps_one_state_per_growing_conversation() -> None:
     for turns in range(1, 8):
         body = _body(20 + turns)
         raw = orjson.dumps(body)
-        view_messages(ANTHROPIC, MESSAGES, body, masker, raw=RawBody(raw, "tenant\x00/v1/messages"))
+        view_messages(ANTHROPIC, body, masker, raw=RawBody(raw, "tenant\x00/v1/messages"))
     assert len(masker.raw_index) == 1
     state, shared = masker.raw_index.match("tenant\x00/v1/messages", chunk_digests(raw), raw)
     assert state is not None and shared == len(raw)
@@ -163,8 +163,8 @@ def test_view_is_the_same_with_byte_prefix_reuse(edits: list[tuple[str, int]], t
     for edit, at in [("same", 0), *edits]:
         raw = _edited(body, edit, at) if edit != "same" else raw
         parsed = orjson.loads(raw)
-        expected = view_messages(ANTHROPIC, MESSAGES, orjson.loads(raw), plain)
-        got = view_messages(ANTHROPIC, MESSAGES, parsed, reusing, raw=RawBody(raw, "t"))
+        expected = view_messages(ANTHROPIC, orjson.loads(raw), plain)
+        got = view_messages(ANTHROPIC, parsed, reusing, raw=RawBody(raw, "t"))
         assert _view_fields(got) == _view_fields(expected)
         assert parsed == orjson.loads(raw)  # the caller's body is not mutated
         body = orjson.loads(raw)
@@ -177,10 +177,10 @@ def test_every_edited_position_is_walked_again() -> None:
     for at in range(1, len(body["messages"]), 7):
         plain, reusing = _masker(), _masker()
         raw = orjson.dumps(body)
-        view_messages(ANTHROPIC, MESSAGES, orjson.loads(raw), reusing, raw=RawBody(raw, "t"))
+        view_messages(ANTHROPIC, orjson.loads(raw), reusing, raw=RawBody(raw, "t"))
         messages = list(body["messages"])
         messages[at] = {"role": messages[at]["role"], "content": "changed"}
         edited = orjson.dumps({**body, "messages": messages})
-        expected = view_messages(ANTHROPIC, MESSAGES, orjson.loads(edited), plain)
-        got = view_messages(ANTHROPIC, MESSAGES, orjson.loads(edited), reusing, raw=RawBody(edited, "t"))
+        expected = view_messages(ANTHROPIC, orjson.loads(edited), plain)
+        got = view_messages(ANTHROPIC, orjson.loads(edited), reusing, raw=RawBody(edited, "t"))
         assert _view_fields(got) == _view_fields(expected)

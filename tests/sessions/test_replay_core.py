@@ -17,7 +17,7 @@ from proxy.pipeline.replay import (
     sub_lines,
     view_messages,
 )
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from proxy.rules import load_rules, volatile_patterns
 from proxy.store.codec import Sidecar
 
@@ -119,21 +119,21 @@ def test_view_anthropic() -> None:
         "system": "You are helpful. Current time: 2026-11-29T20:09:13Z",
         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
     }
-    view = view_messages(ANTHROPIC, "/v1/messages", body, MASKER)
+    view = view_messages(ANTHROPIC, body, MASKER)
     later = {**body, "system": "You are helpful. Current time: 2026-11-29T21:00:00Z"}
     assert view.array_key == "messages" and view.is_list and len(view.digests) == 2
     assert view.system_positions == frozenset()
-    assert view_messages(ANTHROPIC, "/v1/messages", later, MASKER).boundaries == view.boundaries
+    assert view_messages(ANTHROPIC, later, MASKER).boundaries == view.boundaries
     other_tools = {**body, "tools": [{"name": "u", "input_schema": {}}]}
-    assert view_messages(ANTHROPIC, "/v1/messages", other_tools, MASKER).head != view.head
+    assert view_messages(ANTHROPIC, other_tools, MASKER).head != view.head
 
 
 def test_view_openai_chat_and_responses() -> None:
     chat = {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}
-    view = view_messages(OPENAI, "/v1/chat/completions", chat, MASKER)
+    view = view_messages(OPENAI_CHAT, chat, MASKER)
     assert view.array_key == "messages" and view.system_positions == frozenset({0})
     responses = {"instructions": "be brief", "input": "hello"}
-    view = view_messages(OPENAI, "/v1/responses", responses, MASKER)
+    view = view_messages(OPENAI_RESPONSES, responses, MASKER)
     assert view.array_key == "input" and not view.is_list and len(view.digests) == 1
 
 

@@ -46,10 +46,10 @@ def _body(turn: int) -> dict[str, Any]:
 
 def test_identity_ignores_tool_order() -> None:
     masker = Masker()
-    first = view_messages(ANTHROPIC, MESSAGES, _body(1), masker)
-    shuffled = view_messages(ANTHROPIC, MESSAGES, {**_body(1), "tools": _tools(7)}, masker)
+    first = view_messages(ANTHROPIC, _body(1), masker)
+    shuffled = view_messages(ANTHROPIC, {**_body(1), "tools": _tools(7)}, masker)
     assert first.boundaries == shuffled.boundaries
-    fewer = view_messages(ANTHROPIC, MESSAGES, {**_body(1), "tools": _tools(1)[:5]}, masker)
+    fewer = view_messages(ANTHROPIC, {**_body(1), "tools": _tools(1)[:5]}, masker)
     assert fewer.head != first.head  # another tool set is another prefix
 
 

@@ -12,7 +12,7 @@ import orjson
 
 from proxy.pipeline.replay import Masker, first_mismatch, splice, stripped_bytes, view_messages
 from proxy.prefix import canonical_value, digest_bytes, scan_prompt, shared_blocks
-from proxy.providers import ANTHROPIC, OPENAI
+from proxy.providers import ANTHROPIC, OPENAI_CHAT
 from proxy.rules import load_rules, volatile_patterns
 from proxy.session_identity import SessionIndex
 from proxy.store.codec import Sidecar
@@ -33,8 +33,8 @@ def _body(*contents: Any, system: Any = SYSTEM) -> dict[str, Any]:
     }
 
 
-def _chain(body: dict[str, Any], path: str = MESSAGES, adapter: Any = ANTHROPIC) -> Any:
-    return scan_prompt(adapter.layout(path, body)).chain
+def _chain(body: dict[str, Any], adapter: Any = ANTHROPIC) -> Any:
+    return scan_prompt(adapter.layout(body)).chain
 
 
 def test_canonical_value_expands_strings_only() -> None:
@@ -81,7 +81,7 @@ def test_prefix_chain_tells_real_differences() -> None:
 def test_openai_chat_string_equals_one_text_part() -> None:
     a = {"model": "gpt-5.1", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
     b = {"model": "gpt-5.1", "messages": [{"role": "user", "content": "hi"}]}
-    assert _chain(a, CHAT, OPENAI).chain == _chain(b, CHAT, OPENAI).chain
+    assert _chain(a, OPENAI_CHAT).chain == _chain(b, OPENAI_CHAT).chain
 
 
 def test_message_digests_fold_the_shorthand_and_keep_real_differences() -> None:
@@ -99,8 +99,8 @@ def test_message_digests_fold_the_shorthand_and_keep_real_differences() -> None:
 def test_inference_appends_and_nothing_is_rewritten() -> None:
     a = _body([{"type": "text", "text": "Say hello.", "cache_control": EPH}])
     b = _body("Say hello.", [{"type": "text", "text": "Hello."}], [{"type": "text", "text": "Thanks."}])
-    view_a = view_messages(ANTHROPIC, MESSAGES, a, MASKER)
-    view_b = view_messages(ANTHROPIC, MESSAGES, b, MASKER)
+    view_a = view_messages(ANTHROPIC, a, MASKER)
+    view_b = view_messages(ANTHROPIC, b, MASKER)
     assert view_b.boundaries[0] == view_a.boundaries[-1]
     index = SessionIndex(clock=lambda: 0.0)
     index.register("t", "s", view_a.boundaries)
@@ -111,11 +111,11 @@ def test_inference_appends_and_nothing_is_rewritten() -> None:
 
 def test_replay_sends_the_form_sent_before() -> None:
     sent = {"role": "user", "content": [{"type": "text", "text": "Say hello.", "cache_control": EPH}]}
-    view_a = view_messages(ANTHROPIC, MESSAGES, _body(sent["content"]), MASKER)
+    view_a = view_messages(ANTHROPIC, _body(sent["content"]), MASKER)
     sidecar = Sidecar(0, view_a.digests[0], stripped_bytes(sent), view_a.exact[0])
     b = _body("Say hello.", "Hello.", "Thanks.")
     before = copy.deepcopy(b)
-    view_b = view_messages(ANTHROPIC, MESSAGES, b, MASKER)
+    view_b = view_messages(ANTHROPIC, b, MASKER)
     result = splice(b["messages"], view_b.digests, (sidecar,), view_b.system_positions, view=view_b)
     assert result.replayed == 1 and result.positions == (0,)
     assert result.items is not None
@@ -124,7 +124,7 @@ def test_replay_sends_the_form_sent_before() -> None:
     # and back: a list now, a string before
     string_sidecar = Sidecar(0, view_b.digests[0], stripped_bytes(b["messages"][0]), view_b.exact[0])
     c = _body([{"type": "text", "text": "Say hello."}], "Hello.", "Thanks.")
-    view_c = view_messages(ANTHROPIC, MESSAGES, c, MASKER)
+    view_c = view_messages(ANTHROPIC, c, MASKER)
     back = splice(c["messages"], view_c.digests, (string_sidecar,), view_c.system_positions, view=view_c)
     assert back.items is not None and back.items[0] == {"role": "user", "content": "Say hello."}
 
@@ -132,6 +132,6 @@ def test_replay_sends_the_form_sent_before() -> None:
 def test_string_system_and_its_one_block_list_share_the_head() -> None:
     listed = _body("Say hello.", system=[{"type": "text", "text": SYSTEM, "cache_control": EPH}])
     plain = _body("Say hello.")
-    assert view_messages(ANTHROPIC, MESSAGES, listed, MASKER).head == view_messages(
-        ANTHROPIC, MESSAGES, plain, MASKER
+    assert view_messages(ANTHROPIC, listed, MASKER).head == view_messages(
+        ANTHROPIC, plain, MASKER
     ).head

@@ -4,7 +4,7 @@ finding 6).
 Hermes Agent on Chat Completions sends `{"role": "tool", "tool_call_id", "name", "content"}` and,
 after `--resume`, the same message without `name`: the prefix breaks at the first tool message
 (only OpenAI's 128-token rounding hides it on a short session). Session identity and replay ignore
-the optional `name` (`OpenAIAdapter.identity_optional`), so the message goes upstream as first
+the optional `name` (`OpenAIChatAdapter.identity_optional`), so the message goes upstream as first
 sent and the next turn reads the whole previous request.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.pipeline.replay import Masker, view_messages
-from proxy.providers import OPENAI
+from proxy.providers import OPENAI_CHAT
 from proxy.sim.openai import render_chat
 from proxy.sim.tokens import TokenCounter
 from tests.pipeline.test_simulator import GUIDE
@@ -49,13 +49,13 @@ def _body(resumed: bool) -> dict[str, Any]:
 
 def test_identity_ignores_a_dropped_tool_name() -> None:
     masker = Masker()
-    first = view_messages(OPENAI, CHAT, _body(resumed=False), masker)
-    later = view_messages(OPENAI, CHAT, _body(resumed=True), masker)
+    first = view_messages(OPENAI_CHAT, _body(resumed=False), masker)
+    later = view_messages(OPENAI_CHAT, _body(resumed=True), masker)
     assert later.digests[: len(first.digests)] == first.digests
     assert later.exact[3] != first.exact[3]  # the bytes differ; only the identity ignores it
     other = _body(resumed=True)
     other["messages"][3] = {**other["messages"][3], "content": "nothing"}
-    assert view_messages(OPENAI, CHAT, other, masker).digests[3] != first.digests[3]
+    assert view_messages(OPENAI_CHAT, other, masker).digests[3] != first.digests[3]
 
 
 async def test_resumed_tool_message_is_replayed_with_its_name(make_proxy: Any) -> None:

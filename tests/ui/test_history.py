@@ -132,7 +132,7 @@ def test_message_excerpt_comes_from_the_previous_sidecar() -> None:
     old_message = {"role": "user", "content": [{"type": "text", "text": "Fix the bug in parser.py line 12 please"}]}
     new_message = {"role": "user", "content": [{"type": "text", "text": "Fix the bug in parser.py line 13 please"}]}
     body = {"model": "m", "system": "s", "messages": [new_message, {"role": "assistant", "content": "ok"}]}
-    prompt = scan_prompt(ANTHROPIC.layout("/v1/messages", body))
+    prompt = scan_prompt(ANTHROPIC.layout(body))
     sidecars = [Sidecar(0, b"d" * 16, orjson.dumps(old_message))]
     assert divergence_excerpts("messages", 1, prompt, body, None, sidecars) == (
         "messages[0].content[0].text",
