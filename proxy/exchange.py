@@ -37,8 +37,12 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class Exchange:
     adapter: ProviderAdapter
+    """The adapter of the API this request speaks (`proxy.providers.Route.adapter`): chosen once
+    by the router, it is what every stage asks about the provider and the API."""
     path: str
-    """Upstream path without a routing prefix, e.g. `/v1/messages`."""
+    """The request path without a routing prefix (`Route.path`): for a pipeline request the API
+    path (`adapter.api_path`, also for a platform path such as Vertex's `:rawPredict`); sent
+    upstream when `upstream_path` is `None`."""
     query_string: str
     headers: CIMultiDictProxy[str]
     raw: bytes

@@ -48,6 +48,7 @@ from functools import partial
 from typing import Any, Final
 
 import xxhash
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.divergence import request_model
 from proxy.exchange import Exchange
@@ -177,6 +178,8 @@ def newest_position(record: SessionRecord) -> int:
 
 def is_subagent(headers: Mapping[str, str]) -> bool:
     """A request that names a subagent (machine-paced: docs/provider-rules.md 9)."""
+    if isinstance(headers, CIMultiDictProxy | CIMultiDict):  # case-insensitive: one lookup
+        return AGENT_HEADER in headers
     return any(k.lower() == AGENT_HEADER for k in headers)
 
 
