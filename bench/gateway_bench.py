@@ -263,8 +263,25 @@ async def ready(peer: Peer) -> None:
     raise RuntimeError(f"{peer.name} did not start")
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by `pids` (their threads included)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def wrk(peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt: str) -> dict[str, float]:
-    """One wrk run; returns requests, rps, p50/p99 (ms), errors."""
+    """One wrk run; returns requests, rps, p50/p99 (ms), errors, and the peer's CPU ms per request
+    (`cpu`: user + system time of its processes over the run, divided by the requests served;
+    less sensitive to other jobs on the cores than latency)."""
+    pids = peer.pids()
+    cpu_before = cpu_seconds(pids)
     turns = TURNS if workload.name == "agent" else 0
     threads = 1 if conns == 1 else 2
     cmd = [
@@ -292,7 +309,9 @@ def wrk(peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt:
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     line = next(x for x in out.splitlines() if x.startswith("WRKJSON "))
     data = orjson.loads(line.split(" ", 1)[1])
+    cpu = cpu_seconds(pids) - cpu_before
     return {
+        "cpu": 1000 * cpu / max(1, data["requests"]),
         "requests": data["requests"],
         "rps": data["requests"] / (data["duration_us"] / 1e6),
         "p50": data["p50_us"] / 1000,
@@ -322,6 +341,9 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per cell (default 5)")
     parser.add_argument("--peers", default="bare,nginx,observe,optimise,optimise-w2,litellm")
+    parser.add_argument(
+        "--cells", default="", help="comma-separated cells to run (default all: " + ",".join(c[0] for c in CELLS) + ")"
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk not found: run scripts/install-bench")
@@ -351,6 +373,8 @@ async def main() -> None:
                 wrk(peer, workloads["small"], "first", 1, 1, f"warm{name}")
                 results[name] = {}
                 for key, workload, mode, conns in CELLS:
+                    if args.cells and key not in args.cells.split(","):
+                        continue
                     if key in WIDE_ONLY and name not in ("direct", "bare", "optimise", "optimise-w2"):
                         continue
                     results[name][key] = wrk(peer, workloads[workload], mode, conns, args.seconds, f"{name}{key}")
@@ -403,9 +427,18 @@ def report(
             return "-"
         return f"{a / b:.2f}" if b else f"{a:.0f}/s"
 
+    def fmt_cpu(peer: str, key: str) -> str:
+        cell, base = results[peer].get(key), results.get("bare", {}).get(key)
+        if cell is None:
+            return "-"
+        if base is None or peer == "bare" or not base["cpu"]:
+            return f"{cell['cpu']:.2f} ms"
+        return f"{cell['cpu']:.2f} ms ({cell['cpu'] / base['cpu']:.1f}x)"
+
     rows = [
         ("1 KB, 1 connection, added p50 (x bare)", lambda p: fmt_added(p, "small1")),
         ("1 KB, 32 connections, req/s vs bare", lambda p: fmt_rps(p, "small32")),
+        ("1 KB, 32 connections, CPU per request (x bare)", lambda p: fmt_cpu(p, "small32")),
         ("600 KB growing session, 1 connection, appended turn, added p50", lambda p: fmt_added(p, "grow1")),
         ("600 KB first request of a session, 1 connection, added p50", lambda p: fmt_added(p, "first1")),
         ("600 KB growing, 32 sessions, req/s vs bare", lambda p: fmt_rps(p, "grow32")),

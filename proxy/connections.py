@@ -284,6 +284,13 @@ class LimitedRequestHandler(RequestHandler):
     def _on_head_data(self, data: bytes) -> None:
         limits = self._limits
         if not self._head:
+            end = data.find(b"\r\n\r\n")
+            if 0 <= end <= limits.max_header_bytes - 4 and data.count(b"\r\n", 0, end) <= limits.max_header_count:
+                # the whole head in one read, within the limits: no header timer to arm and
+                # cancel, no copy (most requests)
+                self._cancel_timer()
+                self._on_head(data)
+                return
             self._arm(limits.header_timeout, self._header_timed_out)
         start = max(0, len(self._head) - 3)  # a head trickled byte by byte is searched once
         self._head += data
@@ -306,6 +313,12 @@ class LimitedRequestHandler(RequestHandler):
             return
         self._cancel_timer()
         self._head.clear()
+        self._on_head(data)
+
+    def _on_head(self, data: bytes) -> None:
+        """Hand bytes that complete a request head (within the limits) to the parser; a body
+        still to come gets the body timer."""
+        limits = self._limits
         before = self._request_count
         super().data_received(data)
         if self._request_count > before and self._messages:

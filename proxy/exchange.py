@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from proxy.pacing import Pacing
     from proxy.pipeline.breakpoints import Plan, PlanContext
     from proxy.pipeline.layout import LayoutCache
+    from proxy.pipeline.rawprefix import RawMatch
     from proxy.pipeline.replay import MessageView
     from proxy.prefix import PrefixChain, PromptScan
     from proxy.providers.base import Run
@@ -86,6 +87,11 @@ class Exchange:
     is_pipeline: bool = False
     """The handler ran the request stages on this exchange (`proxy.handlers`): the response side
     measures and records it."""
+
+    # --- the pipeline runner, before `parse` (`proxy.pipeline.run_request_stages`) ---
+    raw_match: RawMatch | None = None
+    """The raw body against the tenant's recent ones (`proxy.pipeline.session.raw_match`):
+    read by the budget check, `parse` (`rawprefix.parse_tail`) and the session stage."""
 
     # --- parse (`proxy.pipeline.parse`) ---
     invalid_utf8: tuple[int, int] | None = None

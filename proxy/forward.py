@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import zlib
@@ -132,6 +133,16 @@ def top_level_fields(head: bytes, tail: bytes) -> dict[str, Any]:
                 continue
     return out
 EVENTSTREAM_TYPE: Final = "application/vnd.amazon.eventstream"
+_STREAM_TYPES: Final = ("text/event-stream", EVENTSTREAM_TYPE)
+
+
+class _HeadWithBody(web.StreamResponse):
+    """A relayed response whose status line and headers go out in one write with the first
+    body bytes (aiohttp's `Response` does the same), not in a write of their own: one send per
+    small JSON answer instead of two. Streams (SSE, AWS event streams) keep aiohttp's default
+    (headers sent at `prepare`), so a client sees a stream open before its first event."""
+
+    _send_headers_immediately = False
 
 
 def request_headers(incoming: CIMultiDictProxy[str]) -> CIMultiDict[str]:
@@ -353,16 +364,15 @@ async def _send(
     try:
         metrics.first_byte.observe(time.perf_counter() - exchange.sent_at)
         exchange.status = upstream.status
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        content_type = upstream.headers.get("content-type", "")
+        is_stream = content_type.startswith(_STREAM_TYPES)
+        response_type = web.StreamResponse if is_stream else _HeadWithBody
+        response = response_type(status=upstream.status, reason=upstream.reason)
         for key, value in upstream.headers.items():
             if key.lower() not in _DROP_RESPONSE:
                 response.headers.add(key, value)
         reader = adapter.usage_reader()
-        tee = UsageTee(
-            reader,
-            upstream.headers.get("content-type", ""),
-            upstream.headers.get("content-encoding", ""),
-        )
+        tee = UsageTee(reader, content_type, upstream.headers.get("content-encoding", ""))
         try:
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
@@ -371,6 +381,9 @@ async def _send(
         except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerTimeoutError) as exc:
             _log.warning("upstream stream ended early: %s", type(exc).__name__)
             exchange.stream_error = type(exc).__name__
+            if response.prepared and not is_stream:
+                with contextlib.suppress(ConnectionResetError):  # the held status line and headers go out
+                    await response.write(b"")
             _take_usage(exchange, reader)
             if request.transport is not None:
                 request.transport.close()

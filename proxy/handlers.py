@@ -145,8 +145,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         pm.in_flight.dec()
         pm.outcome[outcome_for(status)].inc()
         pm.duration.observe(elapsed)
-        logged_path = redact_path(request.path, credential_of(request.headers))
-        log_access(_log, access_fields(adapter.name, request.method, logged_path, status, elapsed, exchange))
+        if _log.isEnabledFor(logging.INFO):  # the line's fields are built only when it is written
+            logged_path = redact_path(request.path, credential_of(request.headers))
+            log_access(_log, access_fields(adapter.name, request.method, logged_path, status, elapsed, exchange))
 
 
 async def not_found(request: web.Request) -> web.Response:

@@ -17,7 +17,9 @@ fixed share of the budget (`SHARES`), so RSS levels off once they are full whate
 Per-entry sizes are measured with `tracemalloc` on CPython 3.11 (64-bit), rounded up. What the
 budget does not cover: the interpreter and its imports (about 53 MB), the `o200k_base`
 tokenizer (about 45 MB, `proxy.app`), the bounded text caches of `proxy.pipeline.segments`
-(their own character limits) and the requests in flight. Pure.
+(their own character limits), the parsed elements of the newest request bodies kept for the
+incremental parse (`proxy.pipeline.rawprefix.MAX_PARSED_BYTES`: 4 MiB of raw bodies, about
+8 MB of objects, shared with the requests that reuse them) and the requests in flight. Pure.
 """
 
 from __future__ import annotations

@@ -18,11 +18,12 @@ Build one `Metrics(registry)` per app; tests pass a fresh `CollectorRegistry`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client import CollectorRegistry, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client import Counter as _LibraryCounter
 
 from proxy import __version__
 from proxy.malformed import KINDS as MALFORMED_KINDS
@@ -116,6 +117,28 @@ BUDGET_STAGES: Final = ("session", "reorder", "pin", "history")
 STORE_OPERATIONS: Final = ("get", "put")
 STORE_CAPS: Final = ("tenant", "total")
 """`cap` label of `promptcache_session_store_evictions_total`."""
+
+
+
+class Counter(_LibraryCounter):
+    """prometheus-client's `Counter` with a shorter `inc` on a label child (or an unlabelled
+    metric): the child's value is added to directly, and adding 0 is skipped (the value would
+    not change). The samples, the registry and multiprocess mode are the library's; an
+    exemplar or a negative amount takes the library's own path (and its error)."""
+
+    _add: Callable[[float], None] | None = None
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        self._add = self._value.inc
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        add = self._add
+        if add is None or exemplar or amount < 0:
+            super().inc(amount, exemplar)
+        elif amount:
+            add(amount)
+
 
 _LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _FAST_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)

@@ -42,6 +42,7 @@ from proxy.pipeline import (
     parse,
     pins,
     platform,
+    rawprefix,
     reorder,
     replay,
     serialise,
@@ -135,12 +136,22 @@ async def _run(
 ) -> None:
     timers = services.metrics.stage_timers
     settings = services.settings
+    match = session.raw_match(exchange, services) if len(exchange.raw) <= settings.pipeline_budget_bytes else None
+    counted = None
+    if match is not None:  # the shared chunks' counts are the earlier body's
+        match.nodes, match.values, nodes, values = rawprefix.chunk_counts(exchange.raw, match.state, match.shared)
+        counted = (nodes, values)
     found = raw_over_budget(
-        exchange.raw, settings.pipeline_budget_bytes, settings.pipeline_budget_nodes, settings.pipeline_budget_values
+        exchange.raw,
+        settings.pipeline_budget_bytes,
+        settings.pipeline_budget_nodes,
+        settings.pipeline_budget_values,
+        counted,
     )
     if found is not None:  # not even parsed
         _skip_over_budget(exchange, services, *found)
         return
+    exchange.raw_match = match
     is_budget_checked = False
     for stage in stages:
         if not is_budget_checked and stage is not parse.STAGE and exchange.body is not None:

@@ -55,15 +55,19 @@ def count_blocks(body: Any) -> int:
     return total
 
 
-def raw_over_budget(raw: bytes, max_bytes: int, max_nodes: int, max_values: int) -> tuple[str, str] | None:
+def raw_over_budget(
+    raw: bytes, max_bytes: int, max_nodes: int, max_values: int, counted: tuple[int, int] | None = None
+) -> tuple[str, str] | None:
     """`(kind, reason)` when the client's body bytes `raw` are over the bytes, nodes or values
-    budget, else `None`. Memory speed (three `bytes.count` scans), before any parsing."""
+    budget, else `None`. Memory speed (three `bytes.count` scans), before any parsing;
+    `counted`: the nodes and values counts of `raw` when the caller has them
+    (`proxy.pipeline.rawprefix.chunk_counts`: an appended turn counts its new bytes only)."""
     if len(raw) > max_bytes:
         return "bytes", f"body of {len(raw)} bytes is over pipeline_budget_bytes ({max_bytes})"
-    brackets = raw.count(b"{") + raw.count(b"[")
+    brackets = raw.count(b"{") + raw.count(b"[") if counted is None else counted[0]
     if brackets > max_nodes:
         return "nodes", f"body of {brackets} '{{' and '[' is over pipeline_budget_nodes ({max_nodes})"
-    values = brackets + raw.count(b",")
+    values = brackets + raw.count(b",") if counted is None else counted[1]
     if values > max_values:
         return "values", f"body of {values} ',', '{{' and '[' is over pipeline_budget_values ({max_values})"
     return None

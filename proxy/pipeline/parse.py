@@ -6,6 +6,12 @@ a body that is not UTF-8 (RFC 8259 8.1: JSON exchanged between systems must be) 
 nowhere, and the upstream's parser words it obscurely ("str is not valid UTF-8: surrogates not
 allowed"), so the stage sets `Exchange.invalid_utf8 = (offset, byte)` and the handler answers a
 400 naming the offending byte in the provider's error shape (`invalid_utf8_message`).
+
+Incremental: when the raw body continues a recent body of its tenant byte for byte
+(`Exchange.raw_match`, `proxy.pipeline.rawprefix`) whose parsed elements are still kept, only
+the bytes before the message array and after the unchanged elements are parsed, and those
+elements are the earlier objects (`reused_parse`): the same value as a full parse, at the cost
+of the new bytes. Anything else is parsed whole.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Final
 import orjson
 
 from proxy.exchange import Exchange
+from proxy.pipeline.rawprefix import RawMatch, parse_tail, reusable
+from proxy.providers.base import JSONObject
 from proxy.services import Services
 
 
@@ -35,11 +43,34 @@ def invalid_utf8_message(offset: int, byte: int) -> str:
     )
 
 
+def reused_parse(raw: bytes, match: RawMatch) -> JSONObject | None:
+    """`orjson.loads(raw)` from the matched recent body's parsed elements and the new bytes
+    (`rawprefix.parse_tail`), or `None` when that body's elements are no longer kept or `raw`
+    does not continue it (the caller parses it whole)."""
+    state = match.state
+    if state is None:
+        return None
+    kept = match.index.parsed(state)
+    if kept is None:
+        return None
+    elements, array_key = kept
+    k = min(reusable(state, match.shared, raw, array_key), len(elements))
+    if not k:
+        return None
+    body = parse_tail(raw, state, k, elements, array_key)
+    return body if isinstance(body, dict) else None
+
+
 class ParseStage:
     name: Final = "parse"
     rewrites: Final = False
 
     async def run(self, exchange: Exchange, services: Services) -> None:
+        match = exchange.raw_match
+        body = reused_parse(exchange.raw, match) if match is not None else None
+        if body is not None:
+            exchange.body = body
+            return
         try:
             body = orjson.loads(exchange.raw)
         except orjson.JSONDecodeError:

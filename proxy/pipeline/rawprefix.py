@@ -16,22 +16,35 @@ Pure core, no I/O:
   most SDKs write it): each element's compact orjson bytes must sit at the next offset,
   separated by `,`. A body written otherwise locates nothing and simply gets no reuse.
 - `RawPrefixIndex`: the recent states, bounded (`MAX_STATES` in all, `MAX_PER_HEAD` per
-  first chunk), per scope (the caller's: tenant and path), newest first.
+  first chunk), per scope (the caller's: tenant and path), newest first; the parsed elements of
+  the newest few (`MAX_PARSED_BYTES` of their raw bodies), for `parse_tail`.
+- `RawMatch` / `match_raw`: one request's comparison with the index, made once before parsing
+  and read by the budget check (`chunk_counts`), the parse (`parse_tail`) and the session
+  stage's message view.
+- `chunk_counts(raw, match)`: the `{`+`[` and `,`+`{`+`[` counts of `raw` (the pipeline
+  budget's nodes and values), the shared full chunks' taken from the matched state.
+- `parse_tail(raw, state, k, elements, array_key)`: `orjson.loads(raw)` when its first `k`
+  array elements are the earlier body's `elements`: only the bytes before the array and after
+  element `k - 1` are parsed, the earlier element objects are reused (they are shared between
+  the two requests' bodies: stages are copy-on-write and never edit them).
 
 Soundness: element `i` is reused only when `raw[:ends[i]]` equals the earlier body's
 `raw[:ends[i]]` (a JSON parser reading the same bytes is in the same state, so it is the same
 top-level array's element `i` with the same value), the earlier body's array start was checked
 to be the top-level key (`top_level_start`: its head parses as an object whose last key opens
-the array), and the new bytes hold no second `"<array_key>"` (a duplicate key would replace
-the array). Only digests and offsets are kept, never content (`RawState.tail` is at most one
-chunk of the earlier body, kept in memory for the byte-exact comparison).
+the array), the new bytes hold no second `"<array_key>"` (a duplicate key would replace
+the array) and the byte after element `i` is `,` or `]` (a number's bytes do not end it: `1`
+then `.5` is another value). The states keep digests, offsets and counts; content only as
+`RawState.tail` (at most one chunk of the earlier body, for the byte-exact comparison) and as the
+parsed elements of the few newest bodies (bounded by `MAX_PARSED_BYTES`, in memory only).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -45,7 +58,11 @@ MAX_STATES: Final = 256
 """States kept in all (a 600 KB conversation's state is about 40 KB: digests and offsets)."""
 MAX_PER_HEAD: Final = 64
 """States kept per first chunk (sessions of one tenant share their tools and system prompt)."""
+MAX_PARSED_BYTES: Final = 4 * 1024 * 1024
+"""Raw bytes of the newest bodies whose parsed elements are kept for `parse_tail` (their
+objects take about twice that: 1.1 MB for a 540 KB body)."""
 _DIGEST: Final = 16
+_FOLLOW: Final = (b",", b"]")
 
 
 def chunk_digests(raw: bytes) -> bytes:
@@ -69,6 +86,12 @@ class RawState:
     """End offset (exclusive) of each located element of the array, in order."""
     columns: tuple[tuple[Any, ...], ...]
     """The caller's results per located element, as parallel columns (each `len(ends)` long)."""
+    start: int = -1
+    """Offset of the array's first element (`top_level_start`); -1 when not known."""
+    nodes: array[int] = field(default_factory=lambda: array("q"))
+    """`{` plus `[` in the body's bytes up to the end of each full chunk (cumulative)."""
+    values: array[int] = field(default_factory=lambda: array("q"))
+    """`,` plus `{` plus `[` likewise (`chunk_counts`)."""
 
     @property
     def size(self) -> int:
@@ -123,6 +146,8 @@ def reusable(state: RawState, shared: int, raw: bytes, array_key: str) -> int:
         else:
             hi = mid
     k = lo
+    if k and raw[ends[k - 1] : ends[k - 1] + 1] not in _FOLLOW:
+        k -= 1  # the byte after element k-1 is new; element k-2's `,` lies in the shared bytes
     if k and raw.find(b'"' + array_key.encode() + b'"', ends[k - 1]) >= 0:
         return 0
     return k
@@ -170,14 +195,129 @@ def locate(raw: bytes, dumped: Sequence[bytes], start: int, ends: Sequence[int] 
     return out
 
 
+def _counted(raw: bytes, start: int, stop: int) -> tuple[int, int]:
+    """`({ + [, ,)` counted in `raw[start:stop]` (no copy)."""
+    count = raw.count
+    return count(b"{", start, stop) + count(b"[", start, stop), count(b",", start, stop)
+
+
+def chunk_counts(raw: bytes, state: RawState | None, shared: int) -> tuple[array[int], array[int], int, int]:
+    """`(nodes, values, total nodes, total values)`: the cumulative counts after each full chunk
+    of `raw` (`RawState.nodes`, `RawState.values`) and over all of it. The full chunks within
+    the first `shared` bytes, which `state`'s body holds too, are not counted again."""
+    full = len(raw) // CHUNK
+    nodes: array[int] = array("q")
+    values: array[int] = array("q")
+    reused = 0
+    if state is not None:
+        reused = min(shared // CHUNK, len(state.nodes), full)
+        nodes = state.nodes[:reused]
+        values = state.values[:reused]
+    n = nodes[-1] if reused else 0
+    v = values[-1] if reused else 0
+    for j in range(reused, full):
+        brackets, commas = _counted(raw, j * CHUNK, (j + 1) * CHUNK)
+        n += brackets
+        v += brackets + commas
+        nodes.append(n)
+        values.append(v)
+    brackets, commas = _counted(raw, full * CHUNK, len(raw))
+    return nodes, values, n + brackets, v + brackets + commas
+
+
+@dataclass(slots=True)
+class RawMatch:
+    """One request's raw body against the index (`match_raw`): made once, before parsing."""
+
+    index: RawPrefixIndex
+    """The index compared with."""
+    scope: str
+    """Whose recent bodies it was compared with (tenant and path)."""
+    digests: bytes
+    """`chunk_digests` of the body."""
+    state: RawState | None
+    """The recent state sharing the longest prefix, or `None`."""
+    shared: int
+    """Leading bytes shared with `state`'s body."""
+    nodes: array[int] | None = None
+    """The body's cumulative counts (`chunk_counts`), once the budget check made them."""
+    values: array[int] | None = None
+
+
+def match_raw(index: RawPrefixIndex, scope: str, raw: bytes) -> RawMatch | None:
+    """`raw` against `index` within `scope`; `None` for a body under `MIN_BYTES` (not indexed)."""
+    if len(raw) < MIN_BYTES:
+        return None
+    digests = chunk_digests(raw)
+    state, shared = index.match(scope, digests, raw)
+    return RawMatch(index, scope, digests, state, shared)
+
+
+def parse_tail(raw: bytes, state: RawState, k: int, elements: Sequence[Any], array_key: str) -> Any:
+    """`orjson.loads(raw)` (the same value, the same top-level key order) given that its first
+    `k` elements of the top-level `array_key` array are `elements` (`reusable(state, ...)`
+    elements of the body `state` was built from): only the bytes before the array and from the
+    end of element `k - 1` on are parsed, with a `0` standing in for the elements. `None` when
+    `raw` is not such a body (or not JSON): the caller parses it whole.
+
+    Sound because the parser is in the same state after `raw[:state.start]` + one value as
+    after `raw[:ends[k-1]]` (inside the top-level object, inside its array, after a value), and
+    the byte that follows is `,` or `]` (`reusable`), so the rest parses as it does in full."""
+    if not 0 < k <= len(state.ends) or state.start < 0 or k > len(elements):
+        return None
+    end = state.ends[k - 1]
+    if raw[end : end + 1] not in _FOLLOW:
+        return None
+    try:
+        body = orjson.loads(raw[: state.start] + b"0" + raw[end:])
+    except orjson.JSONDecodeError:
+        return None
+    if type(body) is not dict:
+        return None
+    items = body.get(array_key)
+    if type(items) is not list or not items or type(items[0]) is not int or items[0] != 0:
+        return None
+    body[array_key] = [*elements[:k], *items[1:]]
+    return body
+
+
 class RawPrefixIndex:
     """Recent `RawState`s, per scope and first chunk (module docstring); LRU-bounded."""
 
-    def __init__(self, max_states: int = MAX_STATES, max_per_head: int = MAX_PER_HEAD) -> None:
+    def __init__(
+        self, max_states: int = MAX_STATES, max_per_head: int = MAX_PER_HEAD, max_parsed_bytes: int = MAX_PARSED_BYTES
+    ) -> None:
         self.max_states = max_states
         self.max_per_head = max_per_head
+        self.max_parsed_bytes = max_parsed_bytes
         self._heads: OrderedDict[tuple[str, bytes], list[RawState]] = OrderedDict()
         self._count = 0
+        self._parsed: OrderedDict[int, tuple[RawState, Sequence[Any], str]] = OrderedDict()
+        self._parsed_bytes = 0
+
+    def parsed(self, state: RawState) -> tuple[Sequence[Any], str] | None:
+        """The parsed elements of `state`'s body and its array key, when still kept."""
+        entry = self._parsed.get(id(state))
+        if entry is None or entry[0] is not state:
+            return None
+        self._parsed.move_to_end(id(state))
+        return entry[1], entry[2]
+
+    def keep_parsed(self, state: RawState, elements: Sequence[Any], array_key: str) -> None:
+        """Keep `elements` (the parsed array of `state`'s body: never edited) for `parse_tail`,
+        the newest first out of `max_parsed_bytes` of raw body bytes."""
+        if state.size > self.max_parsed_bytes:
+            return
+        self._parsed[id(state)] = (state, elements, array_key)
+        self._parsed_bytes += state.size
+        while self._parsed_bytes > self.max_parsed_bytes:
+            _, (oldest, _, _) = self._parsed.popitem(last=False)
+            self._parsed_bytes -= oldest.size
+
+    def drop_parsed(self, state: RawState) -> None:
+        entry = self._parsed.pop(id(state), None)
+        if entry is not None:
+            self._parsed_bytes -= entry[0].size
 
     def __len__(self) -> int:
         return self._count
@@ -211,6 +351,7 @@ class RawPrefixIndex:
         else:
             self._heads.move_to_end(key)
         if replaces is not None:
+            self.drop_parsed(replaces)
             for i, held in enumerate(states):
                 if held is replaces:
                     del states[i]
@@ -219,8 +360,11 @@ class RawPrefixIndex:
         states.append(state)
         self._count += 1
         if len(states) > self.max_per_head:
+            self.drop_parsed(states[0])
             del states[0]
             self._count -= 1
         while self._count > self.max_states:
             _, oldest = self._heads.popitem(last=False)
             self._count -= len(oldest)
+            for dropped in oldest:
+                self.drop_parsed(dropped)

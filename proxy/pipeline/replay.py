@@ -539,6 +539,9 @@ class RawBody:
     """The bytes the parsed body was read from, exactly."""
     scope: str
     """Whose recent requests it may be compared with (the session stage: tenant and path)."""
+    match: rawprefix.RawMatch | None = None
+    """`data` against the index, when the pipeline made the comparison already (before parsing:
+    `proxy.pipeline.session.raw_match`); used when it was made on this masker's index."""
 
 
 def _examine_known(
@@ -553,8 +556,12 @@ def _examine_known(
     for the next request."""
     data = raw.data
     index = masker.raw_index
-    chunks = rawprefix.chunk_digests(data)
-    state, shared = index.match(raw.scope, chunks, data)
+    match = raw.match
+    if match is None or match.index is not index or match.scope != raw.scope:
+        match = rawprefix.match_raw(index, raw.scope, data)
+        if match is None:
+            return masker.examine_all(elements, optional)
+    chunks, state, shared = match.digests, match.state, match.shared
     k = min(rawprefix.reusable(state, shared, data, array_key), len(elements)) if state is not None else 0
     known = None
     if state is not None and k:
@@ -564,7 +571,9 @@ def _examine_known(
     exact, digests, keys = masker.examine_all(elements, optional, known, dumped)
     if masker.budget is not None and masker.budget.is_spent:
         return exact, digests, keys  # partly masked digests are never remembered
+    start: int | None
     if state is not None and k:
+        start = state.start
         ends = rawprefix.locate(data, dumped, 0, state.ends[:k])
     else:
         start = rawprefix.top_level_start(data, array_key, dumped[0])
@@ -572,9 +581,20 @@ def _examine_known(
     if ends:
         m = len(ends)
         tail = data[len(chunks) // 16 * rawprefix.CHUNK :]
-        fresh = rawprefix.RawState(chunks, tail, tuple(ends), (exact[:m], digests[:m], keys[:m]))
+        if match.nodes is None or match.values is None:
+            match.nodes, match.values, _, _ = rawprefix.chunk_counts(data, state, shared)
+        fresh = rawprefix.RawState(
+            chunks,
+            tail,
+            tuple(ends),
+            (exact[:m], digests[:m], keys[:m]),
+            start if start is not None else -1,
+            match.nodes,
+            match.values,
+        )
         covers = state is not None and k == len(state.ends)
         index.remember(raw.scope, fresh, state if covers else None)
+        index.keep_parsed(fresh, tuple(elements[:m]), array_key)
     return exact, digests, keys
 
 

@@ -48,13 +48,14 @@ from functools import partial
 from typing import Any, Final
 
 import xxhash
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.divergence import request_model
 from proxy.exchange import Exchange
 from proxy.measure import sent_body, sent_marker_positions, sent_params_digest, sent_prompt
 from proxy.memory_budget import MemoryBudget
 from proxy.pacing import FIVE_MINUTES, MAX_ARRIVALS, ONE_HOUR, Pacing, forecast
-from proxy.pipeline import delivered
+from proxy.pipeline import delivered, rawprefix
 from proxy.pipeline.blocks import marker_ttl
 from proxy.pipeline.breakpoints import PacingInput, PlanContext
 from proxy.pipeline.pins import PINS_KEY
@@ -126,7 +127,11 @@ class SessionStage:
         budget = services.settings.classify_budget_chars
         segment_budget = scan_budget(exchange, services)
         # the body is the parse of these bytes (no stage before this one rewrites it)
-        raw = RawBody(exchange.raw, f"{tenant}\x00{exchange.path}") if exchange.upstream_body is None else None
+        raw = (
+            RawBody(exchange.raw, raw_scope(tenant, exchange), exchange.raw_match)
+            if exchange.upstream_body is None
+            else None
+        )
         if explicit is not None:
             sid = explicit_id(explicit[1])
             inference = Inference(sid, "explicit", sid)
@@ -170,6 +175,24 @@ class SessionStage:
         )
 
 
+def raw_scope(tenant: str, exchange: Exchange) -> str:
+    """Whose recent raw bodies this request's may be compared with (`rawprefix`)."""
+    return f"{tenant}\x00{exchange.path}"
+
+
+def raw_match(exchange: Exchange, services: Services) -> rawprefix.RawMatch | None:
+    """The client's raw body against the recent bodies of its tenant and path
+    (`rawprefix.match_raw` on the masker's index), made once before parsing for the budget
+    check, `parse` and the message view; `None` without session state or a credential, or
+    for a body too small to index."""
+    state: SessionState | None = services.sessions
+    if state is None or exchange.is_anonymous or len(exchange.raw) < rawprefix.MIN_BYTES:
+        return None
+    tenant = state.tenant_of(exchange.provider, exchange.headers)
+    index = masker_for(state, services).raw_index
+    return rawprefix.match_raw(index, raw_scope(tenant, exchange), exchange.raw)
+
+
 def newest_position(record: SessionRecord) -> int:
     """Message-array position of the newest message the record's request sent (-1 without one)."""
     return max((s.position for s in record.sidecars), default=-1)
@@ -177,6 +200,8 @@ def newest_position(record: SessionRecord) -> int:
 
 def is_subagent(headers: Mapping[str, str]) -> bool:
     """A request that names a subagent (machine-paced: docs/provider-rules.md 9)."""
+    if isinstance(headers, CIMultiDictProxy | CIMultiDict):  # case-insensitive: one lookup
+        return AGENT_HEADER in headers
     return any(k.lower() == AGENT_HEADER for k in headers)
 
 

@@ -197,6 +197,10 @@ class Route:
     """True when the path itself asks for a stream (`:streamRawPredict`)."""
 
 
+ROUTE_CACHE_SIZE: Final = 1024
+"""Distinct `(path, raw path, credential shape)` arguments whose route `Router.route` keeps."""
+
+
 class Router:
     """Routes requests with the configured profiles (one per family on the standard paths)."""
 
@@ -209,6 +213,7 @@ class Router:
         for family, name in chosen.items():
             self.apis[family], self.defaults[family] = self._adapters(profiles.get(family, name))
         self.platform: list[tuple[PathRule, ProviderAdapter]] = []
+        self._routes: dict[tuple[str, str | None, bool], Route] = {}
         for profile in profiles.with_paths():
             is_chosen = chosen[profile.family] == profile.name
             apis, default = (
@@ -228,7 +233,22 @@ class Router:
         return apis, apis[FAMILY_DEFAULT[profile.family]]
 
     def route(self, path: str, raw_path: str | None = None, openai_markers: bool = False) -> Route:
-        """Resolve `path` (percent-decoded; `raw_path` as received, query string excluded)."""
+        """Resolve `path` (percent-decoded; `raw_path` as received, query string excluded).
+
+        Pure in its arguments, so the answers for the first `ROUTE_CACHE_SIZE` distinct
+        arguments are kept (clients send a handful of paths; a flood of new ones is resolved
+        each time, never evicting those)."""
+        key = (path, raw_path, openai_markers)
+        found = self._routes.get(key)
+        if found is None:
+            found = self._new_route(key)
+            if len(self._routes) < ROUTE_CACHE_SIZE:
+                self._routes[key] = found
+        return found
+
+    def _new_route(self, key: tuple[str, str | None, bool]) -> Route:
+        """`route` of `key` = `(path, raw_path, openai_markers)`, resolved afresh."""
+        path, raw_path, openai_markers = key
         raw = raw_path if raw_path is not None else path
         platform = self._platform(raw, None)
         if platform is not None:  # Azure's own paths start with /openai/

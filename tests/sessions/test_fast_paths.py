@@ -251,9 +251,10 @@ def _services(mode: str) -> Services:
     return services
 
 
-async def _send(services: Services, adapter: Any, body: dict[str, Any]) -> Exchange:
+async def _send(services: Services, adapter: Any, body: dict[str, Any], raw: bytes | None = None) -> Exchange:
+    """Run `body` (sent as `raw` when given) through the request and response stages."""
     headers = CIMultiDictProxy(CIMultiDict({"x-api-key": "key-a", "prompt_cache_key": "x"}))
-    ex = Exchange(adapter, adapter.api_path, "", headers, orjson.dumps(body))
+    ex = Exchange(adapter, adapter.api_path, "", headers, orjson.dumps(body) if raw is None else raw)
     await run_request_stages(ex, services)
     ex.status = 200
     ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")

@@ -94,13 +94,27 @@ def test_a_nested_array_of_the_same_name_is_not_the_top_level_one() -> None:
     assert start is None  # the first occurrence is nested: no reuse rather than a wrong one
 
 
+def _separated(size: int, commas: tuple[int, ...]) -> bytes:
+    raw = bytearray(b"z" * size)
+    for at in commas:
+        raw[at] = ord(",")
+    return bytes(raw)
+
+
 def test_reusable_counts_whole_elements_and_refuses_a_duplicate_key() -> None:
     state = RawState(b"", b"", (100, 200, 300), ((1, 2, 3),))
-    raw = b"z" * 400
+    raw = _separated(400, (100, 200, 300))
     assert reusable(state, 250, raw, "messages") == 2
     assert reusable(state, 99, raw, "messages") == 0
-    duplicate = b"z" * 300 + b',"messages":[]}'
+    duplicate = raw[:300] + b',"messages":[]}'
     assert reusable(state, 300, duplicate, "messages") == 0
+
+
+def test_an_element_whose_next_byte_is_new_and_not_a_separator_is_not_reused() -> None:
+    """`[1,2` then `.5`: the shared bytes end element 1's bytes but not its value (2.5)."""
+    state = RawState(b"", b"", (100, 200, 300), ((1, 2, 3),))
+    raw = _separated(300, (100, 200)) + b".5]}"
+    assert reusable(state, 300, raw, "messages") == 2
 
 
 def test_index_keeps_one_state_per_growing_conversation() -> None:

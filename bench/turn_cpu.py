@@ -1,0 +1,137 @@
+"""CPU per appended turn of a 600 KB growing session, in one process, per stage (issue 14).
+
+Runs the fake upstream, `promptcache` (`create_app`, default SQLite store in a temp dir) and an
+aiohttp client in one process and one event loop, and sends the gateway bench's growing agent
+sessions (`bench/gateway_bench.py`: a ~540 KB history, then one tool round trip of ~1.6 KB per
+request for 40 turns). For the appended turns (2..40) it prints the process CPU per request
+(`time.process_time`, so the client's and the upstream's share are included: compare modes and
+commits, not against the gateway bench), the p50 of each request stage's wall time and, with
+`--profile`, a cProfile of those turns (top functions by cumulative and own time). Not a test.
+
+    .venv/bin/python bench/turn_cpu.py [--mode observe|optimise] [--sessions 3] [--profile 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import uvloop
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_upstream import ANSWER  # noqa: E402
+from gateway_bench import TURNS, _split, _turn, agent_body  # noqa: E402
+
+from proxy.app import create_app  # noqa: E402
+from proxy.appkeys import SERVICES  # noqa: E402
+from proxy.settings import Settings  # noqa: E402
+
+HEADERS = {"x-api-key": "bench-key", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+
+
+def session_bodies(session: int) -> list[bytes]:
+    """The bodies of one growing session, turn 1 .. TURNS (as `gateway.lua` builds them)."""
+    head_a, head_b = _split(agent_body())
+    ident = f"turncpu-{session}".encode()
+    out = []
+    tail = b""
+    for k in range(1, TURNS + 1):
+        tail += _turn(k)
+        out.append(head_a + ident + head_b + tail + b"]}")
+    return out
+
+
+async def _upstream(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(body=ANSWER, content_type="application/json")
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def _stage_totals(app: web.Application) -> dict[str, tuple[float, float]]:
+    """Each request stage's `(observations, seconds)` so far (its histogram's count and sum)."""
+    out = {}
+    for name, timer in app[SERVICES].metrics.stage_timers.items():
+        samples = {s.name: s.value for s in timer._samples()}
+        out[name] = (samples.get("_count", 0.0), samples.get("_sum", 0.0))
+    return out
+
+
+async def main(args: argparse.Namespace) -> None:
+    upstream_app = web.Application(client_max_size=64 * 1024 * 1024)
+    upstream_app.router.add_route("*", "/{tail:.*}", _upstream)
+    up_runner, up_url = await _serve(upstream_app)
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(
+            mode=args.mode,
+            upstream=up_url,
+            state_dir=Path(tmp),
+            store=f"sqlite://{tmp}/sessions.db",
+            log_level="WARNING",
+        )
+        app = create_app(settings, CollectorRegistry())
+        runner, url = await _serve(app)
+        sessions = [session_bodies(s) for s in range(args.sessions)]
+        cpu: list[float] = []
+        stage_ms: dict[str, list[float]] = {}
+        before = _stage_totals(app)
+        profile = cProfile.Profile() if args.profile else None
+        async with aiohttp.ClientSession() as http:
+            for bodies in sessions:
+                for k, body in enumerate(bodies):
+                    is_measured = k > 0
+                    if profile is not None and is_measured:
+                        profile.enable()
+                    started = time.process_time()
+                    async with http.post(url + "/v1/messages", data=body, headers=HEADERS) as r:
+                        await r.read()
+                        assert r.status == 200, r.status
+                    spent = time.process_time() - started
+                    if profile is not None and is_measured:
+                        profile.disable()
+                    if is_measured:
+                        cpu.append(spent)
+                        after = _stage_totals(app)
+                        for name, (n, total) in after.items():
+                            n0, total0 = before.get(name, (0.0, 0.0))
+                            if n > n0:
+                                stage_ms.setdefault(name, []).append(1000 * (total - total0))
+                    before = _stage_totals(app)
+        await runner.cleanup()
+    await up_runner.cleanup()
+    print(
+        f"mode {args.mode}: {len(cpu)} appended turns, CPU per request p50 {1000 * statistics.median(cpu):.2f} ms, "
+        f"mean {1000 * statistics.fmean(cpu):.2f} ms"
+    )
+    print(
+        "stage wall ms per appended turn, p50: "
+        + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in stage_ms.items())
+    )
+    if profile is not None:
+        stats = pstats.Stats(profile).strip_dirs()
+        stats.sort_stats("cumulative").print_stats(args.profile)
+        stats.sort_stats("tottime").print_stats(args.profile)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("observe", "optimise"), default="observe")
+    parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
+    uvloop.run(main(parser.parse_args()))

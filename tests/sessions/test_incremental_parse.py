@@ -1,0 +1,227 @@
+"""The incremental parse and budget counts (`proxy.pipeline.rawprefix.parse_tail`,
+`chunk_counts`): a body that continues a recent one of its tenant byte for byte is parsed from
+its new bytes only, its budget counted from its new chunks only, and the request is the same as
+with a full parse: the same value and key order, the same bytes upstream, the same session
+record, measurement and metrics."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+
+from proxy.exchange import Exchange
+from proxy.pipeline.parse import reused_parse
+from proxy.pipeline.rawprefix import CHUNK, MIN_BYTES, RawPrefixIndex, chunk_counts, match_raw
+from proxy.pipeline.replay import RawBody, view_messages
+from proxy.pipeline.session import masker_for
+from proxy.providers import ANTHROPIC
+from proxy.services import Services
+from tests.sessions.test_fast_paths import _send, _services
+from tests.sessions.test_rawprefix import _body, _masker, _turn
+from tests.sessions.test_rawprefix import _edited as edited_body
+
+SCOPE = "tenant\x00/v1/messages"
+SLOW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+EDITS = st.sampled_from(
+    [
+        "append",
+        "same",
+        "edit_middle",
+        "marker",
+        "reformat",
+        "truncate",
+        "append",
+        "trailing_key",
+        "trailing_duplicate",
+        "duplicate",
+        "number",
+        "number_longer",
+        "trailing_comma",
+        "cut",
+    ]
+)
+
+
+def _edited(raw: bytes, edit: str, at: int) -> bytes:
+    """The next request's raw body after `edit` of the one before (`raw`): the edits of
+    `test_rawprefix`, and bodies whose bytes after the array (or its last element) change."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = _body(30)
+    if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
+        body = _body(30)
+    if edit in ("append", "edit_middle", "marker", "truncate", "reformat", "duplicate", "stamp"):
+        return edited_body(body, edit, at)
+    dumped = orjson.dumps(body)
+    if edit == "trailing_key":  # a key after the array
+        return dumped[:-1] + b',"stream":false}'
+    if edit == "trailing_duplicate":  # a later duplicate of a key before the array
+        return dumped[:-1] + b',"model":"claude-opus-4-6"}'
+    if edit == "number":  # a number as the last element (not a message: the upstream says so)
+        return dumped[:-2] + b",7]}"
+    if edit == "number_longer":  # the same bytes up to the number's end, a longer number
+        return raw[:-2] + b".5]}" if raw.endswith(b",7]}") else dumped[:-2] + b",7.5]}"
+    if edit == "trailing_comma":
+        return dumped[:-2] + b",]}"
+    if edit == "cut":
+        return dumped[: len(dumped) - 1 - at % 50]
+    return dumped
+
+
+def _full(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
+@SLOW
+@given(st.lists(st.tuples(EDITS, st.integers(0, 10_000)), min_size=1, max_size=7), st.integers(30, 40))
+def test_reused_parse_is_the_full_parse(edits: list[tuple[str, int]], turns: int) -> None:
+    masker = _masker()
+    raw = orjson.dumps(_body(turns))
+    for edit, at in [("same", 0), *edits]:
+        raw = _edited(raw, edit, at) if edit != "same" else raw
+        expected = _full(raw)
+        match = match_raw(masker.raw_index, SCOPE, raw)
+        if match is None:  # under MIN_BYTES: not indexed, parsed whole
+            assert len(raw) < MIN_BYTES
+            continue
+        kept = masker.raw_index.parsed(match.state) if match.state is not None else None
+        before = copy.deepcopy(list(kept[0])) if kept is not None else None
+        got = reused_parse(raw, match)
+        if kept is not None:
+            assert list(kept[0]) == before  # the earlier elements are not edited
+        if not isinstance(expected, dict):
+            assert got is None
+            continue
+        if got is not None:
+            assert got == expected
+            assert orjson.dumps(got) == orjson.dumps(expected)  # key order, at every depth
+        body = got if got is not None else expected
+        if isinstance(body.get("messages"), list):
+            view_messages(ANTHROPIC, body, masker, raw=RawBody(raw, SCOPE, match))
+
+
+def test_an_appended_turn_is_parsed_from_its_new_bytes() -> None:
+    """Turn 2 = turn 1 + one round trip: the earlier messages are turn 1's objects."""
+    masker = _masker()
+    first = orjson.dumps(_body(30))
+    body = orjson.loads(first)
+    view_messages(ANTHROPIC, body, masker, raw=RawBody(first, SCOPE, match_raw(masker.raw_index, SCOPE, first)))
+    second_body = {**body, "messages": [*body["messages"], *_turn(30)]}
+    second = orjson.dumps(second_body)
+    match = match_raw(masker.raw_index, SCOPE, second)
+    assert match is not None
+    got = reused_parse(second, match)
+    assert got == second_body
+    n = len(body["messages"])
+    assert all(a is b for a, b in zip(got["messages"][:n], body["messages"], strict=True))
+    assert got["messages"][n] is not second_body["messages"][n]  # the new ones are parsed
+
+
+@SLOW
+@given(st.lists(st.tuples(EDITS, st.integers(0, 10_000)), min_size=1, max_size=6), st.integers(30, 40))
+def test_chunk_counts_are_the_full_counts(edits: list[tuple[str, int]], turns: int) -> None:
+    index = RawPrefixIndex()
+    masker = _masker()
+    masker.raw_index = index
+    raw = orjson.dumps(_body(turns))
+    for edit, at in [("same", 0), *edits]:
+        raw = _edited(raw, edit, at) if edit != "same" else raw
+        match = match_raw(index, SCOPE, raw)
+        if match is None:
+            continue
+        nodes, values, n, v = chunk_counts(raw, match.state, match.shared)
+        brackets = raw.count(b"{") + raw.count(b"[")
+        assert (n, v) == (brackets, brackets + raw.count(b","))
+        assert len(nodes) == len(values) == len(raw) // CHUNK
+        assert nodes[-1] == raw[: len(nodes) * CHUNK].count(b"{") + raw[: len(nodes) * CHUNK].count(b"[")
+        match.nodes, match.values = nodes, values
+        body = _full(raw)
+        if isinstance(body, dict) and isinstance(body.get("messages"), list):
+            view_messages(ANTHROPIC, body, masker, raw=RawBody(raw, SCOPE, match))
+
+
+def _without_reuse(services: Services) -> Services:
+    """`services` whose raw-prefix index keeps nothing: every request takes the full path."""
+    assert services.sessions is not None
+    masker_for(services.sessions, services).raw_index = RawPrefixIndex(0, 0, 0)
+    return services
+
+
+def _counters(services: Services) -> list[str]:
+    """The metrics exposition without timings (which differ between any two runs)."""
+    text = generate_latest(services.metrics.registry).decode()
+    return [line for line in text.splitlines() if "_seconds" not in line and "duration" not in line]
+
+
+def _same(a: Exchange, b: Exchange) -> None:
+    assert a.outgoing == b.outgoing
+    assert a.failed_stage == b.failed_stage
+    assert a.body == b.body and (a.body is None or list(a.body) == list(b.body or {}))
+    assert a.measurement == b.measurement
+    assert a.history_rewritten == b.history_rewritten and a.replayed == b.replayed
+
+
+CONVERSATION = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["append", "append", "append", "edit_middle", "marker", "truncate", "trailing_key", "reformat", "same"]
+        ),
+        st.integers(0, 10_000),
+    ),
+    min_size=2,
+    max_size=6,
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(CONVERSATION, st.integers(30, 36), st.sampled_from(["observe", "optimise"]))
+async def test_incremental_path_sends_and_records_what_the_full_path_does(
+    edits: list[tuple[str, int]], turns: int, mode: str
+) -> None:
+    incremental, full = _services(mode), _without_reuse(_services(mode))
+    for services in (incremental, full):  # one clock: arrivals and pacing are recorded
+        assert services.sessions is not None
+        services.sessions.clock = lambda: 1_800_000_000.0
+    raw = orjson.dumps(_body(turns))
+    for edit, at in [("same", 0), *edits]:
+        raw = _edited(raw, edit, at) if edit != "same" else raw
+        body = orjson.loads(raw)
+        a = await _send_raw(incremental, raw)
+        b = await _send_raw(full, raw)
+        _same(a, b)
+        assert a.session_id == b.session_id and a.tenant == b.tenant
+        assert incremental.store is not None and full.store is not None
+        assert a.tenant is not None and a.session_id is not None
+        assert await incremental.store.load(a.tenant, a.session_id) == await full.store.load(b.tenant, b.session_id)
+        assert body == orjson.loads(raw)
+    assert _counters(incremental) == _counters(full)
+
+
+async def _send_raw(services: Services, raw: bytes) -> Exchange:
+    return await _send(services, ANTHROPIC, orjson.loads(raw), raw=raw)
+
+
+async def test_an_appended_turn_through_the_stages_reuses_the_earlier_objects() -> None:
+    """In both modes the second request's earlier messages are the first request's objects,
+    and its pipeline budget counts come from the earlier body's chunks."""
+    for mode in ("observe", "optimise"):
+        services = _services(mode)
+        first = orjson.dumps(_body(30))
+        second = orjson.dumps({**orjson.loads(first), "messages": [*orjson.loads(first)["messages"], *_turn(30)]})
+        a = await _send_raw(services, first)
+        b = await _send_raw(services, second)
+        assert a.body is not None and b.body is not None and b.raw_match is not None
+        assert b.raw_match.state is not None and b.raw_match.shared >= len(first) - 2
+        assert (mode, b.body["messages"][0] is a.body["messages"][0]) == (mode, True)
+        if mode == "observe":  # optimise rewrites it (copy-on-write)
+            assert b.body == orjson.loads(second)
