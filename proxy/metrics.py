@@ -25,7 +25,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Gauge, Histogram, Info, disable_created_metrics
 from prometheus_client import Counter as _LibraryCounter
 
-from proxy import __version__
+from proxy import __version__, metric_values
 from proxy.malformed import KINDS as MALFORMED_KINDS
 from proxy.pricing import OTHER as OTHER_FAMILY
 from proxy.pricing import default_pricing
@@ -258,6 +258,7 @@ class Metrics:
         if families is None:
             table = default_pricing()
             families = {p: table.family_names(p) for p in PROVIDERS}
+        metric_values.install()  # under --workers: shared-file writes once per loop turn
         r = self.registry
         self.requests = Counter(
             "promptcache_requests_total",
