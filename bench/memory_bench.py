@@ -59,6 +59,29 @@ def malloc_mb() -> str:
     )
 
 
+def pymalloc_mb() -> str:
+    """CPython's small-object allocator: arenas held (1 MiB each) and the bytes of live objects
+    in them (`sys._debugmallocstats`, read through a temporary file on fd 2)."""
+    import re
+
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    arenas = re.search(r"# arenas allocated current\s*=\s*([\d,]+)", text)
+    live = re.search(r"# bytes in allocated blocks\s*=\s*([\d,]+)", text)
+    if arenas is None or live is None:
+        return "pymalloc stats unavailable"
+    n = int(arenas.group(1).replace(",", ""))
+    return f"pymalloc {n} MiB of arenas, {int(live.group(1).replace(',', '')) / 1e6:.0f} MB live"
+
+
 def status_mb(key: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -144,7 +167,7 @@ async def main() -> None:
         overrides={"port": 0, "upstream": up, "mode": args.mode, "store": f"sqlite://{tmp}/sessions.db"}
     )
     runner, url = await start_proxy(settings)
-    print(f"started: RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}")
+    print(f"started: RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}")
     phase = ["start"]
     peak = Peak(args.trace)
     watcher = asyncio.ensure_future(peak.watch(phase))
@@ -157,7 +180,7 @@ async def main() -> None:
             result = await run_wrk(url, workloads[workload], mode, conns, args.seconds, f"mem{name}")
             print(
                 f"after {name} ({time.perf_counter() - started:.1f} s): RSS {status_mb('VmRSS'):.0f} MB, "
-                f"peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}; wrk {result}"
+                f"peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; wrk {result}"
             )
         if args.trace:
             import gc
