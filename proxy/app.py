@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.admin import add_admin_routes, ui_token_for
+from proxy.admission import BodyGate
 from proxy.affinity import Affinity, base_urls
 from proxy.aio import create_task
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
@@ -41,6 +42,7 @@ from proxy.settings import Settings
 from proxy.shutdown import close_when_draining
 from proxy.store import store_ctx
 from proxy.teams import TeamResolver, load_team_file
+from proxy.tokenizer import TokenizerLoader
 from proxy.upstreams import resolve_upstreams
 
 _log = logging.getLogger("promptcache.app")
@@ -119,20 +121,6 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
             await sim_runner.cleanup()
 
 
-async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Load the offline `o200k_base` tokenizer (about 0.2 s, in a thread) for predictions in
-    real OpenAI tokens; without it measurement keeps its bytes/4 estimate."""
-    from proxy.sim.tokens import TokenCounter, load_o200k
-
-    try:
-        encoding = await asyncio.to_thread(load_o200k)
-        budget = MemoryBudget.of_mb(app[SERVICES].settings.memory_budget_mb)
-        app[SERVICES].tokens = TokenCounter(encoding, max_counts=budget.token_counts)
-    except RuntimeError as exc:
-        _log.warning("o200k_base tokenizer unavailable (%s): predictions estimate bytes/4", exc)
-    yield
-
-
 async def _recorder_ctx(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     if services.settings.record is not None:
@@ -200,6 +188,7 @@ def create_app(
         load_team_file(settings.teams_file) if settings.teams_file is not None else {},
     )
     pricing = pricing_for(settings.rules_dir)
+    budget = MemoryBudget.of_mb(settings.memory_budget_mb)
     metrics = Metrics(registry, {p: pricing.family_names(p) for p in PROVIDERS}, worker=worker)
     metrics.prepare_teams(teams.labels)
     app[SERVICES] = Services(
@@ -215,16 +204,17 @@ def create_app(
             settings.history_sessions,
             settings.history_sessions_per_tenant,
             settings.history_requests,
-            max_bytes=MemoryBudget.of_mb(settings.memory_budget_mb).history,
+            max_bytes=budget.history,
         ),
         teams=teams,
         ledger=TenantLedger(),
         pricing=pricing,
         ui_token=ui_token_for(settings),
+        tokenizer=TokenizerLoader(budget.token_counts),
+        gate=BodyGate(settings.pipeline_inflight_bytes, metrics.pipeline_admission_waits.inc),
     )
     app.on_response_prepare.append(close_when_draining)
     app.cleanup_ctx.append(_resolve_upstreams)
-    app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_recorder_ctx)
     app.cleanup_ctx.append(store_ctx)
     app.cleanup_ctx.append(_keep_warm_ctx)

@@ -100,11 +100,17 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             exchange.is_anonymous = not credential_of(request.headers)
             exchange.is_pipeline = True
             _platform_route(exchange, where, pm)
-            await run_request_stages(exchange, services)
+            if services.gate is None:
+                await run_request_stages(exchange, services)
+            else:
+                async with services.gate.admit(len(raw)):
+                    await run_request_stages(exchange, services)
             bad_utf8 = exchange.invalid_utf8
             if bad_utf8 is not None:
                 status = BAD_REQUEST.status
                 return local_error(adapter, BAD_REQUEST, invalid_utf8_message(*bad_utf8))
+            if adapter.counts_tokens and services.tokenizer is not None:
+                await services.tokenizer.ensure(services)  # the first such request builds it
             upstream_base = _session_base(services, exchange, upstream_base)
             response = await forward(
                 request, exchange, session, upstream_base, pm, read_timeout, exchange.outgoing

@@ -145,7 +145,7 @@ class Window:
     due: float
     prompt_tokens: int
     adapter: Any
-    path: str
+    """The request's API adapter (it reads the ping's usage)."""
     share: float = 1.0
     """Part of the prompt only the 5m entry holds (the rest is under a 1h anchor that lives on)."""
     turn: str = HUMAN
@@ -245,7 +245,6 @@ class KeepWarm:
             arrival + FIVE_MINUTES - MARGIN,
             prefix,
             exchange.adapter,
-            exchange.path,
             share,
             usage.turn,
         )

@@ -12,14 +12,15 @@ fixed share of the budget (`SHARES`), so RSS levels off once they are full whate
 - `masker`: the replay masker's two digest memos (`proxy.pipeline.replay.Masker`), at
   `MASKER_ENTRY_BYTES` per entry of each;
 - `tokens`: the `o200k_base` count memo of the OpenAI predictions (`proxy.sim.tokens.TokenCounter`,
-  loaded by `proxy.app`), at `TOKEN_COUNT_ENTRY_BYTES` per text counted.
+  built by `proxy.tokenizer`), at `TOKEN_COUNT_ENTRY_BYTES` per text counted.
 
 Per-entry sizes are measured with `tracemalloc` on CPython 3.11 (64-bit), rounded up. What the
 budget does not cover: the interpreter and its imports (about 53 MB), the `o200k_base`
-tokenizer (about 45 MB, `proxy.app`), the bounded text caches of `proxy.pipeline.segments`
-(their own character limits), the parsed elements of the newest request bodies kept for the
-incremental parse (`proxy.pipeline.rawprefix.MAX_PARSED_BYTES`: 4 MiB of raw bodies, about
-8 MB of objects, shared with the requests that reuse them) and the requests in flight. Pure.
+tokenizer (about 49 MB, `proxy.tokenizer`: built on the first OpenAI request only), the
+bounded text caches of `proxy.pipeline.segments` (their own character limits), the parsed
+elements of the newest request bodies kept for the incremental parse
+(`proxy.pipeline.rawprefix.MAX_PARSED_BYTES`: 4 MiB of raw bodies, about 8 MB of objects,
+shared with the requests that reuse them) and the requests in flight. Pure.
 """
 
 from __future__ import annotations

@@ -535,6 +535,12 @@ class Metrics:
         )
         for kind in ("bytes", "blocks"):
             self.pipeline_budget_exceeded.labels(kind)
+        self.pipeline_admission_waits = Counter(
+            "promptcache_pipeline_admission_waits_total",
+            "Requests that waited for the request stages because the bodies inside them held "
+            "pipeline_inflight_bytes (none is refused) (proxy.admission).",
+            registry=r,
+        )
         self.store_evictions = Counter(
             "promptcache_session_store_evictions_total",
             "Session records the store evicted, least recently written first, to stay within a byte "

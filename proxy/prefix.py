@@ -42,9 +42,9 @@ from typing import Any, Final
 import orjson
 import xxhash
 
+from proxy.providers import MARKER_KEYS
 from proxy.providers.base import Block, Run, RunBlocks, dotted, run_kind  # noqa: F401 - re-exported
 
-MARKER_KEYS: Final = frozenset({"cache_control", "prompt_cache_breakpoint"})
 DIGEST_SIZE: Final = 16
 BYTES_PER_TOKEN: Final = 4
 _MARKER_NEEDLES: Final = tuple(f'"{key}"'.encode() for key in sorted(MARKER_KEYS))

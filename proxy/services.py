@@ -10,6 +10,7 @@ from proxy.pricing import PricingTable, default_pricing
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
+    from proxy.admission import BodyGate
     from proxy.affinity import Affinity
     from proxy.debug import LastMeasurements
     from proxy.keepwarm import KeepWarm
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from proxy.sim.tokens import TokenCounter
     from proxy.store import RecordStore
     from proxy.teams import TeamResolver
+    from proxy.tokenizer import TokenizerLoader
     from proxy.trace_recorder import TraceRecorder
     from proxy.upstreams import ActiveUpstream
 
@@ -42,7 +44,12 @@ class Services:
     """The `RecordStore` (proxy.store) over the session backend, `None` when sessions are off."""
     tokens: TokenCounter | None = None
     """`o200k_base` counter (`proxy.sim.tokens.TokenCounter`) for predictions in real tokens,
-    loaded off the loop at start; `None` before (measurement then estimates bytes/4)."""
+    built off the loop by `tokenizer` before the first request that counts tokens; `None`
+    before (and when it cannot be built: measurement then estimates bytes/4)."""
+    gate: BodyGate | None = None
+    """Admission to the request stages by body bytes (`proxy.admission`; `proxy.app`)."""
+    tokenizer: TokenizerLoader | None = None
+    """Builds `tokens` on first need (`proxy.tokenizer`; set by `proxy.app.create_app`)."""
     teams: TeamResolver | None = None
     """`proxy.teams.TeamResolver` built from `team_header`, `teams` and `teams_file`."""
     ledger: TenantLedger | None = None

@@ -76,4 +76,6 @@ async def test_serve_sizes_its_caches_from_the_budget(make_proxy: Any, fake_upst
     assert services.store.memo_bytes == budget.records
     assert services.sessions.index.max_bytes == budget.index
     assert services.last_measurements.max_bytes == budget.history
+    assert services.tokens is None  # built on the first request that counts tokens (proxy.tokenizer)
+    await services.tokenizer.ensure(services)
     assert services.tokens is not None and services.tokens.max_counts == budget.token_counts

@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 from proxy.profiles import PathRule, Profile, Profiles
 from proxy.providers import anthropic as _anthropic
+from proxy.providers import anthropic_request, openai_request
 from proxy.providers import openai as _openai
 from proxy.providers.anthropic import MESSAGES_PATH, AnthropicMessagesAdapter
 from proxy.providers.base import ProviderAdapter
@@ -56,6 +57,10 @@ _DIRECT: Final[dict[str, tuple[dict[str, ProviderAdapter], ProviderAdapter]]] = 
     "openai": ({CHAT_PATH: OPENAI_CHAT, RESPONSES_PATH: OPENAI_RESPONSES}, OPENAI_RESPONSES),
 }
 """Family -> (API path -> adapter, pass-through adapter), on the `direct` profiles."""
+MARKER_KEYS: Final = frozenset({anthropic_request.MARKER_KEY, openai_request.MARKER_KEY})
+"""Every API's block key of a cache marker (Anthropic `cache_control`, OpenAI
+`prompt_cache_breakpoint`): what provider-independent digests leave out (`proxy.prefix`,
+session identity, replay's sidecars)."""
 
 _OPENAI_PREFIXES: Final = (
     "/v1/chat/",

@@ -246,6 +246,8 @@ class AnthropicMessagesAdapter:
     """None: every key of a message is part of it."""
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
+    counts_tokens: Final = False
+    """Reads follow the markers (`predict_read_tokens` counts nothing)."""
 
     def with_cache_diagnostics(self, body: JSONObject, previous_id: str | None) -> JSONObject | None:
         """A copy of `body` asking for cache diagnostics against response `previous_id`.

@@ -322,6 +322,12 @@ class ProviderAdapter(Protocol):
         ...
 
     @property
+    def counts_tokens(self) -> bool:
+        """Whether `predict_read_tokens` counts text with its `count` argument: before the first
+        such request the handler loads the `o200k_base` counter (`proxy.tokenizer`)."""
+        ...
+
+    @property
     def identity_optional(self) -> Mapping[str, frozenset[str]]:
         """Per message role, keys a client may drop when it re-sends a message without making
         it another message (session identity and replay ignore them; replay sends them back)."""

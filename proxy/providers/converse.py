@@ -125,6 +125,8 @@ class ConverseAdapter:
         return None
 
     diagnostic_causes: Final[Mapping[str | None, frozenset[str]]] = {}
+    counts_tokens: Final = False
+    """Reads follow the checkpoints (`predict_read_tokens` counts nothing)."""
     """Converse has no cache diagnostics."""
 
     def with_cache_diagnostics(self, body: JSONObject, previous_id: str | None) -> JSONObject | None:

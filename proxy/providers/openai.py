@@ -307,6 +307,8 @@ class OpenAIAdapter(ABC):
         return None
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
+    counts_tokens: Final = True
+    """The automatic-cache read is counted in `o200k_base` tokens (`predict_read_tokens`)."""
 
     @abstractmethod
     def _offsets(self, body: JSONObject, count: Count, n_blocks: int) -> PromptOffsets | None:

@@ -27,8 +27,10 @@
   at a time, so writes of one session never reorder) writes it, newest first when several
   turns arrive meanwhile (older pending ones are superseded, never written after a newer one).
   A `load` of a session with a pending record returns that record (read-your-writes on this
-  replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`);
-  beyond that a save is dropped and counted (`promptcache_session_store_writes_dropped_total`).
+  replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`,
+  each pending record counted as twice its encoded size: the bytes queued for the backend and
+  the decoded record kept for reads, as the memo counts them); beyond that a save is dropped and
+  counted (`promptcache_session_store_writes_dropped_total`).
   `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
 - Bounded in bytes: a record encoded larger than `max_record_bytes` (the setting
   `store_max_bytes_per_tenant`) is not written, and the session's older record is removed
@@ -102,8 +104,10 @@ decoded record; a 600 KB conversation's record is about 600 KB encoded)."""
 
 MAX_PENDING_WRITES: Final = 1024
 """Sessions whose record may wait for its background write at once."""
-MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
-"""Encoded bytes those pending records may take."""
+MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
+"""Memory those pending records may take, each counted as twice its encoded size (the bytes
+queued for the backend, SQLite's write batch included, and the decoded record): about 27
+sessions of a 600 KB conversation at once."""
 DRAIN_TIMEOUT: Final = 2 * PUT_TIMEOUT
 """Seconds `close()` waits for pending writes (a session's write and one superseding it)."""
 
@@ -216,6 +220,7 @@ class RecordStore:
         is_sole_writer: bool = False,
         clock: Callable[[], float] = time.time,
         memo_bytes: int | None = None,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
     ) -> None:
         """`max_record_bytes`: a record encoded larger than this is not stored (counted in
         `promptcache_session_store_records_skipped_total`; `None`: no limit).
@@ -223,7 +228,10 @@ class RecordStore:
         of a single-process `serve`), so a record this process wrote is the newest and a load
         returns it from memory (module docstring). `clock`: epoch seconds, the backend's
         expiry clock. `memo_bytes`: bytes the decoded records may take (`MEMO_BYTES` when
-        `None`; `store_ctx` passes the memory budget's share, `proxy.memory_budget`)."""
+        `None`; `store_ctx` passes the memory budget's share, `proxy.memory_budget`).
+        `max_pending_bytes`: memory the records waiting for their write may take (counted as
+        twice their encoded size, `MAX_PENDING_BYTES`)."""
+        self.max_pending_bytes = max_pending_bytes
         self.backend = backend
         self.max_record_bytes = max_record_bytes
         self.get_timeout = get_timeout
@@ -498,13 +506,13 @@ class RecordStore:
             self._skipped.inc()
             stored, data, ttl = None, b"", 0.0
         old = self._pending.get(key)
-        held = self._pending_bytes - (len(old[1]) if old is not None else 0)
-        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + len(data) > MAX_PENDING_BYTES:
+        held = self._pending_bytes - (2 * len(old[1]) if old is not None else 0)
+        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + 2 * len(data) > self.max_pending_bytes:
             self._dropped.inc()
             _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
             return False
         self._pending[key] = (stored, data, ttl)
-        self._pending_bytes = held + len(data)
+        self._pending_bytes = held + 2 * len(data)
         self._pending_gauge.set(len(self._pending))
         if old is None:
             self._writers.spawn(self._write_pending(key), name="promptcache-store-save")
@@ -520,7 +528,7 @@ class RecordStore:
         finally:
             done = self._pending.pop(key, None)
             if done is not None:
-                self._pending_bytes -= len(done[1])
+                self._pending_bytes -= 2 * len(done[1])
             self._pending_gauge.set(len(self._pending))
 
     async def flush(self) -> None:
@@ -531,6 +539,11 @@ class RecordStore:
     def pending_writes(self) -> int:
         """Sessions whose record waits for its background write."""
         return len(self._pending)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Memory the records waiting for their write take (twice their encoded size)."""
+        return self._pending_bytes
 
     def _remember(self, key: tuple[str, str], data: bytes, record: SessionRecord, expires: float) -> None:
         """Keep `data` and its decoded `record` for `key` (bounded LRU; see the module docstring);

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
 from proxy.store import RecordStore, open_store
-from proxy.store.codec import SessionRecord, Sidecar
+from proxy.store.codec import SessionRecord, Sidecar, encode_record
+from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
 
@@ -223,3 +224,38 @@ def test_the_key_filter_holds_what_was_added() -> None:
     assert all(keys.may_hold(t, k) for t, k in added)
     assert sum(keys.may_hold("t", f"other{i}") for i in range(10_000)) < 100  # ~0.01% expected
     assert not keys.may_hold("u", "s1")  # another tenant's key
+
+
+class HeldWrites(MemoryStore):
+    """A memory backend whose writes wait until `release` is set (a writer that is busy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
+        await self.release.wait()
+        await super().put(tenant, session, value, ttl)
+
+
+async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics: Metrics) -> None:
+    """Records waiting for a busy writer hold their encoding and the decoded record: the bound
+    counts twice the encoded size, and the saves beyond it are dropped and counted."""
+    backend = HeldWrites()
+    big = SessionRecord(
+        chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
+        sidecars=(Sidecar(0, b"\x02" * 16, b'"' + b"x" * 100_000 + b'"'),),
+    )
+    size = len(encode_record(big))
+    store = RecordStore(backend, metrics, max_pending_bytes=5 * 2 * size)
+    accepted = [store.save_soon("t", f"s{i}", big) for i in range(8)]
+    assert accepted == [True] * 5 + [False] * 3
+    dropped = metrics.registry.get_sample_value("promptcache_session_store_writes_dropped_total", {"backend": "memory"})
+    assert dropped == 3
+    assert (store.pending_writes, store.pending_bytes) == (5, 10 * size)
+    assert store.save_soon("t", "s0", big)  # a newer record of a pending session replaces it
+    assert (store.pending_writes, store.pending_bytes) == (5, 10 * size)
+    backend.release.set()
+    await store.flush()
+    assert (store.pending_writes, store.pending_bytes) == (0, 0)
+    assert [await backend.get("t", f"s{i}") is not None for i in range(8)] == [True] * 5 + [False] * 3

@@ -1,0 +1,206 @@
+"""Where `promptcache serve`'s resident memory goes under the gateway bench's 600 KB load.
+
+Runs the proxy in this process (uvloop, default SQLite store in a temp dir) in front of
+`bench/fake_upstream.py`, drives it with `wrk` and `bench/gateway.lua` exactly as
+`bench/gateway_bench.py` does (the 600 KB first request at 1 connection, growing 600 KB sessions
+at 32 and 64 connections), and prints the process's RSS after start and after each phase, with
+its peak (VmHWM). With `--trace N` it runs `tracemalloc` (N frames) and, at the highest traced
+memory seen (sampled every 50 ms), prints the top allocation sites: what the Python heap holds at
+peak, per cause. Tracing slows the proxy (fewer requests in flight), so its peak is lower than
+an untraced run's; read the sites, not the total. Not a test.
+
+    .venv/bin/python bench/memory_bench.py [--seconds 5] [--mode optimise] [--trace 6] [--top 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_bench import LUA, TURNS, write_workloads  # noqa: E402
+from proxy_bench import free_port, wait_ready  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PHASES = (
+    # name, workload, wrk mode, connections
+    ("first1", "agent", "first", 1),
+    ("grow32", "agent", "grow", 32),
+    ("grow64", "agent", "grow", 64),
+)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
+    )]
+
+
+def malloc_mb() -> str:
+    """glibc's heap: bytes in use, free inside the heap (held, not returned), mmapped chunks."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return "malloc stats unavailable"
+    return (
+        f"malloc in use {info.uordblks / 1e6:.0f} MB, free in heap {info.fordblks / 1e6:.0f} MB, "
+        f"mmapped {info.hblkhd / 1e6:.0f} MB"
+    )
+
+
+def pymalloc_mb() -> str:
+    """CPython's small-object allocator: arenas held (1 MiB each) and the bytes of live objects
+    in them (`sys._debugmallocstats`, read through a temporary file on fd 2)."""
+    import re
+
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    arenas = re.search(r"# arenas allocated current\s*=\s*([\d,]+)", text)
+    live = re.search(r"# bytes in allocated blocks\s*=\s*([\d,]+)", text)
+    if arenas is None or live is None:
+        return "pymalloc stats unavailable"
+    n = int(arenas.group(1).replace(",", ""))
+    return f"pymalloc {n} MiB of arenas, {int(live.group(1).replace(',', '')) / 1e6:.0f} MB live"
+
+
+def status_mb(key: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def run_wrk(url: str, workload: Path, mode: str, conns: int, seconds: float, salt: str) -> str:
+    turns = TURNS if workload.name == "agent" else 0
+    cmd = ["wrk", "-t", "1" if conns == 1 else "2", "-c", str(conns), "-d", f"{max(1, round(seconds))}s"]
+    cmd += ["--timeout", "30s", "-s", str(LUA), url, "--", str(workload), mode, str(conns), str(turns), salt]
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    out, _ = await proc.communicate()
+    line = next((x for x in out.decode().splitlines() if x.startswith("WRKJSON ")), "WRKJSON {}")
+    return line.split(" ", 1)[1]
+
+
+class Peak:
+    """The snapshot at the highest traced memory seen (sampled)."""
+
+    def __init__(self, frames: int) -> None:
+        self.frames = frames
+        self.best = 0
+        self.snapshot: tracemalloc.Snapshot | None = None
+        self.rss_at_best = 0.0
+        self.where = ""
+
+    async def watch(self, phase: list[str]) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            if not self.frames:
+                continue
+            current, _ = tracemalloc.get_traced_memory()
+            if current > self.best * 1.05 + 2_000_000:
+                self.best = current
+                self.rss_at_best = status_mb("VmRSS")
+                self.where = phase[0]
+                self.snapshot = tracemalloc.take_snapshot()
+
+
+def print_sites(snapshot: tracemalloc.Snapshot, top: int) -> None:
+    stats = snapshot.statistics("traceback")
+    total = sum(s.size for s in stats)
+    print(f"traced at peak: {total / 1e6:.1f} MB in {sum(s.count for s in stats)} blocks; top sites:")
+    for stat in stats[:top]:
+        frames = [f for f in stat.traceback if "/proxy/" in f.filename or "/bench/" in f.filename]
+        shown = frames[-3:] if frames else list(stat.traceback)[-2:]
+        where = " <- ".join(f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno}" for f in reversed(shown))
+        print(f"  {stat.size / 1e6:7.2f} MB {stat.count:7d}  {where}")
+    by_file: dict[str, int] = {}
+    for stat in snapshot.statistics("filename"):
+        name = stat.traceback[0].filename
+        key = name.split("/proxy/", 1)[1] if "/proxy/" in name else name.rsplit("/", 1)[-1]
+        by_file[key] = by_file.get(key, 0) + stat.size
+    print("by file of the innermost frame:")
+    for key, size in sorted(by_file.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {size / 1e6:7.2f} MB  {key}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--mode", default="optimise")
+    parser.add_argument("--trace", type=int, default=0, help="tracemalloc frames (0: off)")
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--phases", default=",".join(p[0] for p in PHASES))
+    args = parser.parse_args()
+    print(f"load average before: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    print(f"interpreter + bench imports: RSS {status_mb('VmRSS'):.0f} MB")
+    if args.trace:
+        tracemalloc.start(args.trace)
+    from proxy.app import start_proxy
+    from proxy.settings import load_settings
+
+    tmp = Path(tempfile.mkdtemp(prefix="pc-mem-"))
+    workloads = write_workloads(tmp)
+    up_port = free_port()
+    upstream = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(up_port)])
+    up = f"http://127.0.0.1:{up_port}"
+    await wait_ready(up + "/ready")
+    os.environ["PROMPTCACHE_STATE_DIR"] = str(tmp)
+    settings = load_settings(
+        overrides={"port": 0, "upstream": up, "mode": args.mode, "store": f"sqlite://{tmp}/sessions.db"}
+    )
+    runner, url = await start_proxy(settings)
+    print(f"started: RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}")
+    phase = ["start"]
+    peak = Peak(args.trace)
+    watcher = asyncio.ensure_future(peak.watch(phase))
+    try:
+        for name, workload, mode, conns in PHASES:
+            if name not in args.phases.split(","):
+                continue
+            phase[0] = name
+            started = time.perf_counter()
+            result = await run_wrk(url, workloads[workload], mode, conns, args.seconds, f"mem{name}")
+            print(
+                f"after {name} ({time.perf_counter() - started:.1f} s): RSS {status_mb('VmRSS'):.0f} MB, "
+                f"peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; wrk {result}"
+            )
+        if args.trace:
+            import gc
+
+            gc.collect()
+            print("held after the phases (caches, before shutdown):")
+            print_sites(tracemalloc.take_snapshot(), args.top)
+    finally:
+        watcher.cancel()
+        await runner.cleanup()
+        upstream.terminate()
+        upstream.wait(timeout=10)
+    print(f"after cleanup: RSS {status_mb('VmRSS'):.0f} MB, peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}")
+    print(f"load average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    if peak.snapshot is not None:
+        print(f"tracemalloc peak in phase {peak.where}, RSS then {peak.rss_at_best:.0f} MB")
+        print_sites(peak.snapshot, args.top)
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(main())
