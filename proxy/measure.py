@@ -42,7 +42,7 @@ from proxy.divergence import (
 from proxy.exchange import Exchange
 from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
-from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, Reuse, scan_prompt
+from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, Reuse, resumes, scan_prompt
 from proxy.providers.base import Block, JSONObject, Usage
 from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, volatile_patterns
 from proxy.services import Services
@@ -186,7 +186,10 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
         runs.extend(redone[0] if redone is not None else adapter.layout({key: value}))
     match = exchange.raw_match
     kept = match.kept if match is not None else None
-    prompt = scan_prompt(runs, reuse_for(exchange, body), kept.scan if kept is not None else None)
+    earlier = kept.scan if kept is not None else None
+    # a scan resumed from the recent body's copies its runs: the record's sidecars are not needed
+    reuse = reuse_for(exchange, body) if earlier is None or not resumes(earlier, runs) else None
+    prompt = scan_prompt(runs, reuse, earlier)
     exchange.sent_prompt = (body, prompt)
     if match is not None and match.fresh is not None:
         match.fresh.scan = prompt  # the next request copies what its runs share with these

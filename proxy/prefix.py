@@ -272,6 +272,12 @@ def _resume(earlier: PromptScan, runs: Sequence[Run]) -> int:
     return next(compress(count(), map(is_not, old, runs)), min(len(old), len(runs)))
 
 
+def resumes(earlier: PromptScan, runs: Sequence[Run]) -> bool:
+    """Whether `scan_prompt(runs, reuse, earlier)` copies runs from `earlier` (and so ignores
+    `reuse`)."""
+    return bool(runs) and bool(earlier.blocks.runs) and earlier.blocks.runs[0] is runs[0]
+
+
 def scan_prompt(runs: Sequence[Run], reuse: Reuse | None = None, earlier: PromptScan | None = None) -> PromptScan:
     """Digest the blocks of `runs` (an adapter's `layout`) in one pass (see module docstring);
     with `reuse`, the blocks it vouches for are copied from the earlier chain (`Reuse`); with
