@@ -15,7 +15,11 @@ Contract:
   from its first run that differs from the previous scan's (`scan(..., previous)`): the
   results for the shared leading runs are copied, so the edit costs about one message, not a
   second pass over the body. A test holds both equal to a fresh layout and scan.
-- Nothing here outlives the request (no identity is kept across requests).
+- One thing outlives the request: the scans of the client's body as the session stage made
+  them (`snapshot`), kept with the tenant's newest bodies (`proxy.pipeline.rawprefix.Kept`)
+  and `seed`ed into the next request's cache when it continues that body byte for byte (its
+  earlier messages are then the same objects: `rawprefix.parse_tail`), so an appended turn is
+  laid out and scanned from its first new run. Runs and scans are never edited once made.
 - Why one pass: on ~500 blocks a Python pass costs about as much as orjson parsing them
   (bench/pipeline_bench.py), and the whole pipeline has a budget of 2x (loads + dumps).
 """
@@ -287,6 +291,22 @@ class LayoutCache:
                 hit = self._scans[key] = (value, _scan(runs, policy.key, self._actions, previous, known))
             out.append((key, hit[1]))
         return out
+
+    def snapshot(self) -> tuple[tuple[MarkerPolicy, frozenset[str]], dict[str, tuple[Any, Scan]]] | None:
+        """The policy and the scans per key made so far (a copy of the mapping), `None` before any."""
+        if self._policy is None:
+            return None
+        return self._policy, dict(self._scans)
+
+    def seed(self, snapshot: tuple[tuple[MarkerPolicy, frozenset[str]], dict[str, tuple[Any, Scan]]]) -> None:
+        """Start from another request's `snapshot` (before any scan of this request): a key whose
+        value is the same object reuses its scan, a changed one is laid out and scanned from its
+        first changed run (`relayout`, `scan(..., previous)`)."""
+        if self._policy is not None:
+            return
+        self._policy = snapshot[0]
+        self._actions = _actions(*snapshot[0])
+        self._scans = dict(snapshot[1])
 
     def runs_of(self, key: str, value: Any) -> list[Run] | None:
         """The runs of the latest scan of `key` when it was of this very `value` object, else

@@ -257,6 +257,8 @@ class RawMatch:
     """`parse_head` of this body when the parse reused it (`parse_tail`)."""
     fresh: Kept | None = None
     """What this body leaves for the next request (the message view made it)."""
+    scans: Any = None
+    """This body's `LayoutCache.snapshot` as the session stage made it (optimise mode)."""
 
 
 def match_raw(index: RawPrefixIndex, scope: str, raw: bytes) -> RawMatch | None:
@@ -339,7 +341,9 @@ class Kept:
     runs: dict[str, tuple[Any, list[Any]]] | None = None
     """The client's layout runs by prefix key, `(value, runs)` (`Exchange.client_runs`)."""
     scan: Any = None
-    """The prompt scan of the body when it went upstream unchanged (`proxy.measure.sent_prompt`)."""
+    """The prompt scan of the body as sent (`proxy.measure.sent_prompt`)."""
+    scans: Any = None
+    """The rewriting stages' layout scans of the client's body (`LayoutCache.snapshot`)."""
 
 
 class RawPrefixIndex:

@@ -150,6 +150,7 @@ class SessionStage:
         fresh = raw.match.fresh if raw is not None and raw.match is not None else None
         if fresh is not None:  # the next request of the tenant lays out only its new messages
             fresh.runs = exchange.client_runs
+            fresh.scans = raw.match.scans if raw is not None and raw.match is not None else None
         exchange.message_view = view
         exchange.session_inference = inference
         if inference.session_id is None:
@@ -264,9 +265,15 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
     else:
         policy = adapter.marker_policy(body)
         call_kinds = adapter.tool_shape.call_kinds
-        for key, scan in layout_cache(exchange).scans(adapter, body, policy, call_kinds):
+        cache = layout_cache(exchange)
+        match = exchange.raw_match
+        if match is not None and match.kept is not None and match.kept.scans is not None:
+            cache.seed(match.kept.scans)  # the recent body's scans: its messages are these objects
+        for key, scan in cache.scans(adapter, body, policy, call_kinds):
             by_key[key] = (body[key], scan.runs)
             runs.extend(scan.runs)
+        if match is not None:
+            match.scans = cache.snapshot()
     exchange.client_runs = by_key
     return runs
 

@@ -228,7 +228,7 @@ async def _send_raw(services: Services, raw: bytes) -> Exchange:
 
 async def test_an_appended_turn_through_the_stages_reuses_the_earlier_objects() -> None:
     """In both modes the second request's earlier messages are the first request's objects,
-    and its pipeline budget counts come from the earlier body's chunks."""
+    their layout runs too, and its pipeline budget counts come from the earlier body's chunks."""
     for mode in ("observe", "optimise"):
         services = _services(mode)
         first = orjson.dumps(_body(30))
@@ -238,6 +238,11 @@ async def test_an_appended_turn_through_the_stages_reuses_the_earlier_objects() 
         assert a.body is not None and b.body is not None and b.raw_match is not None
         assert b.raw_match.state is not None and b.raw_match.shared >= len(first) - 2
         assert (mode, b.body["messages"][0] is a.body["messages"][0]) == (mode, True)
+        # laid out from the first new message on: the earlier messages' runs are turn 1's
+        assert a.client_runs is not None and b.client_runs is not None
+        first_runs, second_runs = a.client_runs["messages"][1], b.client_runs["messages"][1]
+        shared = sum(1 for x, y in zip(first_runs, second_runs, strict=False) if x is y)
+        assert (mode, shared) == (mode, len(first_runs))
         if mode == "observe":  # optimise rewrites it (copy-on-write)
             assert b.body == orjson.loads(second)
 
