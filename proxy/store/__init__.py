@@ -102,6 +102,13 @@ MEMO_BYTES: Final = 16 * 1024 * 1024
 budget's share, `proxy.memory_budget`), counted as twice their encoded size (the bytes and the
 decoded record; a 600 KB conversation's record is about 600 KB encoded)."""
 
+
+def _held(data: bytes) -> int:
+    """Memory a record takes in this process: twice its encoded size (the bytes, and the decoded
+    record kept beside them). The memo and the pending writes both count it so."""
+    return 2 * len(data)
+
+
 MAX_PENDING_WRITES: Final = 1024
 """Sessions whose record may wait for its background write at once."""
 MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
@@ -506,13 +513,13 @@ class RecordStore:
             self._skipped.inc()
             stored, data, ttl = None, b"", 0.0
         old = self._pending.get(key)
-        held = self._pending_bytes - (2 * len(old[1]) if old is not None else 0)
-        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + 2 * len(data) > self.max_pending_bytes:
+        held = self._pending_bytes - (_held(old[1]) if old is not None else 0)
+        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + _held(data) > self.max_pending_bytes:
             self._dropped.inc()
             _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
             return False
         self._pending[key] = (stored, data, ttl)
-        self._pending_bytes = held + 2 * len(data)
+        self._pending_bytes = held + _held(data)
         self._pending_gauge.set(len(self._pending))
         if old is None:
             self._writers.spawn(self._write_pending(key), name="promptcache-store-save")
@@ -528,7 +535,7 @@ class RecordStore:
         finally:
             done = self._pending.pop(key, None)
             if done is not None:
-                self._pending_bytes -= 2 * len(done[1])
+                self._pending_bytes -= _held(done[1])
             self._pending_gauge.set(len(self._pending))
 
     async def flush(self) -> None:
@@ -549,18 +556,18 @@ class RecordStore:
         """Keep `data` and its decoded `record` for `key` (bounded LRU; see the module docstring);
         `expires`: when the backend's copy expires (epoch seconds), `0.0` when unknown."""
         self._forget(key)
-        if 2 * len(data) > self.memo_bytes:
+        if _held(data) > self.memo_bytes:
             return
         self._memo[key] = (data, record, expires)
-        self._memo_bytes += 2 * len(data)
+        self._memo_bytes += _held(data)
         while self._memo_bytes > self.memo_bytes:
             _, (dropped, _, _) = self._memo.popitem(last=False)
-            self._memo_bytes -= 2 * len(dropped)
+            self._memo_bytes -= _held(dropped)
 
     def _forget(self, key: tuple[str, str]) -> None:
         old = self._memo.pop(key, None)
         if old is not None:
-            self._memo_bytes -= 2 * len(old[0])
+            self._memo_bytes -= _held(old[0])
 
     async def close(self) -> None:
         """Drain the pending writes (at most `DRAIN_TIMEOUT` seconds), then close the backend."""
