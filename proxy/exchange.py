@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from proxy.pipeline.breakpoints import Plan, PlanContext
     from proxy.pipeline.layout import LayoutCache
     from proxy.pipeline.rawprefix import RawMatch
-    from proxy.pipeline.replay import MessageView
+    from proxy.pipeline.replay import MessageView, StoredColumns
     from proxy.prefix import PrefixChain, PromptScan
     from proxy.providers.base import Run
     from proxy.session_identity import Inference
@@ -112,6 +112,9 @@ class Exchange:
     """A keep-warm window of this session was open when this request arrived (`proxy.keepwarm`)."""
     arrivals: tuple[float, ...] = ()
     """Epoch seconds of the session's recent requests, this one included."""
+    stored_columns: StoredColumns | None = None
+    """`previous`'s sidecars as columns (`proxy.pipeline.replay.stored_columns`), made once for
+    the session stage, replay and measurement."""
     history_rewritten: int | None = None
     """Index of the first earlier message whose real content changed; `None` when none did."""
     tail_misses: int = 0

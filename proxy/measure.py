@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import is_
 from typing import Any, Final
 
 import orjson
@@ -215,7 +216,13 @@ def reuse_for(exchange: Exchange, body: JSONObject) -> Reuse | None:
     same = 0
     seen, keys = view.items, view.keys  # `view.key_of`, inlined: one pass over long histories
     known = min(len(seen), len(keys))
-    for i, (item, sidecar) in enumerate(zip(items, sidecars, strict=False)):
+    columns = exchange.stored_columns
+    if columns is not None and columns.of(sidecars, frozenset()) is not None:
+        # positions 0..n-1: the leading elements that are the client's objects, sent as digested
+        stop = min(len(items), len(sidecars), known)
+        if all(map(is_, items[:stop], seen[:stop])) and keys[:stop] == columns.sent(stop):
+            same = stop
+    for i, (item, sidecar) in enumerate(zip(items[same:], sidecars[same:], strict=False), same):
         if sidecar.position != i:
             break
         if i < known and seen[i] is item:

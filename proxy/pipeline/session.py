@@ -66,6 +66,7 @@ from proxy.pipeline.replay import (
     aligned_items,
     compact,
     first_mismatch,
+    stored_columns,
     stripped_bytes,
     tail_rewritten,
     view_messages,
@@ -165,9 +166,10 @@ class SessionStage:
         shared_arrivals = state.heads.observe(tenant, view.head, now)
         tail_misses = 0
         if previous is not None:
-            rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions)
+            columns = exchange.stored_columns = stored_columns(previous.sidecars)
+            rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions, columns)
             exchange.history_rewritten = rewritten
-            if tail_rewritten(view.digests, previous.sidecars, view.system_positions) or (
+            if tail_rewritten(view.digests, previous.sidecars, view.system_positions, columns) or (
                 rewritten is not None and rewritten <= newest_position(previous)
             ):
                 tail_misses = previous.tail_misses + 1
