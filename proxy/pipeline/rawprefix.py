@@ -351,6 +351,10 @@ class Kept:
     counts: array[int] | None = None
     """`budget.block_counts` of `elements` (the next request's budget check counts only its
     new elements)."""
+    boundaries: tuple[bytes, tuple[bytes, ...]] | None = None
+    """`(head digest, MessageView.boundaries of elements)` when the body had no system-section
+    elements: the next request's view chains only its new elements onto them when its head
+    digest is the same (`proxy.pipeline.replay.view_messages`)."""
 
 
 class RawPrefixIndex:

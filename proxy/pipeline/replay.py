@@ -510,8 +510,9 @@ def _view_messages(
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
     optional = adapter.identity_optional
     stripped: list[bytes] = []
+    reused, match = 0, None
     if raw is not None and is_list and array_key is not None and elements and len(raw.data) >= rawprefix.MIN_BYTES:
-        exact, digests, keys = _examine_known(masker, raw, array_key, elements, optional, stripped)
+        exact, digests, keys, reused, match = _examine_known(masker, raw, array_key, elements, optional, stripped)
     else:
         exact, digests, keys = masker.examine_all(elements, optional, stripped_out=stripped)
     if system_positions and masker.system_text is not None:
@@ -524,11 +525,19 @@ def _view_messages(
     for digest in sorted(tools):  # the tool set, not its order: a client that shuffles its tools
         head.update(b"tools\x00" + digest)
     head_digest = head.digest()
-    boundaries = []
+    boundaries: list[bytes] = []
     previous = head_digest
-    for digest in digests:
+    kept = match.kept if match is not None and not system_positions else None
+    if reused and kept is not None and kept.boundaries is not None and kept.boundaries[0] == head_digest:
+        # the chain over the same head and the same leading digests (`rawprefix`): the recent body's
+        boundaries = list(kept.boundaries[1][:reused])
+        previous = boundaries[-1] if boundaries else head_digest
+    for digest in digests[len(boundaries) :] if boundaries else digests:
         previous = xxhash.xxh3_128_digest(previous + digest)
         boundaries.append(previous)
+    fresh = match.fresh if match is not None and not system_positions else None
+    if fresh is not None:
+        fresh.boundaries = (head_digest, tuple(boundaries[: len(fresh.elements)]))
     return MessageView(
         array_key,
         head_digest,
@@ -563,17 +572,17 @@ def _examine_known(
     elements: list[Any],
     optional: Mapping[str, frozenset[str]] | None,
     stripped: list[bytes],
-) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
+) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...], int, rawprefix.RawMatch | None]:
     """`masker.examine_all(elements, optional, stripped_out=stripped)`, reusing the results of the leading elements a
     recent body of the scope held byte for byte (`rawprefix`), and leaving this body's state
-    for the next request."""
+    for the next request; also how many leading elements were reused and the match used."""
     data = raw.data
     index = masker.raw_index
     match = raw.match
     if match is None or match.index is not index or match.scope != raw.scope:
         match = rawprefix.match_raw(index, raw.scope, data)
         if match is None:
-            return masker.examine_all(elements, optional, stripped_out=stripped)
+            return (*masker.examine_all(elements, optional, stripped_out=stripped), 0, None)
     chunks, state, shared = match.digests, match.state, match.shared
     # the parse found its sentinel in the body's array (`rawprefix.parse_tail`): no escaped duplicate
     proven = match.head is not None
@@ -585,7 +594,7 @@ def _examine_known(
     dumped: list[bytes] = []
     exact, digests, keys = masker.examine_all(elements, optional, known, dumped, stripped)
     if masker.budget is not None and masker.budget.is_spent:
-        return exact, digests, keys  # partly masked digests are never remembered
+        return exact, digests, keys, len(known[0]) if known else 0, match  # partly masked: never remembered
     start: int | None
     if state is not None and k:
         start = state.start
@@ -613,7 +622,7 @@ def _examine_known(
         counted = match.counts  # the budget check's, of this very array
         if match.fresh is not None and counted is not None and counted[0] is elements and len(counted[1]) >= m:
             match.fresh.counts = counted[1][:m]
-    return exact, digests, keys
+    return exact, digests, keys, len(known[0]) if known else 0, match
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,3 +198,28 @@ def test_every_edited_position_is_walked_again() -> None:
         expected = view_messages(ANTHROPIC, orjson.loads(edited), plain)
         got = view_messages(ANTHROPIC, orjson.loads(edited), reusing, raw=RawBody(edited, "t"))
         assert _view_fields(got) == _view_fields(expected)
+
+
+def test_an_appended_turn_chains_its_boundaries_onto_the_earlier_ones() -> None:
+    """The identity boundaries of the reused elements are the recent body's own (not chained
+    again) when the head is the same; a tool set sent after the array and changed (the same
+    message bytes, another head) chains everything again. Both equal a view without reuse."""
+    plain, reusing = _masker(), _masker()
+    body = _body(30)
+    first = orjson.dumps(body)
+    a = view_messages(ANTHROPIC, orjson.loads(first), reusing, raw=RawBody(first, "t"))
+    second = orjson.dumps({**body, "messages": [*body["messages"], *_turn(30)]})
+    b = view_messages(ANTHROPIC, orjson.loads(second), reusing, raw=RawBody(second, "t"))
+    assert _view_fields(b) == _view_fields(view_messages(ANTHROPIC, orjson.loads(second), plain))
+    n = len(body["messages"])
+    assert len(b.boundaries) == n + 2 and all(x is y for x, y in zip(a.boundaries, b.boundaries[:n], strict=True))
+    # tools after the array: the messages' bytes are unchanged, the head is not
+    tail_tools = {k: v for k, v in body.items() if k != "tools"}
+    tools_last = orjson.dumps({**tail_tools, "tools": body["tools"]})
+    c = view_messages(ANTHROPIC, orjson.loads(tools_last), reusing, raw=RawBody(tools_last, "u"))
+    other_tools = [{**body["tools"][0], "description": "Read a file, then another."}]
+    changed = orjson.dumps({**tail_tools, "messages": [*body["messages"], *_turn(30)], "tools": other_tools})
+    d = view_messages(ANTHROPIC, orjson.loads(changed), reusing, raw=RawBody(changed, "u"))
+    expected = view_messages(ANTHROPIC, orjson.loads(changed), plain)
+    assert _view_fields(d) == _view_fields(expected)
+    assert d.head != c.head and d.digests[:n] == c.digests[:n] and d.boundaries[0] != c.boundaries[0]
