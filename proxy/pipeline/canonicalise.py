@@ -27,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -304,7 +305,11 @@ def _pin_inputs(
     cleaned = set(part.nulls)
     name_key, input_key = shape.call_name_key, shape.call_input_key
     pinned_keys: dict[Any, list[Any] | None] = {}
-    for r, pos in zip(part.calls, part.call_positions, strict=True):
+    calls, positions = part.calls, part.call_positions
+    start, redo, checked_against = _pinned_prefix(part, inputs)
+    acted: list[int] = []  # the calls pinned or counted as malformed (done again next time)
+    for j in [*redo, *range(start, len(calls))] if redo else range(start, len(calls)):
+        r, pos = calls[j], positions[j]
         if r in cleaned:
             continue
         value = runs[r].value[pos]
@@ -313,7 +318,9 @@ def _pin_inputs(
         if type(name) is not str:  # malformed call name: no pinned input (proxy.malformed)
             if name is not None:
                 skipped("call_name")
+                acted.append(j)
             continue
+        checked_against[name] = inputs.get(name, _UNSET)
         if name not in inputs or not isinstance(call_input, dict):
             continue
         keys = pinned_keys.get(name, _UNSET)
@@ -330,6 +337,30 @@ def _pin_inputs(
         if ordered is not call_input:
             report.keys_pinned += 1
             editor.set(runs[r].key + (pos,), {**value, input_key: ordered})
+            acted.append(j)
+    part.pin_memo = (len(calls), tuple(sorted(acted)), checked_against)
+
+
+def _pinned_prefix(part: Scan, inputs: Mapping[str, Any]) -> tuple[int, list[int], dict[str, Any]]:
+    """`(start, redo, names)`: the calls of `part` before `start` need nothing but those in
+    `redo` (pinned or malformed: done again), known from the memo of this scan or of the scan
+    it was built on (`Scan.pin_memo`, `Scan._base`: the calls of their shared runs are the same
+    objects), and the pinned input each of their names was checked against; `(0, [], {})`
+    unless every such name still has that very pinned input (pins are never edited: the same
+    object is the same input; a name that was not pinned must still not be)."""
+    memo, limit = part.pin_memo, len(part.calls)
+    base = part._base
+    if memo is None and base is not None:
+        memo = base[0].pin_memo
+        limit = bisect_left(part.calls, base[1])  # the calls in the runs shared with it
+    if memo is None:
+        return 0, [], {}
+    count, acted, checked_against = memo
+    for name, pinned in checked_against.items():
+        if inputs.get(name, _UNSET) is not pinned:
+            return 0, [], {}
+    start = min(count, limit)
+    return start, [j for j in acted if j < start], dict(checked_against)
 
 
 def _rehome(

@@ -61,6 +61,7 @@ class Scan:
         "groups",
         "hidden",
         "hidden_calls",
+        "pin_memo",
         "_messages",
         "_base",
     )
@@ -91,6 +92,10 @@ class Scan:
         section's list runs, in block order: what `Legality` would find walking every block."""
         self.hidden_calls: HiddenCalls | None = None
         """The policy's `hidden_calls` the scan looked for (`hidden` is empty without one)."""
+        self.pin_memo: tuple[int, tuple[int, ...], dict[str, Any]] | None = None
+        """Not a scan result: `proxy.pipeline.canonicalise`'s memo of its input pinning over
+        these runs (`(calls walked, those it pinned or found malformed, the pinned input each
+        name was checked against)`), which a later scan built on this one starts from."""
         self._messages: set[Any] | None = None
         self._base: tuple[Scan, int] | None = None
         """`(previous scan, leading runs shared with it)` when built from a previous scan."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.canonicalise import SessionPins, canonicalise_body, order_like
+from proxy.pipeline.canonicalise import SessionPins, _pinned_prefix, canonicalise_body, order_like
 from proxy.providers import ANTHROPIC
 from tests.pipeline.strategies import anthropic_bodies
 
@@ -132,3 +133,92 @@ def test_pinned_inputs_are_ordered_like_the_walk(data: st.DataObject, body: dict
         else:
             assert new == old
     assert report.keys_pinned == pinned_count
+
+
+def _call_turn(k: int, name: str, call_input: dict[str, Any]) -> list[dict[str, Any]]:
+    call = {"type": "tool_use", "id": f"toolu_{k}", "name": name, "input": call_input}
+    return [
+        {"role": "assistant", "content": [{"type": "text", "text": f"step {k}"}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": "ok"}]},
+    ]
+
+
+def _turns_with_seeded_cache(
+    bodies: list[dict[str, Any]], pins: list[SessionPins | None]
+) -> list[tuple[bytes, Any, Any]]:
+    """Each body canonicalised as the stages do on an appended turn (the layout cache seeded
+    with the previous body's scans, `LayoutCache.seed`), beside a fresh cache's result."""
+    from proxy.pipeline.layout import LayoutCache
+
+    policy = ANTHROPIC.marker_policy(bodies[0])
+    kinds = ANTHROPIC.tool_shape.call_kinds
+    snapshot = None
+    out = []
+    for body, pinned in zip(bodies, pins, strict=True):
+        cache = LayoutCache()
+        if snapshot is not None:
+            cache.seed(snapshot)
+        part = cache.scans(ANTHROPIC, body, policy, kinds)[-1][1]  # the session stage's scan
+        snapshot = cache.snapshot()
+        reused = _pinned_prefix(part, pinned.pinned_inputs)[:2] if pinned is not None else None
+        got, report = canonicalise_body(ANTHROPIC, body, pinned, cache=cache)
+        fresh, fresh_report = canonicalise_body(ANTHROPIC, body, pinned)
+        assert orjson.dumps(got) == orjson.dumps(fresh) and report == fresh_report
+        assert list(_keys(got)) == list(_keys(fresh))
+        memo = cache.scans(ANTHROPIC, body, policy, kinds)[-1][1].pin_memo
+        out.append((orjson.dumps(got), report.keys_pinned, memo[:2] if memo is not None else None, reused))
+    return out
+
+
+CALL_INPUTS = st.dictionaries(keys, json_values, min_size=1, max_size=3)
+
+
+@FAST
+@given(st.lists(st.tuples(st.sampled_from(["read", "edit"]), CALL_INPUTS), min_size=1, max_size=6), st.data())
+def test_pinning_an_appended_turn_is_pinning_it_whole(calls: list[tuple[str, Any]], data: st.DataObject) -> None:
+    """The calls a previous turn's pinning found needing nothing are not walked again while
+    their names keep the very pinned inputs: the result is the whole walk's whatever the pins
+    do between turns (kept, a name pinned anew, the same input as another object, another
+    input for a name)."""
+    messages: list[Any] = [{"role": "user", "content": "go"}]
+    bodies, pins = [], []
+    pinned: dict[str, Any] = {}
+    for k, (name, call_input) in enumerate(calls):
+        messages = [*messages, *_call_turn(k, name, call_input)]
+        bodies.append({"model": "m", "max_tokens": 8, "messages": messages})
+        change = data.draw(st.sampled_from(["keep", "keep", "pin_new", "copy", "other"]))
+        if change == "pin_new" and name not in pinned:
+            pinned = {**pinned, name: _shuffled(data.draw, call_input, data.draw(st.booleans()))}
+        elif change == "copy":
+            pinned = {n: dict(v) if isinstance(v, dict) else v for n, v in pinned.items()}
+        elif change == "other" and pinned:
+            victim = data.draw(st.sampled_from(sorted(pinned)))
+            pinned = {**pinned, victim: data.draw(CALL_INPUTS)}
+        pins.append(SessionPins(pinned_inputs=pinned) if pinned else None)
+    _turns_with_seeded_cache(bodies, pins)
+
+
+def test_an_appended_turn_pins_only_its_new_calls() -> None:
+    """Four turns, `read` pinned as `{"path", "limit"}`: calls in that order need nothing (and
+    are not walked again), the call in the other order is pinned again on every turn; a new
+    pinned input object for `read` (equal to it) walks every call again, with the same result."""
+    reference = {"path": "a", "limit": 1}
+    inputs = [{"path": "x", "limit": 2}, {"limit": 3, "path": "y"}, {"path": "z", "limit": 4}, {"path": "w"}]
+    messages: list[Any] = [{"role": "user", "content": "go"}]
+    bodies = []
+    for k, call_input in enumerate(inputs):
+        messages = [*messages, *_call_turn(k, "read", call_input)]
+        bodies.append({"model": "m", "max_tokens": 8, "messages": messages})
+    same = SessionPins(pinned_inputs={"read": reference})
+    got = _turns_with_seeded_cache(bodies, [same] * 4)
+    # calls pinned; the memo (calls, those pinned); what the next turn took from it (start, redo)
+    assert [g[1:] for g in got] == [
+        (0, (1, ()), (0, [])),
+        (1, (2, (1,)), (1, [])),
+        (1, (3, (1,)), (2, [1])),
+        (1, (4, (1,)), (3, [1])),
+    ]
+    other = SessionPins(pinned_inputs={"read": dict(reference)})  # equal, another object
+    again = _turns_with_seeded_cache(bodies, [same, same, other, other])
+    assert [(g[1], g[3]) for g in again] == [(0, (0, [])), (1, (1, [])), (1, (0, [])), (1, (3, [1]))]
+    assert [g[0] for g in got] == [a[0] for a in again]
