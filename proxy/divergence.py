@@ -290,15 +290,34 @@ def is_rewrite(previous_messages: Sequence[int | None], index: int) -> bool:
     return (previous_messages[index] or 0) < last
 
 
+def lookback_distance(kinds: Sequence[str], run_kinds: frozenset[str], start: int, stop: int, limit: int) -> int:
+    """`kind_positions(kinds, run_kinds)[stop] - ...[start]` for `start <= stop`, counted only
+    up to `limit` (a larger distance is returned as `limit`): walks `kinds[start + 1 : stop + 1]`
+    and stops at `limit`, so a marker near the end of a long prompt costs the lookback, not
+    the prompt."""
+    distance = 0
+    before = kinds[start]
+    for i in range(start + 1, stop + 1):
+        kind = kinds[i]
+        if not (kind == before and kind in run_kinds):
+            distance += 1
+            if distance >= limit:
+                return limit
+        before = kind
+    return distance
+
+
 def predict_read(
     previous_breakpoints: Sequence[int],
     previous_ends: Sequence[int],
     shared: int,
     current_breakpoints: Sequence[int],
-    positions: Sequence[int],
+    positions: Sequence[int] | None,
     *,
     lookback: int | None,
     min_tokens: int = 0,
+    kinds: Sequence[str] = (),
+    run_kinds: frozenset[str] = frozenset(),
 ) -> tuple[int | None, int]:
     """`(breakpoint, tokens)`: the previous marker the current request should read by the marker
     rule, and the estimated tokens up to and including it; `(None, 0)` when none is reachable.
@@ -306,17 +325,29 @@ def predict_read(
     A previous marker `b` is readable when it lies in the shared prefix (`b < shared`), its
     prefix reaches `min_tokens`, and some current marker `p >= b` has
     `positions[p] - positions[b] < lookback` (any `p >= b` when `lookback` is `None`).
+    `positions` `None`: the current blocks' `kinds` instead, whose positions
+    (`kind_positions(kinds, run_kinds)`) are walked only between the markers compared
+    (`lookback_distance`); the same answer.
     """
     best: int | None = None
+    size = len(positions) if positions is not None else len(kinds)
     for b in previous_breakpoints:
-        if not 0 <= b < shared or b >= len(previous_ends) or b >= len(positions):
+        if not 0 <= b < shared or b >= len(previous_ends) or b >= size:
             continue
         if best is not None and b <= best:
             continue
         if estimate_tokens(previous_ends[b]) < min_tokens:
             continue
         if any(
-            b <= p < len(positions) and (lookback is None or positions[p] - positions[b] < lookback)
+            b <= p < size
+            and (
+                lookback is None
+                or (
+                    positions[p] - positions[b] < lookback
+                    if positions is not None
+                    else lookback_distance(kinds, run_kinds, b, p, lookback) < lookback
+                )
+            )
             for p in current_breakpoints
         ):
             best = b
@@ -343,9 +374,11 @@ def predict(
         previous.ends,
         shared,
         current.markers,
-        kind_positions(current.kinds, rules.run_kinds),
+        None,
         lookback=rules.lookback,
         min_tokens=rules.min_tokens,
+        kinds=current.kinds,
+        run_kinds=rules.run_kinds,
     )
 
 

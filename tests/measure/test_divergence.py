@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.divergence import (
     Divergence,
@@ -187,3 +189,38 @@ def test_lookback_window_is_twenty_positions() -> None:
 )
 def test_expired(predicted: int, usage: Usage | None, expected: bool) -> None:
     assert is_expired(predicted, usage) is expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(["text", "tool_use", "tool_result", "image"]), min_size=1, max_size=40),
+    st.lists(st.integers(0, 45), max_size=4),
+    st.lists(st.integers(0, 45), max_size=4),
+    st.integers(0, 45),
+    st.sampled_from([None, 1, 3, 20]),
+)
+def test_predict_read_from_kinds_is_from_positions(
+    kinds: list[str], previous: list[int], current: list[int], shared: int, lookback: int | None
+) -> None:
+    """The marker rule walking only between the markers (`lookback_distance`) answers as the
+    rule over every block's lookback position."""
+    from proxy.divergence import kind_positions, lookback_distance
+
+    ends = [10 * (i + 1) for i in range(len(kinds))]
+    runs = frozenset({"tool_use", "tool_result"})
+    positions = kind_positions(kinds, runs)
+    full = _predict_read(previous, ends, shared, current, positions, lookback=lookback)
+    lazy = _predict_read(previous, ends, shared, current, None, lookback=lookback, kinds=kinds, run_kinds=runs)
+    assert full == lazy
+    for b in range(len(kinds)):
+        for p in range(b, len(kinds)):
+            assert lookback_distance(kinds, runs, b, p, 5) == min(positions[p] - positions[b], 5)
+
+
+def test_lookback_distance_exact() -> None:
+    from proxy.divergence import lookback_distance
+
+    kinds = ["text", "tool_use", "tool_use", "tool_result", "text", "text"]
+    runs = frozenset({"tool_use"})
+    assert [lookback_distance(kinds, runs, 0, p, 20) for p in range(6)] == [0, 1, 1, 2, 3, 4]
+    assert lookback_distance(kinds, runs, 0, 5, 3) == 3
