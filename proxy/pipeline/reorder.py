@@ -108,6 +108,10 @@ class SystemPlan:
     """The scan budget ran out: the system prompt is as sent (`as_sent`)."""
 
 
+NO_SYSTEM: Final = SystemPlan(parts=(), tiers=(), moved=(), changed=False)
+"""The plan of a request without a system prompt (nothing to split, classify or move)."""
+
+
 def as_sent(units: Sequence[SystemUnit]) -> SystemPlan:
     """The plan that keeps every unit as sent, unclassified (stable): the scan budget ran out."""
     parts = tuple(SystemPart(i, unit.text or "", unit.marker, whole=True) for i, unit in enumerate(units))
@@ -150,6 +154,8 @@ def plan_system(
 ) -> SystemPlan:
     """Split, classify and stable-sort `units` (pure). Raises `BudgetSpent` when `budget`
     (characters of new lines to classify, `Classifier.segments`) runs out."""
+    if not units:
+        return NO_SYSTEM  # the value the loop below gives for no units, without building it
     ranked: list[tuple[int, str, SystemPart]] = []
     moved: list[str] = []
     slots: list[str] = []
