@@ -16,20 +16,21 @@ from aiohttp import web
 DROP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
-def main() -> None:
-    port, upstream = int(sys.argv[1]), sys.argv[2].rstrip("/")
+def bare_app(upstream: str) -> web.Application:
+    """The pass-through application: every request forwarded to `upstream` (no trailing `/`)."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
+    holder: dict[str, aiohttp.ClientSession] = {}
 
     async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
-        app["session"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=0))
+        holder["session"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=0))
         yield
-        await app["session"].close()
+        await holder["session"].close()
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROP}
-        async with app["session"].request(request.method, upstream + request.path_qs, headers=headers,
-                                          data=body) as up:
+        async with holder["session"].request(request.method, upstream + request.path_qs, headers=headers,
+                                             data=body) as up:
             response = web.StreamResponse(status=up.status)
             for k, v in up.headers.items():
                 if k.lower() not in DROP:
@@ -42,7 +43,13 @@ def main() -> None:
 
     app.cleanup_ctx.append(session_ctx)
     app.router.add_route("*", "/{tail:.*}", handle)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=uvloop.new_event_loop())
+    return app
+
+
+def main() -> None:
+    port, upstream = int(sys.argv[1]), sys.argv[2].rstrip("/")
+    web.run_app(bare_app(upstream), host="127.0.0.1", port=port, access_log=None, print=None,
+                loop=uvloop.new_event_loop())
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_upstream import ANSWER  # noqa: E402
+from bare_passthrough import bare_app  # noqa: E402
 from gateway_bench import MARK, small_request  # noqa: E402
+from turn_cpu import _serve, _stage_totals, _upstream  # noqa: E402
 
 import proxy.handlers  # noqa: E402
 from proxy.app import create_app  # noqa: E402
@@ -48,7 +49,6 @@ from proxy.settings import Settings  # noqa: E402
 
 HEADERS = {"x-api-key": "bench-key", "anthropic-version": "2023-06-01", "content-type": "application/json"}
 PEERS = ("bare", "observe", "optimise")
-_DROP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
 class _TimedStage:
@@ -82,58 +82,6 @@ def small_bodies(count: int, salt: str) -> list[bytes]:
     """`count` distinct 1 KB bodies, each the first request of its own conversation."""
     head_a, head_b = orjson.dumps(small_request()).split(MARK.encode())
     return [head_a + f"{salt}-{i}".encode() + head_b for i in range(count)]
-
-
-async def _upstream(request: web.Request) -> web.Response:
-    await request.read()
-    return web.Response(body=ANSWER, content_type="application/json")
-
-
-def bare_app(upstream: str) -> web.Application:
-    """A bare aiohttp pass-through (`bench/bare_passthrough.py`'s handler)."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    holder: dict[str, aiohttp.ClientSession] = {}
-
-    async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
-        holder["s"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=0))
-        yield
-        await holder["s"].close()
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
-        async with holder["s"].request(request.method, upstream + request.path_qs, headers=headers, data=body) as up:
-            response = web.StreamResponse(status=up.status)
-            for k, v in up.headers.items():
-                if k.lower() not in _DROP:
-                    response.headers.add(k, v)
-            await response.prepare(request)
-            async for chunk in up.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-
-    app.cleanup_ctx.append(session_ctx)
-    app.router.add_route("*", "/{tail:.*}", handle)
-    return app
-
-
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
-
-
-def _stage_totals(app: web.Application) -> dict[str, tuple[float, float]]:
-    """Each request stage's `(observations, seconds)` so far (its histogram's count and sum)."""
-    out = {}
-    for name, timer in app[SERVICES].metrics.stage_timers.items():
-        samples = {s.name: s.value for s in timer._samples()}
-        out[name] = (samples.get("_count", 0.0), samples.get("_sum", 0.0))
-    return out
 
 
 async def _round(
