@@ -62,11 +62,10 @@ from proxy.pipeline.layout import LayoutCache
 from proxy.pipeline.segments import TIER_RANK, BudgetSpent, Classifier, classifier_for, render, section_tiers
 from proxy.pipeline.support import (
     NO_CAPABILITY_LIMITS,
-    capabilities_for,
     count_budget_spent,
     count_markers,
     layout_cache,
-    model_for,
+    request_capabilities,
     rules_for,
     scan_budget,
 )
@@ -291,7 +290,7 @@ class ReorderStage:
         body = exchange.body
         if body is None:
             return
-        caps = capabilities_for(services, exchange.adapter, model_for(exchange))
+        caps = request_capabilities(services, exchange)
         cache = layout_cache(exchange)
         carried = delivered.texts_of(delivered.carried_notes(exchange)) if exchange.session_id else None
         budget = scan_budget(exchange, services)
