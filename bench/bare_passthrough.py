@@ -16,21 +16,21 @@ from aiohttp import web
 DROP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
-def bare_app(upstream: str) -> web.Application:
-    """The pass-through application: every request forwarded to `upstream` (no trailing `/`)."""
+def make_app(upstream: str) -> web.Application:
+    """The pass-through app forwarding to `upstream` (also run in-process by `bench/turn_cpu.py`)."""
+    upstream = upstream.rstrip("/")
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    holder: dict[str, aiohttp.ClientSession] = {}
 
     async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
-        holder["session"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=0))
+        app["session"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=0))
         yield
-        await holder["session"].close()
+        await app["session"].close()
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROP}
-        async with holder["session"].request(request.method, upstream + request.path_qs, headers=headers,
-                                             data=body) as up:
+        async with app["session"].request(request.method, upstream + request.path_qs, headers=headers,
+                                          data=body) as up:
             response = web.StreamResponse(status=up.status)
             for k, v in up.headers.items():
                 if k.lower() not in DROP:
@@ -47,10 +47,9 @@ def bare_app(upstream: str) -> web.Application:
 
 
 def main() -> None:
-    port, upstream = int(sys.argv[1]), sys.argv[2].rstrip("/")
-    web.run_app(bare_app(upstream), host="127.0.0.1", port=port, access_log=None, print=None,
+    port, upstream = int(sys.argv[1]), sys.argv[2]
+    web.run_app(make_app(upstream), host="127.0.0.1", port=port, access_log=None, print=None,
                 loop=uvloop.new_event_loop())
-
 
 if __name__ == "__main__":
     main()

@@ -37,7 +37,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bare_passthrough import bare_app  # noqa: E402
+from bare_passthrough import make_app  # noqa: E402
 from gateway_bench import MARK, small_request  # noqa: E402
 from turn_cpu import _serve, _stage_totals, _upstream  # noqa: E402
 
@@ -108,7 +108,7 @@ async def main(args: argparse.Namespace) -> None:
     response_ms: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         runners, urls, apps = [], {}, {}
-        bare = bare_app(up_url)
+        bare = make_app(up_url)
         runner, urls["bare"] = await _serve(bare)
         runners.append(runner)
         for mode in ("observe", "optimise"):
