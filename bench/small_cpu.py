@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
-import pstats
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bare_passthrough import make_app  # noqa: E402
 from gateway_bench import MARK, small_request  # noqa: E402
-from turn_cpu import _serve, _stage_totals, _upstream  # noqa: E402
+from turn_cpu import _serve, _stage_totals, _upstream, report_profile  # noqa: E402
 
 import proxy.handlers  # noqa: E402
 from proxy.app import create_app  # noqa: E402
@@ -196,11 +195,7 @@ async def main(args: argparse.Namespace) -> None:
             + ", ".join(f"{k} {1000 * statistics.median(v):.3f}" for k, v in response_ms[mode].items() if v)
         )
     if profile is not None:
-        if args.profile_dump:
-            profile.dump_stats(args.profile_dump)
-        stats = pstats.Stats(profile).strip_dirs()
-        stats.sort_stats("cumulative").print_stats(args.profile)
-        stats.sort_stats("tottime").print_stats(args.profile)
+        report_profile(profile, args.profile, args.profile_out)
 
 
 if __name__ == "__main__":
@@ -210,5 +205,5 @@ if __name__ == "__main__":
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
     parser.add_argument("--profile-mode", choices=PEERS, default="optimise")
-    parser.add_argument("--profile-dump", default="", help="also write the raw cProfile stats to this file")
+    parser.add_argument("--profile-out", default="", help="also write the raw cProfile stats to this file")
     uvloop.run(main(parser.parse_args()))

@@ -7,27 +7,16 @@ import copy
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from proxy.pipeline.blocks import Editor
-from proxy.pipeline.breakpoints import Plan, PlanContext, _finish, _plan, place_breakpoints
+from proxy.pipeline.breakpoints import Plan, _finish, _plan, place_breakpoints
 from proxy.pipeline.layout import LayoutCache
 from proxy.pipeline.planner import first_cacheable, prefix_cache_key, system_ends
 from proxy.pipeline.support import NO_CAPABILITY_LIMITS
 from proxy.providers import ANTHROPIC, route
-from tests.pipeline.strategies import anthropic_bodies, openai_bodies
+from tests.pipeline.strategies import anthropic_bodies, contexts, openai_bodies
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-contexts = st.one_of(
-    st.none(),
-    st.builds(
-        PlanContext,
-        st.lists(st.integers(0, 12), max_size=3).map(tuple),
-        st.sampled_from(["5m", "1h"]),
-        st.sampled_from(["5m", "1h"]),
-        st.integers(0, 2),
-    ),
-)
 
 
 def _planner_answer(adapter: Any, body: dict[str, Any], min_tokens: int, context: Any) -> tuple[Any, Plan]:
