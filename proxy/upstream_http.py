@@ -261,9 +261,7 @@ class UpstreamPool:
         self._idle: collections.defaultdict[_Origin, list[_Connection]] = collections.defaultdict(list)
         self._tls: ssl.SSLContext | None = None
 
-    async def request(
-        self, method: str, url: str, headers: Iterable[tuple[str, str]], body: bytes
-    ) -> UpstreamResponse:
+    async def request(self, method: str, url: str, headers: Iterable[tuple[str, str]], body: bytes) -> UpstreamResponse:
         """Send `method url` with `headers` and `body`; returns once the response head is in
         (the body is read through `content.iter_any()`). `url` is absolute, already encoded."""
         origin, target = _split_url(url)

@@ -53,7 +53,8 @@ class Upstream:
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError:
             return False
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        lines = head.split(b"\r\n")
+        length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length"))
         self.requests.append((index, head + await reader.readexactly(length)))
         return True
 
@@ -104,10 +105,16 @@ async def test_request_bytes_and_a_content_length_answer_on_one_kept_connection(
         assert seen == [(201, "Made", [("X-Twice", "a"), ("x-twice", "b"), ("Content-Length", "5")], b"hello")] * 2
         assert up.connections == 1
         assert up.requests == [
-            (0, f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nx-api-key: k\r\n"
-                f"Content-Length: 3\r\n\r\nabc".encode()),
-            (0, f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nx-api-key: k\r\n"
-                f"Content-Length: 2\r\n\r\nde".encode()),
+            (
+                0,
+                f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nx-api-key: k\r\n"
+                f"Content-Length: 3\r\n\r\nabc".encode(),
+            ),
+            (
+                0,
+                f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nx-api-key: k\r\n"
+                f"Content-Length: 2\r\n\r\nde".encode(),
+            ),
         ]
     finally:
         await up.__aexit__()
