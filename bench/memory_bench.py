@@ -6,8 +6,10 @@ Runs the proxy in this process (uvloop, default SQLite store in a temp dir) in f
 at 32 and 64 connections), and prints the process's RSS after start and after each phase, with
 its peak (VmHWM). With `--trace N` it runs `tracemalloc` (N frames) and, at the highest traced
 memory seen (sampled every 50 ms), prints the top allocation sites: what the Python heap holds at
-peak, per cause. Tracing slows the proxy (fewer requests in flight), so its peak is lower than
-an untraced run's; read the sites, not the total. Not a test.
+peak, per cause, and the exact highest traced memory of each phase. Each phase also prints
+glibc's arenas one by one (the event loop's main heap and the threads'). Tracing slows the proxy
+(fewer requests in flight), so its peak is lower than an untraced run's; read the sites, not the
+total. Not a test.
 
     .venv/bin/python bench/memory_bench.py [--seconds 5] [--mode optimise] [--trace 6] [--top 30]
 """
@@ -57,6 +59,33 @@ def malloc_mb() -> str:
         f"malloc in use {info.uordblks / 1e6:.0f} MB, free in heap {info.fordblks / 1e6:.0f} MB, "
         f"mmapped {info.hblkhd / 1e6:.0f} MB"
     )
+
+
+def arenas_mb() -> str:
+    """glibc's arenas one by one (`malloc_info`): the main arena (the `brk` heap, the event loop's
+    thread) and one per other thread that allocated (the SQLite thread, executors): bytes taken
+    from the system and free inside."""
+    import re
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.open_memstream.restype = ctypes.c_void_p
+        buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+        stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+        libc.malloc_info(0, ctypes.c_void_p(stream))
+        libc.fclose(ctypes.c_void_p(stream))
+        text = ctypes.string_at(buf, size.value).decode()
+        libc.free(buf)
+    except (OSError, AttributeError):
+        return "arenas unavailable"
+    out = []
+    for match in re.finditer(r'<heap nr="(\d+)">(.*?)</heap>', text, re.S):
+        body = match.group(2)
+        free = sum(int(x) for x in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"/>', body))
+        current = re.search(r'<system type="current" size="(\d+)"/>', body)
+        held = int(current.group(1)) if current else 0
+        out.append(f"{match.group(1)}: {held / 1e6:.0f}/{free / 1e6:.0f}")
+    return "arenas (MB taken/free) " + " ".join(out)
 
 
 def pymalloc_mb() -> str:
@@ -167,7 +196,7 @@ async def main() -> None:
         overrides={"port": 0, "upstream": up, "mode": args.mode, "store": f"sqlite://{tmp}/sessions.db"}
     )
     runner, url = await start_proxy(settings)
-    print(f"started: RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}")
+    print(f"started: RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; {arenas_mb()}")
     phase = ["start"]
     peak = Peak(args.trace)
     watcher = asyncio.ensure_future(peak.watch(phase))
@@ -176,12 +205,17 @@ async def main() -> None:
             if name not in args.phases.split(","):
                 continue
             phase[0] = name
+            if args.trace:
+                tracemalloc.reset_peak()
             started = time.perf_counter()
             result = await run_wrk(url, workloads[workload], mode, conns, args.seconds, f"mem{name}")
             print(
                 f"after {name} ({time.perf_counter() - started:.1f} s): RSS {status_mb('VmRSS'):.0f} MB, "
-                f"peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; wrk {result}"
+                f"peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; {arenas_mb()}; wrk {result}"
             )
+            if args.trace:
+                now, top = tracemalloc.get_traced_memory()
+                print(f"  traced Python memory: now {now / 1e6:.0f} MB, highest in the phase {top / 1e6:.0f} MB")
         if args.trace:
             import gc
 
