@@ -18,9 +18,9 @@ from aiohttp import web
 DROP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
-def main() -> None:
-    port, upstream = int(sys.argv[1]), sys.argv[2].rstrip("/")
-    reuse_port = "--reuse-port" in sys.argv[3:]
+def make_app(upstream: str) -> web.Application:
+    """The pass-through app forwarding to `upstream` (also run in-process by `bench/turn_cpu.py`)."""
+    upstream = upstream.rstrip("/")
     app = web.Application(client_max_size=64 * 1024 * 1024)
 
     async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
@@ -45,8 +45,14 @@ def main() -> None:
 
     app.cleanup_ctx.append(session_ctx)
     app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+def main() -> None:
+    port, upstream = int(sys.argv[1]), sys.argv[2]
+    reuse_port = "--reuse-port" in sys.argv[3:]
     web.run_app(
-        app,
+        make_app(upstream),
         host="127.0.0.1",
         port=port,
         access_log=None,
@@ -54,7 +60,6 @@ def main() -> None:
         loop=uvloop.new_event_loop(),
         reuse_port=reuse_port or None,
     )
-
 
 if __name__ == "__main__":
     main()
