@@ -12,6 +12,9 @@ glibc's arenas one by one (the event loop's main heap and the threads'). Tracing
 total. Not a test.
 
     .venv/bin/python bench/memory_bench.py [--seconds 5] [--mode optimise] [--trace 6] [--top 30]
+
+The allocator settings are `serve`'s (`malloc_*`, `proxy.allocator`), from `PROMPTCACHE_*`
+variables as `serve` reads them (e.g. `PROMPTCACHE_MALLOC_TRIM_INTERVAL=0` to compare).
 """
 
 from __future__ import annotations
@@ -195,11 +198,21 @@ async def main() -> None:
     settings = load_settings(
         overrides={"port": 0, "upstream": up, "mode": args.mode, "store": f"sqlite://{tmp}/sessions.db"}
     )
+    from proxy import allocator
+    from proxy.appkeys import SERVICES
+
+    applied = allocator.configure(settings.malloc_arena_max, settings.malloc_mmap_threshold)
     runner, url = await start_proxy(settings)
+    gate = runner.app[SERVICES].gate
+    trimmer = allocator.Trimmer(settings.malloc_trim_interval, lambda: gate.admitted if gate is not None else 0)
+    trim_every = settings.malloc_trim_interval
+    print(f"allocator (as serve sets it): {applied or 'glibc defaults'}, trim every {trim_every:g} s")
     print(f"started: RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; {arenas_mb()}")
     phase = ["start"]
     peak = Peak(args.trace)
     watcher = asyncio.ensure_future(peak.watch(phase))
+    trimming = trimmer.running()
+    await trimming.__aenter__()
     try:
         for name, workload, mode, conns in PHASES:
             if name not in args.phases.split(","):
@@ -216,6 +229,12 @@ async def main() -> None:
             if args.trace:
                 now, top = tracemalloc.get_traced_memory()
                 print(f"  traced Python memory: now {now / 1e6:.0f} MB, highest in the phase {top / 1e6:.0f} MB")
+        trimmed = time.perf_counter()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        print(
+            f"after malloc_trim(0) ({1000 * (time.perf_counter() - trimmed):.1f} ms): "
+            f"RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}"
+        )
         if args.trace:
             import gc
 
@@ -223,6 +242,8 @@ async def main() -> None:
             print("held after the phases (caches, before shutdown):")
             print_sites(tracemalloc.take_snapshot(), args.top)
     finally:
+        await trimming.__aexit__(None, None, None)
+        print(f"trims: {trimmer.trims}, {trimmer.released / 1e6:.0f} MB of RSS given back")
         watcher.cancel()
         await runner.cleanup()
         upstream.terminate()
