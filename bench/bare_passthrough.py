@@ -16,8 +16,9 @@ from aiohttp import web
 DROP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
-def main() -> None:
-    port, upstream = int(sys.argv[1]), sys.argv[2].rstrip("/")
+def make_app(upstream: str) -> web.Application:
+    """The pass-through app forwarding to `upstream` (also run in-process by `bench/turn_cpu.py`)."""
+    upstream = upstream.rstrip("/")
     app = web.Application(client_max_size=64 * 1024 * 1024)
 
     async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
@@ -42,8 +43,13 @@ def main() -> None:
 
     app.cleanup_ctx.append(session_ctx)
     app.router.add_route("*", "/{tail:.*}", handle)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=uvloop.new_event_loop())
+    return app
 
+
+def main() -> None:
+    port, upstream = int(sys.argv[1]), sys.argv[2]
+    web.run_app(make_app(upstream), host="127.0.0.1", port=port, access_log=None, print=None,
+                loop=uvloop.new_event_loop())
 
 if __name__ == "__main__":
     main()

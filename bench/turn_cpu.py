@@ -6,14 +6,21 @@ sessions (`bench/gateway_bench.py`: a ~540 KB history, then one tool round trip 
 request for 40 turns). For the appended turns (2..40) it prints the process CPU per request
 (`time.process_time`, so the client's and the upstream's share are included: compare modes and
 commits, not against the gateway bench), the p50 of each request stage's wall time and, with
-`--profile`, a cProfile of those turns (top functions by cumulative and own time). Not a test.
+`--profile`, a cProfile of those turns (top functions by cumulative and own time). `--mode bare`
+runs the bare aiohttp pass-through (`bench/bare_passthrough.py`) in the same harness: the
+baseline the issue's ratios are against. Not a test.
+
+With `--first`, every request is instead the first request of a new session (the gateway bench's
+`first1` cell): the full ~600 KB body (history plus all 40 turns), distinct bytes each time (its
+own id in the first message), `--sessions` of them after one unmeasured warm-up request.
 
 `--workload small`: the gateway bench's 1 KB workload instead (every request a new one-turn
 conversation, so every one writes a new session record), `--concurrency` requests in flight
 (the SQLite writer then batches); CPU per request over all of them. `--store memory` puts the
 records in memory instead of the default SQLite file: the difference is the store's CPU.
 
-    .venv/bin/python bench/turn_cpu.py [--mode observe|optimise] [--sessions 3] [--profile 40]
+    .venv/bin/python bench/turn_cpu.py [--mode bare|observe|optimise] [--sessions 3] [--profile 40]
+    .venv/bin/python bench/turn_cpu.py --first [--mode bare|observe|optimise] [--sessions 20] [--profile 40]
     .venv/bin/python bench/turn_cpu.py --workload small [--requests 2000] [--concurrency 8] [--store memory]
 """
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import os
 import pstats
 import statistics
 import sys
@@ -36,6 +44,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bare_passthrough import make_app as bare_app  # noqa: E402
 from fake_upstream import ANSWER  # noqa: E402
 from gateway_bench import MARK, TURNS, _split, _turn, agent_body, small_request  # noqa: E402
 
@@ -58,6 +67,13 @@ def session_bodies(session: int) -> list[bytes]:
     return out
 
 
+def first_bodies(count: int) -> list[bytes]:
+    """`count` full-length first requests of distinct sessions (as `gateway.lua` mode "first")."""
+    head_a, head_b = _split(agent_body())
+    tail = b"".join(_turn(k) for k in range(1, TURNS + 1))
+    return [head_a + f"turncpu-first-{n}".encode() + head_b + tail + b"]}" for n in range(count)]
+
+
 async def _upstream(request: web.Request) -> web.Response:
     await request.read()
     return web.Response(body=ANSWER, content_type="application/json")
@@ -75,6 +91,8 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 def _stage_totals(app: web.Application) -> dict[str, tuple[float, float]]:
     """Each request stage's `(observations, seconds)` so far (its histogram's count and sum)."""
     out = {}
+    if SERVICES not in app:  # the bare pass-through has no stages
+        return {}
     for name, timer in app[SERVICES].metrics.stage_timers.items():
         samples = {s.name: s.value for s in timer._samples()}
         out[name] = (samples.get("_count", 0.0), samples.get("_sum", 0.0))
@@ -117,13 +135,13 @@ async def main(args: argparse.Namespace) -> None:
     up_runner, up_url = await _serve(upstream_app)
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(
-            mode=args.mode,
+            mode="observe" if args.mode == "bare" else args.mode,
             upstream=up_url,
             state_dir=Path(tmp),
             store="memory://" if args.store == "memory" else f"sqlite://{tmp}/sessions.db",
             log_level="WARNING",
         )
-        app = create_app(settings, CollectorRegistry())
+        app = bare_app(up_url) if args.mode == "bare" else create_app(settings, CollectorRegistry())
         runner, url = await _serve(app)
         if args.workload == "small":
             async with aiohttp.ClientSession() as http:
@@ -131,7 +149,10 @@ async def main(args: argparse.Namespace) -> None:
             await runner.cleanup()
             await up_runner.cleanup()
             return
-        sessions = [session_bodies(s) for s in range(args.sessions)]
+        if args.first:  # one session of `sessions + 1` distinct first requests; the first is warm-up
+            sessions = [first_bodies(args.sessions + 1)]
+        else:
+            sessions = [session_bodies(s) for s in range(args.sessions)]
         cpu: list[float] = []
         stage_ms: dict[str, list[float]] = {}
         before = _stage_totals(app)
@@ -159,15 +180,19 @@ async def main(args: argparse.Namespace) -> None:
                     before = _stage_totals(app)
         await runner.cleanup()
     await up_runner.cleanup()
+    what = "first requests" if args.first else "appended turns"
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(
-        f"mode {args.mode}: {len(cpu)} appended turns, CPU per request p50 {1000 * statistics.median(cpu):.2f} ms, "
+        f"mode {args.mode}: {len(cpu)} {what}, CPU per request p50 {1000 * statistics.median(cpu):.2f} ms, "
         f"mean {1000 * statistics.fmean(cpu):.2f} ms"
     )
     print(
-        "stage wall ms per appended turn, p50: "
+        f"stage wall ms per {what[:-1]}, p50: "
         + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in stage_ms.items())
     )
     if profile is not None:
+        if args.profile_out:
+            profile.dump_stats(args.profile_out)
         stats = pstats.Stats(profile).strip_dirs()
         stats.sort_stats("cumulative").print_stats(args.profile)
         stats.sort_stats("tottime").print_stats(args.profile)
@@ -175,11 +200,13 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("observe", "optimise"), default="observe")
+    parser.add_argument("--mode", choices=("bare", "observe", "optimise"), default="observe")
     parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--first", action="store_true", help="first requests of new sessions (600 KB each)")
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
     parser.add_argument("--workload", choices=("grow", "small"), default="grow")
     parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")
     parser.add_argument("--requests", type=int, default=2000, help="1 KB requests (--workload small)")
     parser.add_argument("--concurrency", type=int, default=8, help="1 KB requests in flight")
+    parser.add_argument("--profile-out", help="also write the cProfile stats to this file (pstats)")
     uvloop.run(main(parser.parse_args()))

@@ -302,6 +302,7 @@ class Masker:
         optional: Mapping[str, frozenset[str]] | None = None,
         known: tuple[Sequence[bytes], Sequence[bytes], Sequence[bytes]] | None = None,
         dumped: list[bytes] | None = None,
+        stripped_out: list[bytes] | None = None,
     ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
         """`examine` of each of `values`, as three tuples (exact, masked, key); one loop,
         since a long conversation has hundreds of messages. `optional` (role -> keys:
@@ -309,7 +310,9 @@ class Masker:
         of its masked digest only: a message re-sent without them is "the same" message.
         `known`: the three results of the first `len(known[0])` values, computed before on
         the same bytes (`proxy.pipeline.rawprefix`); those values are not walked. `dumped`
-        gets the compact orjson bytes of each value walked, markers included."""
+        gets the compact orjson bytes of each value walked, markers included; `stripped_out`
+        gets `compact(stripped_bytes(value))` of each value walked (the bytes its key digests:
+        what its sidecar stores, so the record builder does not serialise it again)."""
         dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
         exact_memo, masked_memo, size, spans = self._exact, self._memo, self.memo_size, self.spans
         exacts: list[bytes] = []
@@ -325,6 +328,8 @@ class Masker:
             data = dumps(stripped)
             if dumped is not None:
                 dumped.append(data if stripped is value else dumps(value))
+            if stripped_out is not None:
+                stripped_out.append(bytes(memoryview(data)))  # `compact`
             key = digest(data)
             exact = exact_memo.get(key)
             if exact is None:
@@ -434,6 +439,10 @@ class MessageView:
     sent as is)."""
     is_budget_spent: bool = False
     """The rules' scan budget ran out: some text was digested unmasked (`Budget`)."""
+    stripped: tuple[bytes | None, ...] = ()
+    """`compact(stripped_bytes(element))` of each element this view serialised (`None` for the
+    leading elements it knew from a recent body's results: their sidecars are the record's),
+    so the record builder stores a sidecar without serialising its element again."""
 
     def key_of(self, position: int, value: Any) -> bytes | None:
         """The xxh3-128 of `stripped_bytes(value)` when `value` is the element digested at
@@ -499,10 +508,11 @@ def _view_messages(
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
     optional = adapter.identity_optional
+    stripped: list[bytes] = []
     if raw is not None and is_list and array_key is not None and elements and len(raw.data) >= rawprefix.MIN_BYTES:
-        exact, digests, keys = _examine_known(masker, raw, array_key, elements, optional)
+        exact, digests, keys = _examine_known(masker, raw, array_key, elements, optional, stripped)
     else:
-        exact, digests, keys = masker.examine_all(elements, optional)
+        exact, digests, keys = masker.examine_all(elements, optional, stripped_out=stripped)
     if system_positions and masker.system_text is not None:
         listed = list(digests)
         for position in system_positions:
@@ -528,6 +538,7 @@ def _view_messages(
         is_list,
         tuple(elements),
         keys,
+        stripped=(None,) * (len(elements) - len(stripped)) + tuple(stripped) if is_list else (),
     )
 
 
@@ -550,8 +561,9 @@ def _examine_known(
     array_key: str,
     elements: list[Any],
     optional: Mapping[str, frozenset[str]] | None,
+    stripped: list[bytes],
 ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
-    """`masker.examine_all(elements, optional)`, reusing the results of the leading elements a
+    """`masker.examine_all(elements, optional, stripped_out=stripped)`, reusing the results of the leading elements a
     recent body of the scope held byte for byte (`rawprefix`), and leaving this body's state
     for the next request."""
     data = raw.data
@@ -560,7 +572,7 @@ def _examine_known(
     if match is None or match.index is not index or match.scope != raw.scope:
         match = rawprefix.match_raw(index, raw.scope, data)
         if match is None:
-            return masker.examine_all(elements, optional)
+            return masker.examine_all(elements, optional, stripped_out=stripped)
     chunks, state, shared = match.digests, match.state, match.shared
     # the parse found its sentinel in the body's array (`rawprefix.parse_tail`): no escaped duplicate
     proven = match.head is not None
@@ -570,7 +582,7 @@ def _examine_known(
         exact_known, masked_known, keys_known = state.columns
         known = (exact_known[:k], masked_known[:k], keys_known[:k])
     dumped: list[bytes] = []
-    exact, digests, keys = masker.examine_all(elements, optional, known, dumped)
+    exact, digests, keys = masker.examine_all(elements, optional, known, dumped, stripped)
     if masker.budget is not None and masker.budget.is_spent:
         return exact, digests, keys  # partly masked digests are never remembered
     start: int | None

@@ -391,9 +391,10 @@ def build_sidecars(
     digests and `stripped_bytes` of what was sent.
 
     An element sent as the very object `view` digested is known by its digest
-    (`MessageView.key_of`), one sent as replayed by its bytes (`replayed`: position ->
+    (`MessageView.key_of`) and, when the view serialised it, by its bytes
+    (`MessageView.stripped`); one sent as replayed by its bytes (`replayed`: position ->
     `(value sent, its stripped bytes)`); a sidecar equal to the previous record's at the same
-    position is that object, so only new or changed elements are dumped.
+    position is that object, so only elements the view did not see are dumped here.
     """
     before = {s.position: s for s in previous}
     out = []
@@ -401,12 +402,13 @@ def build_sidecars(
     digests, exacts = view.digests, view.exact
     seen, keys = view.items, view.keys  # `view.key_of`, inlined: one pass over long histories
     known = min(len(seen), len(keys))
+    dumped = view.stripped if len(view.stripped) == known else ()
     for i, item in enumerate(items):
         if skip and i in skip:
             continue
         digest, exact = digests[i], exacts[i]
         key = keys[i] if i < known and seen[i] is item else None
-        data: bytes | None = None
+        data: bytes | None = dumped[i] if key is not None and dumped else None
         if key is None:
             hit = replayed.get(i)
             data = hit[1] if hit is not None and hit[0] is item else compact(stripped_bytes(item))

@@ -213,6 +213,14 @@ def _check_view(adapter: Any, body: dict[str, Any]) -> None:
         warm = view_messages(adapter, copy.deepcopy(body), masker, adapter.layout(body))
         assert _view_tuple(cold) == expected
         assert _view_tuple(warm) == expected
+        # the bytes each element's key digests, kept for its sidecar (one serialisation each)
+        items = body.get(expected[0]) if expected[0] is not None else None
+        if isinstance(items, list):
+            stripped = tuple(orjson.dumps(strip_markers(item)) for item in items)
+            assert cold.stripped == stripped and warm.stripped == stripped
+            assert tuple(xxhash.xxh3_128_digest(data) for data in stripped) == expected[6]
+        else:
+            assert cold.stripped == () and warm.stripped == ()
 
 
 @FAST
@@ -375,3 +383,30 @@ def test_request_path_matches_reference_openai(case: tuple[str, dict[str, Any]])
     key = "input" if path == "/v1/responses" else "messages"
     second = _next_turn(body, key, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"})
     asyncio.run(_check_request_path(route(path)[0], body, second))
+
+
+def test_a_first_request_stores_the_bytes_its_view_serialised() -> None:
+    """A session's first record holds, per message, the very bytes the message view produced
+    (`MessageView.stripped`): each message is serialised once per request, not again when its
+    sidecar is built; a message the planner marked is stored without its marker."""
+    services = _services("optimise")
+    body = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 16,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "read a.py " * 300}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "done " * 300}]},
+            {"role": "user", "content": "and b.py?"},
+        ],
+    }
+    ex = asyncio.run(_send(services, ANTHROPIC, body))
+    view = ex.message_view
+    assert view is not None and ex.failed_stage is None
+    assert view.stripped == tuple(orjson.dumps(m) for m in body["messages"])
+    record = asyncio.run(services.store.load(ex.tenant, ex.session_id))
+    assert record is not None
+    sent = orjson.loads(ex.outgoing)["messages"]
+    assert [s.value for s in record.sidecars] == [orjson.dumps(strip_markers(m)) for m in sent]
+    # the planner put its markers on the last two messages (copies); the first is the client's object
+    assert [i for i, m in enumerate(sent) if m != body["messages"][i]] == [1, 2]
+    assert record.sidecars[0].value is view.stripped[0]
