@@ -30,11 +30,11 @@ async def test_one_batch_of_stores_and_removals_keeps_call_order(tmp_path: Path)
         conn = store._conn
         assert conn is not None
         await store._call(conn.set_trace_callback, statements.append)  # on the writer thread
-        writes = [("t", f"s{i}", f"v{i}".encode(), TTL) for i in range(150)]
+        writes: list[tuple[str, str, bytes, float]] = [("t", f"s{i}", f"v{i}".encode(), TTL) for i in range(150)]
         writes += [("t", f"s{i}", b"", 0.0) for i in range(0, 150, 3)]
         writes += [("t", "s3", b"again", TTL), ("t", "s4", b"first", TTL), ("t", "s4", b"second", TTL)]
         writes += [("u", "s0", b"other tenant", TTL)]
-        await store._call(store._put_many, writes)
+        await store._call(store._put_many, [(*w, None) for w in writes])
         await store._call(conn.set_trace_callback, None)
         expected = {f"s{i}": f"v{i}".encode() for i in range(150) if i % 3}
         expected |= {"s3": b"again", "s4": b"second"}
