@@ -40,7 +40,7 @@ are.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -244,6 +244,20 @@ def decode_record(data: bytes) -> SessionRecord:
     return decode_layout(data, {})[0]
 
 
+def _read_sidecars(view: memoryview, at: int, index: Iterable[Sequence[int]], out: list[Sidecar]) -> int:
+    """Append to `out` the sidecars `index` lists (`(position, digest, exact, value lengths)`
+    each), their bytes back to back in `view` from `at`; returns the offset after them."""
+    for position, n_digest, n_exact, n_value in index:
+        digest = bytes(view[at : at + n_digest])
+        at += n_digest
+        exact = bytes(view[at : at + n_exact])
+        at += n_exact
+        value = bytes(view[at : at + n_value])
+        at += n_value
+        out.append(Sidecar(position, digest, value, exact, xxhash.xxh3_128_digest(value)))
+    return at
+
+
 def _read_part(data: bytes, count: int) -> list[Sidecar]:
     """The sidecars of one part's bytes (`_part`); raises `RecordError` when malformed."""
     try:
@@ -252,15 +266,8 @@ def _read_part(data: bytes, count: int) -> list[Sidecar]:
             raise RecordError("record part holds another count of messages")
         at = _COUNT.size + n * _ITEM.size
         view = memoryview(data)
-        out = []
-        for position, n_digest, n_exact, n_value in _ITEM.iter_unpack(view[_COUNT.size : at]):
-            digest = bytes(view[at : at + n_digest])
-            at += n_digest
-            exact = bytes(view[at : at + n_exact])
-            at += n_exact
-            value = bytes(view[at : at + n_value])
-            at += n_value
-            out.append(Sidecar(position, digest, value, exact, xxhash.xxh3_128_digest(value)))
+        out: list[Sidecar] = []
+        at = _read_sidecars(view, at, _ITEM.iter_unpack(view[_COUNT.size : at]), out)
     except struct.error as exc:
         raise RecordError("record part truncated") from exc
     if at != len(data) or len(out) != n:
@@ -316,14 +323,7 @@ def decode_layout(
                     sidecars.extend(_read_part(value, count))
                 layout_parts.append(Part(key, size))
                 counts.append(count)
-        for position, n_digest, n_exact, n_value in header["sc"]:
-            digest = bytes(view[at : at + n_digest])
-            at += n_digest
-            exact = bytes(view[at : at + n_exact])
-            at += n_exact
-            value = bytes(view[at : at + n_value])
-            at += n_value
-            sidecars.append(Sidecar(position, digest, value, exact, xxhash.xxh3_128_digest(value)))
+        at = _read_sidecars(view, at, header["sc"], sidecars)
         if at != len(data):
             raise RecordError("record length does not match its header")
         record = SessionRecord(
