@@ -48,7 +48,7 @@ from proxy.pipeline import (
     serialise,
     session,
 )
-from proxy.pipeline.budget import blocks_over_budget, raw_over_budget
+from proxy.pipeline.budget import blocks_over_budget, counted_blocks, raw_over_budget
 from proxy.providers.base import JSONObject
 from proxy.services import Services
 from proxy.tracing import CURRENT as CURRENT_TRACE
@@ -126,6 +126,32 @@ def _skip_over_budget(exchange: Exchange, services: Services, kind: str, reason:
     _log.info("request over the pipeline budget (%s): forwarded as sent, not optimised", kind)
 
 
+def _count_blocks(body: JSONObject, match: rawprefix.RawMatch | None) -> int | None:
+    """`budget.count_blocks(body)` for an indexed body (`None` otherwise: counted the plain way),
+    leaving the message array's counts on `match` for the next request; the elements `parse`
+    reused from a recent body (`RawMatch.reused`) are counted from that body's counts."""
+    if match is None:
+        return None
+    kept = match.kept
+    if kept is not None and kept.counts is not None and match.reused:
+        array_key: str | None = kept.array_key
+        blocks, counts = counted_blocks(body, array_key, kept.counts, match.reused)
+    else:
+        array_key = (kept.array_key if kept is not None else None) or _array_key(body)
+        blocks, counts = counted_blocks(body, array_key)
+    items = body.get(array_key) if array_key is not None else None
+    match.counts = (items, counts) if isinstance(items, list) and counts is not None else None
+    return blocks
+
+
+def _array_key(body: JSONObject) -> str | None:
+    """The last top-level list of `body` (where the message array is: `messages`, `input`)."""
+    for key in reversed(body):
+        if isinstance(body[key], list):
+            return key
+    return None
+
+
 async def _run(
     exchange: Exchange,
     services: Services,
@@ -157,7 +183,8 @@ async def _run(
         if not is_budget_checked and stage is not parse.STAGE and exchange.body is not None:
             # once, on the parsed client body: counting its blocks walks every message
             is_budget_checked = True
-            found = blocks_over_budget(exchange.body, settings.pipeline_budget_blocks)
+            blocks = _count_blocks(exchange.body, match)
+            found = blocks_over_budget(exchange.body, settings.pipeline_budget_blocks, blocks)
             if found is not None:
                 _skip_over_budget(exchange, services, *found)
                 return

@@ -42,7 +42,7 @@ def marker_ttl(marker: Any) -> str:
 class BlockView:
     """Random access to the blocks of `runs` by prefix index."""
 
-    __slots__ = ("runs", "starts", "size", "_spans")
+    __slots__ = ("runs", "starts", "size", "_spans", "hidden")
 
     def __init__(
         self,
@@ -50,8 +50,12 @@ class BlockView:
         starts: list[int] | None = None,
         size: int | None = None,
         spans: dict[str, tuple[int, int]] | None = None,
+        hidden: tuple[HiddenCalls, Sequence[Any]] | None = None,
     ) -> None:
         self.runs = runs
+        self.hidden = hidden
+        """`(hidden_calls, ids)`: the ids of the hidden calls in `runs` as a scan found them
+        (`proxy.pipeline.layout.view_of`); `None` when not known (`Legality` walks the runs)."""
         if starts is None or size is None or spans is None:
             starts, spans, size = [], {}, 0
             for run in runs:
@@ -92,7 +96,8 @@ class BlockView:
         return run.key + (pos,) if run.is_list else run.key
 
 
-def _is_hidden_call(value: Any, hidden: HiddenCalls) -> bool:
+def is_hidden_call(value: Any, hidden: HiddenCalls) -> bool:
+    """Whether `value` is a call made by a server-side caller (`HiddenCalls`)."""
     if not isinstance(value, dict) or value.get("type") != hidden.call_kind:
         return False
     caller = value.get(hidden.caller_key)
@@ -117,14 +122,18 @@ class Legality:
         self._hidden: frozenset[Any] | None = None
 
     def _hidden_ids(self) -> frozenset[Any]:
-        """Ids of the hidden calls in the request (one scan, when first asked)."""
+        """Ids of the hidden calls in the request (one scan, when first asked; none when the
+        view's scans found them already: `BlockView.hidden`)."""
         if self._hidden is None:
             hidden = self.policy.hidden_calls
             ids: set[Any] = set()
-            if hidden is not None:
+            known = self.view.hidden
+            if hidden is not None and known is not None and known[0] == hidden:
+                ids.update(known[1])
+            elif hidden is not None:
                 for run in self.view.runs:
                     if run.section == "messages" and run.is_list:
-                        ids.update(v.get(hidden.id_key) for v in run.value if _is_hidden_call(v, hidden))
+                        ids.update(v.get(hidden.id_key) for v in run.value if is_hidden_call(v, hidden))
             self._hidden = frozenset(ids)
         return self._hidden
 
@@ -134,7 +143,7 @@ class Legality:
         if hidden is None or not isinstance(value, dict):
             return False
         if kind == hidden.call_kind:
-            return _is_hidden_call(value, hidden)
+            return is_hidden_call(value, hidden)
         if kind == hidden.result_kind:
             ref = value.get(hidden.ref_key)
             return ref is not None and ref in self._hidden_ids()

@@ -32,6 +32,8 @@ review, session 4).
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from typing import Any, Final
 
 KINDS: Final = ("bytes", "blocks", "nodes", "values")
@@ -55,6 +57,48 @@ def count_blocks(body: Any) -> int:
     return total
 
 
+def block_counts(items: Sequence[Any], known: Sequence[int] = (), reuse: int = 0) -> array[int]:
+    """Cumulative `count_blocks` share of `items` (one top-level list): after item `i`, the
+    items `0..i` plus the items of their `content` lists. The first `reuse` entries are taken
+    from `known` (the same leading items, counted for an earlier body: `proxy.pipeline.rawprefix`
+    reuses its elements as the very objects, never edited), so only the rest are walked."""
+    reuse = min(reuse, len(known), len(items))
+    out: array[int] = array("q", known[:reuse])
+    total = out[-1] if reuse else 0
+    append = out.append
+    for item in items[reuse:] if reuse else items:
+        total += 1
+        if type(item) is dict:
+            content = item.get("content")
+            if type(content) is list:
+                total += len(content)
+        elif isinstance(item, dict):
+            content = item.get("content")
+            if isinstance(content, list):
+                total += len(content)
+        append(total)
+    return out
+
+
+def counted_blocks(
+    body: dict[str, Any], array_key: str | None = None, known: Sequence[int] = (), reuse: int = 0
+) -> tuple[int, array[int] | None]:
+    """`(count_blocks(body), block_counts of body[array_key])`: the array's leading `reuse`
+    items counted from `known` (`block_counts`); the array's counts are `None` when it is not
+    a list (or `array_key` is `None`)."""
+    total = 0
+    counts: array[int] | None = None
+    for key, value in body.items():
+        if not isinstance(value, list):
+            continue
+        if key == array_key:
+            counts = block_counts(value, known, reuse)
+            total += counts[-1] if counts else 0
+        else:
+            total += count_blocks({key: value})
+    return total, counts
+
+
 def raw_over_budget(
     raw: bytes, max_bytes: int, max_nodes: int, max_values: int, counted: tuple[int, int] | None = None
 ) -> tuple[str, str] | None:
@@ -73,9 +117,11 @@ def raw_over_budget(
     return None
 
 
-def blocks_over_budget(body: Any, max_blocks: int) -> tuple[str, str] | None:
-    """`(kind, reason)` when the parsed `body` has more than `max_blocks` blocks, else `None`."""
-    blocks = count_blocks(body)
+def blocks_over_budget(body: Any, max_blocks: int, blocks: int | None = None) -> tuple[str, str] | None:
+    """`(kind, reason)` when the parsed `body` has more than `max_blocks` blocks, else `None`;
+    `blocks`: `count_blocks(body)` when the caller has it (`counted_blocks`)."""
+    if blocks is None:
+        blocks = count_blocks(body)
     if blocks > max_blocks:
         return "blocks", f"body of {blocks} blocks is over pipeline_budget_blocks ({max_blocks})"
     return None

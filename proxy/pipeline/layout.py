@@ -32,8 +32,8 @@ from operator import is_not
 from typing import Any, Final
 
 from proxy.malformed import skipped
-from proxy.pipeline.blocks import BlockView
-from proxy.providers.base import JSONObject, MarkerPolicy, ProviderAdapter, Run
+from proxy.pipeline.blocks import BlockView, is_hidden_call
+from proxy.providers.base import HiddenCalls, JSONObject, MarkerPolicy, ProviderAdapter, Run
 
 _TEXT, _NESTED, _CALL = 1, 2, 3
 _GROUP_SECTION: Final = 0
@@ -59,6 +59,8 @@ class Scan:
         "calls",
         "call_positions",
         "groups",
+        "hidden",
+        "hidden_calls",
         "_messages",
         "_base",
     )
@@ -84,6 +86,11 @@ class Scan:
         """The position in its run of each tool-call block (`calls[i]`'s)."""
         self.groups: list[tuple[str, int, int]] = []
         """`(section, first run, first block)` of each maximal run of one section."""
+        self.hidden: list[tuple[int, Any]] = []
+        """`(run, id)` of each hidden call (`MarkerPolicy.hidden_calls`) in the messages
+        section's list runs, in block order: what `Legality` would find walking every block."""
+        self.hidden_calls: HiddenCalls | None = None
+        """The policy's `hidden_calls` the scan looked for (`hidden` is empty without one)."""
         self._messages: set[Any] | None = None
         self._base: tuple[Scan, int] | None = None
         """`(previous scan, leading runs shared with it)` when built from a previous scan."""
@@ -132,6 +139,7 @@ def _adopt(out: Scan, previous: Scan, reuse: int) -> int:
     out.calls = previous.calls[:kept_calls]
     out.call_positions = previous.call_positions[:kept_calls]
     out.groups = previous.groups[: bisect_left(previous.groups, reuse, key=_run_of)]
+    out.hidden = previous.hidden[: bisect_left(previous.hidden, reuse, key=_first)]
     return index
 
 
@@ -141,7 +149,7 @@ def scan(runs: list[Run], policy: MarkerPolicy, call_kinds: frozenset[str], prev
     `previous` (a scan of earlier runs of the same key, same policy and call kinds): its
     results for the leading runs `runs` shares with it are reused, and only the rest is
     scanned (the stages re-scan a key after editing a few of its blocks near the end)."""
-    return _scan(runs, policy.key, _actions(policy, call_kinds), previous)
+    return _scan(runs, policy.key, _actions(policy, call_kinds), previous, hidden=policy.hidden_calls)
 
 
 def _actions(policy: MarkerPolicy, call_kinds: frozenset[str]) -> dict[Any, int]:
@@ -152,19 +160,30 @@ def _actions(policy: MarkerPolicy, call_kinds: frozenset[str]) -> dict[Any, int]
     return action
 
 
-def _scan(runs: list[Run], key: str, action: dict[Any, int], previous: Scan | None, known: int = 0) -> Scan:
+def _scan(
+    runs: list[Run],
+    key: str,
+    action: dict[Any, int],
+    previous: Scan | None,
+    known: int = 0,
+    hidden: HiddenCalls | None = None,
+) -> Scan:
     out = Scan(runs)
+    out.hidden_calls = hidden
     get_action = action.get
     removable = {"type", "text", key}
+    hidden_kind = hidden.call_kind if hidden is not None else None
     first = 0
     index = 0
+    if previous is not None and previous.hidden_calls != hidden:
+        previous = None  # it looked for other hidden calls
     if previous is not None:
         first = _same_prefix(previous.runs, runs, known)
         if first:
             index = _adopt(out, previous, first)
             out._base = (previous, first)
     starts, markers, nulls, empties, groups = out.starts, out.markers, out.nulls, out.empties, out.groups
-    calls, call_positions = out.calls, out.call_positions
+    calls, call_positions, hidden_found = out.calls, out.call_positions, out.hidden
     section = groups[-1][_GROUP_SECTION] if groups else None
     last_null = nulls[-1] if nulls else -1
     r = first - 1
@@ -179,8 +198,11 @@ def _scan(runs: list[Run], key: str, action: dict[Any, int], previous: Scan | No
             continue
         fixed = run.kind
         at = index  # block index of `block`
+        look = hidden_kind if section == "messages" else None
         for block in run.value:
             if type(block) is dict:
+                if look is not None and block.get("type") == look and hidden and is_hidden_call(block, hidden):
+                    hidden_found.append((r, block.get(hidden.id_key)))
                 if key in block:
                     marker = block[key]
                     if marker is None:
@@ -245,15 +267,19 @@ def view_of(scans: list[Scan]) -> BlockView:
     runs: list[Run] = []
     starts: list[int] = []
     spans: dict[str, tuple[int, int]] = {}
+    hidden: list[Any] = []
+    looked = [part.hidden_calls for part in scans]
     offset = 0
     for part in scans:
+        hidden.extend(found for _, found in part.hidden)
         runs.extend(part.runs)
         starts.extend([offset + s for s in part.starts] if offset else part.starts)
         for section, (first, end) in part.spans.items():
             known = spans.get(section)
             spans[section] = (known[0] if known else offset + first, offset + end)
         offset += part.size
-    return BlockView(runs, starts, offset, spans)
+    policy = looked[0] if looked and all(h == looked[0] for h in looked) else None
+    return BlockView(runs, starts, offset, spans, (policy, hidden) if policy is not None else None)
 
 
 class LayoutCache:
@@ -288,7 +314,8 @@ class LayoutCache:
                 previous = hit[1] if hit is not None else None
                 redone = adapter.relayout(key, value, hit[0], hit[1].runs) if hit is not None else None
                 runs, known = redone if redone is not None else (adapter.layout({key: value}), 0)
-                hit = self._scans[key] = (value, _scan(runs, policy.key, self._actions, previous, known))
+                made = _scan(runs, policy.key, self._actions, previous, known, policy.hidden_calls)
+                hit = self._scans[key] = (value, made)
             out.append((key, hit[1]))
         return out
 

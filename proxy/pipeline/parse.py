@@ -58,6 +58,7 @@ def reused_parse(raw: bytes, match: RawMatch) -> JSONObject | None:
         return None
     body, kept.head = parsed
     match.head = kept.head
+    match.reused = k
     return body
 
 

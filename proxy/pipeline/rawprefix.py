@@ -259,6 +259,10 @@ class RawMatch:
     """What this body leaves for the next request (the message view made it)."""
     scans: Any = None
     """This body's `LayoutCache.snapshot` as the session stage made it (optimise mode)."""
+    reused: int = 0
+    """Leading array elements `parse` took from `kept` (`reused_parse`: the very objects)."""
+    counts: tuple[list[Any], array[int]] | None = None
+    """`(the body's message array, its budget.block_counts)`, once the budget check made them."""
 
 
 def match_raw(index: RawPrefixIndex, scope: str, raw: bytes) -> RawMatch | None:
@@ -344,6 +348,9 @@ class Kept:
     """The prompt scan of the body as sent (`proxy.measure.sent_prompt`)."""
     scans: Any = None
     """The rewriting stages' layout scans of the client's body (`LayoutCache.snapshot`)."""
+    counts: array[int] | None = None
+    """`budget.block_counts` of `elements` (the next request's budget check counts only its
+    new elements)."""
 
 
 class RawPrefixIndex:

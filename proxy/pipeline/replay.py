@@ -655,6 +655,9 @@ def _examine_known(
         covers = state is not None and k == len(state.ends)
         index.remember(raw.scope, fresh, state if covers else None)
         match.fresh = index.keep_parsed(fresh, tuple(elements[:m]), array_key, match.head)
+        counted = match.counts  # the budget check's, of this very array
+        if match.fresh is not None and counted is not None and counted[0] is elements and len(counted[1]) >= m:
+            match.fresh.counts = counted[1][:m]
     return exact, digests, keys
 
 

@@ -43,6 +43,7 @@ def _scan_fields(part: Scan) -> tuple[Any, ...]:
         part.calls,
         part.call_positions,
         part.groups,
+        part.hidden,
     )
 
 
@@ -94,7 +95,8 @@ def test_incremental_scan_is_a_fresh_scan_anthropic(data: st.DataObject, body: d
     new_runs, known = again if again is not None else (ANTHROPIC.layout({"messages": new}), 0)
     fresh = _scan_fields(scan(new_runs, policy, kinds))
     assert _scan_fields(scan(new_runs, policy, kinds, previous)) == fresh
-    assert _scan_fields(_scan(new_runs, policy.key, _actions(policy, kinds), previous, known)) == fresh
+    actions = _actions(policy, kinds)
+    assert _scan_fields(_scan(new_runs, policy.key, actions, previous, known, policy.hidden_calls)) == fresh
 
 
 @FAST
@@ -171,3 +173,72 @@ def test_system_messages_are_head_messages(case: tuple) -> None:
     expected = any(r.section == "system" and r.message is not None for r in route(path)[0].layout(body))
     assert LayoutCache().system_messages(route(path)[0], body) is expected
     assert not LayoutCache().system_messages(ANTHROPIC, {"system": "x", "messages": []})
+
+
+def _programmatic_turn(k: int, hidden: bool) -> list[dict[str, Any]]:
+    """One tool round trip: a call (made by the code-execution tool when `hidden`) and its result."""
+    call: dict[str, Any] = {"type": "tool_use", "id": f"toolu_{k}", "name": "read", "input": {"k": k}}
+    if hidden:
+        call["caller"] = {"type": "code_execution_20250825", "tool_id": f"srvtoolu_{k}"}
+    return [
+        {"role": "assistant", "content": [{"type": "text", "text": f"step {k}"}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": "ok"}]},
+    ]
+
+
+def _programmatic_body(hidden: list[bool]) -> dict[str, Any]:
+    messages: list[Any] = [{"role": "user", "content": "go"}]
+    for k, is_hidden in enumerate(hidden):
+        messages.extend(_programmatic_turn(k, is_hidden))
+    return {"model": "claude-sonnet-4-6", "max_tokens": 8, "system": "s", "messages": messages}
+
+
+@FAST
+@given(st.lists(st.booleans(), min_size=1, max_size=8), st.data())
+def test_scanned_hidden_calls_are_the_walked_ones(hidden: list[bool], data: st.DataObject) -> None:
+    """The hidden calls a scan records (and reuses from a previous scan after an edit) give
+    `Legality` exactly the answers of a walk over every block (`BlockView(runs)`)."""
+    from proxy.pipeline.blocks import BlockView, Legality
+    from proxy.pipeline.layout import view_of
+    from proxy.pipeline.support import NO_CAPABILITY_LIMITS
+
+    body = _programmatic_body(hidden)
+    policy = ANTHROPIC.marker_policy(body)
+    kinds = ANTHROPIC.tool_shape.call_kinds
+    cache = LayoutCache()
+    cache.scans(ANTHROPIC, body, policy, kinds)
+    keep = data.draw(st.integers(1, len(body["messages"])))
+    more = data.draw(st.lists(st.booleans(), max_size=3))
+    tail = [m for k, h in enumerate(more) for m in _programmatic_turn(100 + k, h)]
+    edited_body = {**body, "messages": [*body["messages"][:keep], *tail]}
+    for version in (body, edited_body):
+        parts = [s for _, s in cache.scans(ANTHROPIC, version, policy, kinds)]
+        view = view_of(parts)
+        walked = BlockView(ANTHROPIC.layout(version))
+        assert walked.hidden is None and view.hidden is not None
+        known, fresh = Legality(ANTHROPIC, policy, NO_CAPABILITY_LIMITS, view), Legality(
+            ANTHROPIC, policy, NO_CAPABILITY_LIMITS, walked
+        )
+        assert known._hidden_ids() == fresh._hidden_ids()
+        assert [(known(i), known(i, new=True)) for i in range(view.size)] == [
+            (fresh(i), fresh(i, new=True)) for i in range(walked.size)
+        ]
+    expected = {f"toolu_{k}" for k, h in enumerate(hidden) if h and 2 * k + 1 < keep}
+    expected |= {f"toolu_{100 + k}" for k, h in enumerate(more) if h}
+    assert Legality(ANTHROPIC, policy, NO_CAPABILITY_LIMITS, view)._hidden_ids() == expected
+
+
+def test_scanned_hidden_calls_exact() -> None:
+    """Two hidden calls of three: their ids, and no marker on them or their results."""
+    from proxy.pipeline.blocks import Legality
+    from proxy.pipeline.support import NO_CAPABILITY_LIMITS
+
+    body = _programmatic_body([True, False, True])
+    policy = ANTHROPIC.marker_policy(body)
+    view, _, _ = LayoutCache().view(ANTHROPIC, body, policy, ANTHROPIC.tool_shape.call_kinds)
+    assert view.hidden == (policy.hidden_calls, ["toolu_0", "toolu_2"])
+    legal = Legality(ANTHROPIC, policy, NO_CAPABILITY_LIMITS, view)
+    # blocks: system 0, "go" 1, then per turn: text, call, result
+    assert [legal(i, new=True) for i in range(view.size)] == [
+        True, True, True, False, False, True, True, True, True, False, False,
+    ]

@@ -261,3 +261,53 @@ def test_an_escaped_duplicate_array_key_is_not_taken_for_the_array() -> None:
     got = view_messages(ANTHROPIC, orjson.loads(second), masker, raw=RawBody(second, SCOPE, match))
     expected = view_messages(ANTHROPIC, orjson.loads(second), plain)
     assert (got.digests, got.exact, got.boundaries) == (expected.digests, expected.exact, expected.boundaries)
+
+
+def _budget_services(mode: str, max_blocks: int) -> Services:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.metrics import Metrics
+    from proxy.rules import load_rules
+    from proxy.session_identity import SessionState, upstream_hosts
+    from proxy.settings import Settings
+    from proxy.store import RecordStore
+    from proxy.store.memory import MemoryStore
+
+    s = Settings(mode=mode, pipeline_budget_blocks=max_blocks)
+    services = Services(settings=s, metrics=Metrics(CollectorRegistry()), rules=load_rules(s.rules_dir))
+    services.store = RecordStore(MemoryStore(), services.metrics)
+    services.sessions = SessionState(b"k" * 32, (), upstream_hosts(s))
+    return services
+
+
+async def test_blocks_of_an_appended_turn_are_counted_from_the_earlier_counts() -> None:
+    """The pipeline budget's block count (`budget.count_blocks`) of a body that continues a
+    recent one: the reused elements' counts are that body's, only the new ones are walked, and
+    the total is the full count (153 blocks for 61 messages, 158 after one more round trip, 156
+    when message 3 of those loses its two blocks), over the budget exactly when the full count is."""
+    from proxy.pipeline.budget import block_counts, count_blocks
+
+    first = orjson.dumps(_body(30))
+    second_body = {**orjson.loads(first), "messages": [*orjson.loads(first)["messages"], *_turn(30)]}
+    second = orjson.dumps(second_body)
+    edited = [*second_body["messages"]]
+    edited[3] = {"role": edited[3]["role"], "content": "changed"}
+    third = orjson.dumps({**second_body, "messages": edited})
+    for mode in ("observe", "optimise"):
+        services = _budget_services(mode, 10_000)
+        a = await _send_raw(services, first)
+        b = await _send_raw(services, second)
+        c = await _send_raw(services, third)
+        assert [count_blocks(orjson.loads(raw)) for raw in (first, second, third)] == [153, 158, 156]
+        got = []
+        for ex in (a, b, c):
+            assert ex.raw_match is not None and ex.raw_match.counts is not None and ex.body is not None
+            items, counts = ex.raw_match.counts
+            assert items == orjson.loads(ex.raw)["messages"]
+            assert list(counts) == list(block_counts(orjson.loads(ex.raw)["messages"]))
+            got.append((ex.raw_match.reused, counts[-1]))
+        assert got == [(0, 151), (61, 156), (3, 154)]
+        assert a.over_budget is None and b.over_budget is None and c.over_budget is None
+        tight = _budget_services(mode, 157)
+        over = [(await _send_raw(tight, raw)).over_budget for raw in (first, second, third)]
+        assert over == [None, "body of 158 blocks is over pipeline_budget_blocks (157)", None]
