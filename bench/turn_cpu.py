@@ -68,7 +68,9 @@ def first_bodies(count: int, is_cold: bool = False) -> list[bytes]:
     tail = b"".join(_turn(k) for k in range(1, TURNS + 1))
     bodies = [head_a + f"turncpu-first-{n}".encode() + head_b + tail + b"]}" for n in range(count)]
     if is_cold:  # `line 12\n` in the history's and `return x + 12` in the turns' tool results
-        bodies = [b.replace(b"line ", b"line%d " % n).replace(b"return x", b"return x%d" % n) for n, b in enumerate(bodies)]
+        bodies = [
+            b.replace(b"line ", b"line%d " % n).replace(b"return x", b"return x%d" % n) for n, b in enumerate(bodies)
+        ]
     return bodies
 
 
