@@ -155,11 +155,16 @@ async def main(args: argparse.Namespace) -> None:
         + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in stage_ms.items())
     )
     if profile is not None:
-        if args.profile_out:
-            profile.dump_stats(args.profile_out)
-        stats = pstats.Stats(profile).strip_dirs()
-        stats.sort_stats("cumulative").print_stats(args.profile)
-        stats.sort_stats("tottime").print_stats(args.profile)
+        report_profile(profile, args.profile, args.profile_out)
+
+
+def report_profile(profile: cProfile.Profile, rows: int, out: str | None) -> None:
+    """Print the top `rows` functions by cumulative and by own time; the raw stats to `out`."""
+    if out:
+        profile.dump_stats(out)
+    stats = pstats.Stats(profile).strip_dirs()
+    stats.sort_stats("cumulative").print_stats(rows)
+    stats.sort_stats("tottime").print_stats(rows)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,19 @@ class BodyGate:
     def _fits(self, size: int) -> bool:
         return self.limit <= 0 or self.inside == 0 or self.held + size <= self.limit
 
+    def try_enter(self, size: int) -> bool:
+        """Take `size` bytes of the limit now when no one waits and they fit (`admit`'s path
+        without a wait, with no async context manager per request); `True` when taken, and
+        the caller then calls `leave(size)` once, whatever happens inside."""
+        if not self._waiting and self._fits(size):
+            self._take(size)
+            return True
+        return False
+
+    def leave(self, size: int) -> None:
+        """Give back the bytes `try_enter` took (and let the waiting requests that fit in)."""
+        self._give_back(size)
+
     @contextlib.asynccontextmanager
     async def admit(self, size: int) -> AsyncIterator[None]:
         """Hold `size` bytes of the limit for the body of the `async with` block."""

@@ -31,6 +31,8 @@ from aiohttp import web
 from proxy.admin import caller_headers
 from proxy.appkeys import SERVICES
 from proxy.history import SessionHistory
+from proxy.pipeline.segments import classifier_for
+from proxy.pipeline.support import scan_budget
 
 _log = logging.getLogger("promptcache.debug")
 
@@ -163,9 +165,6 @@ def remember_measurement(exchange: Any, services: Any) -> None:
         rules = services.rules
         classifier = budget = None
         if rules is not None:
-            from proxy.pipeline.segments import classifier_for
-            from proxy.pipeline.support import scan_budget
-
             classifier = classifier_for(rules)
             budget = scan_budget(exchange, services)
         pricing = services.pricing

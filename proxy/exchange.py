@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from proxy.pipeline.layout import LayoutCache
     from proxy.pipeline.rawprefix import RawMatch
     from proxy.pipeline.replay import MessageView
+    from proxy.pipeline.support import ModelFacts
     from proxy.prefix import PrefixChain, PromptScan
     from proxy.providers.base import Run
     from proxy.session_identity import Inference
@@ -128,6 +129,10 @@ class Exchange:
     # --- shared by the rewriting stages (`proxy.pipeline.support.layout_cache`) ---
     layout_cache: LayoutCache | None = None
     """Layout scans of the body versions this request went through, created on first use."""
+    model_facts: ModelFacts | None = None
+    """The request's model as the rules spell it, its marker capabilities and minimum
+    cacheable tokens, worked out once (`proxy.pipeline.support.ModelFacts`; again when the
+    model changes)."""
 
     # --- reorder (`proxy.pipeline.reorder`) ---
     system_tiers: tuple[str, ...] | None = None

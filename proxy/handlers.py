@@ -100,10 +100,16 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             exchange.is_anonymous = not credential_of(request.headers)
             exchange.is_pipeline = True
             _platform_route(exchange, where, pm)
-            if services.gate is None:
+            gate = services.gate
+            if gate is None:
                 await run_request_stages(exchange, services)
+            elif gate.try_enter(len(raw)):  # nobody waits: no async context manager
+                try:
+                    await run_request_stages(exchange, services)
+                finally:
+                    gate.leave(len(raw))
             else:
-                async with services.gate.admit(len(raw)):
+                async with gate.admit(len(raw)):
                     await run_request_stages(exchange, services)
             bad_utf8 = exchange.invalid_utf8
             if bad_utf8 is not None:

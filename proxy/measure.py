@@ -328,12 +328,12 @@ def measure(exchange: Exchange, services: Services) -> None:
     body = sent_body(exchange)
     if body is None:
         return
-    from proxy.pipeline.support import min_tokens_for, model_for  # the pipeline imports this module
+    from proxy.pipeline.support import request_min_tokens  # the pipeline imports this module
 
     prompt = sent_prompt(exchange, body)
     exchange.sent_chain = prompt.chain
     adapter = exchange.adapter
-    min_tokens = min_tokens_for(services, exchange, model_for(exchange))
+    min_tokens = request_min_tokens(services, exchange)
     rules = read_rules(adapter, body, min_tokens)
     counter = services.tokens
     usage = exchange.usage
@@ -377,6 +377,8 @@ def measure(exchange: Exchange, services: Services) -> None:
     _record(result, services, requested)
     if cost is not None and uncached is not None:
         attribute_cost(exchange, services, cost, uncached)
+    if not _log.isEnabledFor(logging.DEBUG):
+        return
     _log.debug(
         "measured %s: cause=%s section=%s block=%d byte=%d tokens~%d predicted_read~%d",
         result.provider,

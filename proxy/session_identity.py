@@ -38,7 +38,7 @@ from proxy.memory_budget import BOUNDARY_BYTES, INDEX_SESSION_BYTES, MemoryBudge
 from proxy.pacing import MAX_ARRIVALS, Pacing
 from proxy.providers.base import JSONObject, ProviderAdapter
 from proxy.settings import Settings
-from proxy.tenant import credential_of, load_secret, tenant_id
+from proxy.tenant import TenantKey, credential_of, load_secret
 
 if TYPE_CHECKING:
     from proxy.pipeline.replay import Masker
@@ -318,6 +318,8 @@ class SessionState:
     """Epoch seconds for arrivals (pacing); tests share the simulator's manual clock."""
     masker: tuple[RuleSet | None, Masker] | None = None
     """`(RuleSet, proxy.pipeline.replay.Masker)` of the rules in use (`session.masker_for`)."""
+    tenant_key: TenantKey | None = field(default=None, repr=False)
+    """`secret`'s `proxy.tenant.TenantKey` (built on first use, again when `secret` changes)."""
 
     @classmethod
     async def start(cls, settings: Settings, is_persistent: bool = True) -> SessionState:
@@ -349,4 +351,7 @@ class SessionState:
 
     def tenant_of(self, provider: str, headers: Mapping[str, str]) -> str:
         """The request's tenant (keyed hash of credential and upstream host)."""
-        return tenant_id(self.secret, credential_of(headers), self.hosts.get(provider, provider))
+        key = self.tenant_key
+        if key is None or key.secret is not self.secret:
+            key = self.tenant_key = TenantKey(self.secret)
+        return key.tenant(credential_of(headers), self.hosts.get(provider, provider))

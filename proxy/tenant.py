@@ -45,6 +45,36 @@ def tenant_id(secret: bytes, credential: str, host: str) -> str:
     return mac.hexdigest()[:TENANT_HEX_CHARS]
 
 
+_BLOCK: Final = 64
+"""SHA-256's block size in bytes (RFC 2104's `B`)."""
+_IPAD: Final = bytes(x ^ 0x36 for x in range(256))
+_OPAD: Final = bytes(x ^ 0x5C for x in range(256))
+
+
+class TenantKey:
+    """`tenant_id` for one secret, with the secret's two HMAC pads hashed once (RFC 2104:
+    HMAC(K, m) = H((K0 ^ opad) || H((K0 ^ ipad) || m)), K0 the key zero-padded to the block,
+    or its hash when longer): per request two copies of a hash state and two short updates,
+    instead of building an HMAC object (about half the time). Same output as `tenant_id`."""
+
+    __slots__ = ("secret", "_inner", "_outer")
+
+    def __init__(self, secret: bytes) -> None:
+        self.secret = secret
+        key = hashlib.sha256(secret).digest() if len(secret) > _BLOCK else secret
+        key = key.ljust(_BLOCK, b"\x00")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
+
+    def tenant(self, credential: str, host: str) -> str:
+        """`tenant_id(self.secret, credential, host)`."""
+        inner = self._inner.copy()
+        inner.update(host.encode() + b"\x00" + credential.encode())
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.hexdigest()[:TENANT_HEX_CHARS]
+
+
 def load_secret(configured: str, state_dir: Path) -> bytes:
     """The HMAC key: `configured` when non-empty, else `state_dir/secret` (created if absent).
 

@@ -92,6 +92,27 @@ async def test_a_cancelled_waiter_gives_up_its_place_and_an_error_gives_back_the
     assert (gate.held, gate.inside, gate.waiting) == (0, 0, 0)
 
 
+async def test_try_enter_takes_bytes_only_when_no_one_waits_and_leave_lets_the_next_in() -> None:
+    gate = BodyGate(100)
+    assert gate.try_enter(70) is True
+    assert (gate.held, gate.inside) == (70, 1)
+    assert gate.try_enter(40) is False  # does not fit beside the first: nothing taken
+    assert (gate.held, gate.inside, gate.waiting) == (70, 1, 0)
+    entered: list[int] = []
+
+    async def request(size: int) -> None:
+        async with gate.admit(size):
+            entered.append(size)
+
+    waiter = asyncio.ensure_future(request(40))  # noqa: TID251
+    await _settle()
+    assert (entered, gate.waiting) == ([], 1)
+    assert gate.try_enter(10) is False  # fits, but someone waits: arrival order holds
+    gate.leave(70)
+    await waiter
+    assert (entered, gate.held, gate.inside, gate.waiting) == ([40], 0, 0, 0)
+
+
 class HeldStore(MemoryStore):
     """A memory backend whose reads wait until `release` is set (a store that is slow to answer)."""
 

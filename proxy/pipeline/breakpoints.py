@@ -92,13 +92,12 @@ from proxy.pipeline.layout import LayoutCache
 from proxy.pipeline.planner import Planner, first_cacheable, prefix_cache_key, system_ends
 from proxy.pipeline.support import (
     NO_CAPABILITY_LIMITS,
-    capabilities_for,
     count_markers,
     layout_cache,
-    min_tokens_for,
-    model_for,
+    request_capabilities,
+    request_min_tokens,
 )
-from proxy.providers.base import JSONObject, ProviderAdapter
+from proxy.providers.base import JSONObject, MarkerPolicy, ProviderAdapter
 from proxy.services import Services
 from proxy.settings import UpstreamCapabilities
 
@@ -202,14 +201,40 @@ def place_breakpoints(
             editor.set((policy.cache_key_field,), cache_key)
     if policy.max_markers <= 0:
         return _finish(editor, adapter, cache_key), Plan(cache_key=cache_key)
-    planner = Planner(adapter, policy, view, caps, context or PlanContext())
     top_key = policy.top_level_key
     top = body.get(top_key) if top_key is not None else None
+    cacheable_from = first_cacheable(view, policy, min_tokens)
+    if not marks and not nested and top is None and cacheable_from >= view.size:
+        # no client marker to keep or move and no prefix long enough to cache: the planner
+        # would inject nothing (every candidate lies before `cacheable_from`)
+        return _finish(editor, adapter, cache_key), Plan(cache_key=cache_key)
+    ends = (stable_end, session_end)
+    return _plan(editor, adapter, view, policy, caps, context, marks, nested, top, cacheable_from, ends, cache_key)
+
+
+def _plan(
+    editor: Editor,
+    adapter: ProviderAdapter,
+    view: BlockView,
+    policy: MarkerPolicy,
+    caps: UpstreamCapabilities,
+    context: PlanContext | None,
+    marks: dict[int, Any],
+    nested: list[int],
+    top: Any,
+    cacheable_from: int,
+    ends: tuple[int, int],
+    cache_key: str | None,
+) -> tuple[JSONObject, Plan]:
+    """`place_breakpoints` past its checks: the `Planner` keeps, moves and injects markers
+    (blocks before `cacheable_from` get none injected; `ends`: the last blocks of the stable
+    and of the session-stable prefix, `system_ends`) and `editor` writes them."""
+    stable_end, session_end = ends
+    planner = Planner(adapter, policy, view, caps, context or PlanContext())
+    top_key = policy.top_level_key
     planner.resolve(marks, nested, top)
     tools_end = view.span("tools")[1] - 1
-    injected = planner.candidates(
-        stable_end, session_end, first_cacheable(view, policy, min_tokens), tools_end=tools_end
-    )
+    injected = planner.candidates(stable_end, session_end, cacheable_from, tools_end=tools_end)
     final = planner.finish()
     _apply(editor, adapter, view, policy.key, marks, nested, final)
     if top_key is not None and top is not None:
@@ -267,14 +292,13 @@ class BreakpointsStage:
         body = exchange.body
         if body is None:
             return
-        model = model_for(exchange)
         new_body, plan = place_breakpoints(
             exchange.adapter,
             body,
-            min_tokens=min_tokens_for(services, exchange, model),
+            min_tokens=request_min_tokens(services, exchange),
             system_tiers=exchange.system_tiers,
             context=exchange.plan_context,
-            caps=capabilities_for(services, exchange.adapter, model),
+            caps=request_capabilities(services, exchange),
             cache=layout_cache(exchange),
         )
         exchange.plan = plan

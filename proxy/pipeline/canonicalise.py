@@ -37,7 +37,7 @@ from proxy.exchange import Exchange
 from proxy.malformed import skipped
 from proxy.pipeline.blocks import BlockView, Editor, Legality, order_top_keys, stronger, write_marker
 from proxy.pipeline.layout import LayoutCache, Scan, scan, view_of
-from proxy.pipeline.support import NO_CAPABILITY_LIMITS, capabilities_for, count_markers, layout_cache, model_for
+from proxy.pipeline.support import NO_CAPABILITY_LIMITS, count_markers, layout_cache, request_capabilities
 from proxy.providers.base import JSONObject, ProviderAdapter, Run, ToolShape
 from proxy.services import Services
 from proxy.settings import UpstreamCapabilities
@@ -364,7 +364,7 @@ class CanonicaliseStage:
         if body is None:
             return
         pins = SessionPins.of(exchange.session_pins)
-        caps = capabilities_for(services, exchange.adapter, model_for(exchange))
+        caps = request_capabilities(services, exchange)
         cache = layout_cache(exchange)
         new_body, report = canonicalise_body(exchange.adapter, body, pins, caps, cache)
         count_markers(exchange, services, moved=report.markers_moved, dropped=report.markers_dropped)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.exchange import Exchange
-from proxy.pipeline.support import capabilities_for, min_tokens_for, model_for
+from proxy.pipeline.support import request_capabilities, request_min_tokens
 from proxy.profiles import DIRECT, Profile
 from proxy.providers.base import JSONObject
 from proxy.services import Services
@@ -83,11 +83,9 @@ class PlatformStage:
         if body is None:
             return
         profile = profile_of(exchange)
-        model = model_for(exchange)
-        caps = capabilities_for(services, exchange.adapter, model)
-        marked = exchange.adapter.with_platform_markers(
-            body, min_tokens_for(services, exchange, model), not caps.strip_ttl
-        )
+        caps = request_capabilities(services, exchange)
+        min_tokens = request_min_tokens(services, exchange)
+        marked = exchange.adapter.with_platform_markers(body, min_tokens, not caps.strip_ttl)
         if marked is not None and marked is not body:
             exchange.replace_body(marked)
             body = marked

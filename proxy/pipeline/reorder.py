@@ -62,11 +62,10 @@ from proxy.pipeline.layout import LayoutCache
 from proxy.pipeline.segments import TIER_RANK, BudgetSpent, Classifier, classifier_for, render, section_tiers
 from proxy.pipeline.support import (
     NO_CAPABILITY_LIMITS,
-    capabilities_for,
     count_budget_spent,
     count_markers,
     layout_cache,
-    model_for,
+    request_capabilities,
     rules_for,
     scan_budget,
 )
@@ -106,6 +105,10 @@ class SystemPlan:
     messages whose every segment moved onto the newest user message)."""
     is_budget_spent: bool = False
     """The scan budget ran out: the system prompt is as sent (`as_sent`)."""
+
+
+NO_SYSTEM: Final = SystemPlan(parts=(), tiers=(), moved=(), changed=False)
+"""The plan of a request without a system prompt (nothing to split, classify or move)."""
 
 
 def as_sent(units: Sequence[SystemUnit]) -> SystemPlan:
@@ -150,6 +153,8 @@ def plan_system(
 ) -> SystemPlan:
     """Split, classify and stable-sort `units` (pure). Raises `BudgetSpent` when `budget`
     (characters of new lines to classify, `Classifier.segments`) runs out."""
+    if not units:
+        return NO_SYSTEM  # the value the loop below gives for no units, without building it
     ranked: list[tuple[int, str, SystemPart]] = []
     moved: list[str] = []
     slots: list[str] = []
@@ -285,7 +290,7 @@ class ReorderStage:
         body = exchange.body
         if body is None:
             return
-        caps = capabilities_for(services, exchange.adapter, model_for(exchange))
+        caps = request_capabilities(services, exchange)
         cache = layout_cache(exchange)
         carried = delivered.texts_of(delivered.carried_notes(exchange)) if exchange.session_id else None
         budget = scan_budget(exchange, services)

@@ -15,6 +15,7 @@ import orjson
 from hypothesis import strategies as st
 
 from proxy.pipeline.blocks import BlockView
+from proxy.pipeline.breakpoints import PlanContext
 from proxy.providers.base import ProviderAdapter
 
 ANTHROPIC_MARKER_KEY = "cache_control"
@@ -60,6 +61,17 @@ markers = st.sampled_from(
     ]
 )
 
+contexts = st.one_of(
+    st.none(),
+    st.builds(
+        PlanContext,
+        st.lists(st.integers(0, 12), max_size=3).map(tuple),
+        st.sampled_from(["5m", "1h"]),
+        st.sampled_from(["5m", "1h"]),
+        st.integers(0, 2),  # tail_misses: 1 and more skip the newest message's tail
+    ),
+)
+"""A `PlanContext` (previous markers, TTLs, tail misses) or none, for the planner's properties."""
 
 def _with_marker(block: dict[str, Any], marker: Any, key: str) -> dict[str, Any]:
     if marker is None:

@@ -13,7 +13,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.breakpoints import PlanContext, place_breakpoints
+from proxy.pipeline.breakpoints import place_breakpoints
 from proxy.pipeline.canonicalise import canonicalise_body
 from proxy.pipeline.reorder import reorder_body
 from proxy.providers import ANTHROPIC, route
@@ -26,6 +26,7 @@ from tests.pipeline.strategies import (
     OPENAI_MARKER_KEY,
     anthropic_bodies,
     content_fingerprint,
+    contexts,
     count_markers,
     flatten_layout,
     openai_bodies,
@@ -40,16 +41,6 @@ capabilities = st.sampled_from(
         UpstreamCapabilities(),
         UpstreamCapabilities(strip_ttl=True, strip_scope=True, no_tool_message_markers=True),
     ]
-)
-contexts = st.one_of(
-    st.none(),
-    st.builds(
-        PlanContext,
-        st.lists(st.integers(0, 12), max_size=3).map(tuple),
-        st.sampled_from(["5m", "1h"]),
-        st.sampled_from(["5m", "1h"]),
-        st.integers(0, 2),  # tail_misses: 1 and more skip the newest message's tail
-    ),
 )
 
 

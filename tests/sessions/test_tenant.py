@@ -8,11 +8,14 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from proxy.session_identity import SessionState, upstream_hosts
 from proxy.settings import Settings
-from proxy.tenant import credential_of, load_secret, tenant_id
+from proxy.tenant import TenantKey, credential_of, load_secret, tenant_id
 
 
 def test_tenant_id_is_hmac_of_host_and_credential() -> None:
@@ -21,6 +24,29 @@ def test_tenant_id_is_hmac_of_host_and_credential() -> None:
     assert tenant_id(b"secret", "sk-1", "other.host") != expected
     assert tenant_id(b"secret", "sk-2", "api.anthropic.com") != expected
     assert tenant_id(b"other-secret", "sk-1", "api.anthropic.com") != expected
+
+
+@pytest.mark.parametrize("secret", [b"", b"s", b"3f" * 32, b"k" * 64, b"k" * 65, bytes(range(256))])
+def test_tenant_key_is_the_hmac_for_every_secret_length(secret: bytes) -> None:
+    # keys up to, at and beyond SHA-256's 64-byte block (a longer key is hashed first)
+    expected = hmac.new(secret, "api.anthropic.com\x00sk-ant-é".encode(), hashlib.sha256).hexdigest()[:32]
+    key = TenantKey(secret)
+    assert key.tenant("sk-ant-é", "api.anthropic.com") == expected
+    assert key.tenant("sk-ant-é", "api.anthropic.com") == expected  # the pads are copied, not consumed
+    assert key.tenant("", "api.openai.com") == tenant_id(secret, "", "api.openai.com")
+
+
+@given(st.binary(max_size=150), st.text(max_size=80), st.text(max_size=30))
+def test_tenant_key_equals_tenant_id(secret: bytes, credential: str, host: str) -> None:
+    assert TenantKey(secret).tenant(credential, host) == tenant_id(secret, credential, host)
+
+
+def test_session_state_rebuilds_its_tenant_key_when_the_secret_changes() -> None:
+    state = SessionState(b"first-secret", (), {"anthropic": "api.anthropic.com"})
+    headers = CIMultiDict({"x-api-key": "sk-1"})
+    assert state.tenant_of("anthropic", headers) == tenant_id(b"first-secret", "sk-1", "api.anthropic.com")
+    state.secret = b"second-secret"
+    assert state.tenant_of("anthropic", headers) == tenant_id(b"second-secret", "sk-1", "api.anthropic.com")
 
 
 def test_credential_header_precedence() -> None:

@@ -1,0 +1,209 @@
+"""CPU per 1 KB request in one process: promptcache's fixed pipeline cost against a bare handler (issue 14).
+
+The gateway bench's small workload (`bench/gateway_bench.py` `small_request()`): every request is
+the first request of a new one-turn conversation with distinct bytes (about 1 KB). The fake
+upstream, the peers and an aiohttp client run in one process and one event loop:
+- `bare`: a bare aiohttp pass-through handler (as `bench/bare_passthrough.py`), no pipeline;
+- `observe` and `optimise`: `promptcache` (`create_app`, its default SQLite store in a temp dir).
+
+The peers are measured in interleaved rounds (`--rounds` x `--requests` each) so that all three
+see the same machine load; it prints each peer's process CPU per request (`time.process_time`:
+the client's and the upstream's share are included and the same for every peer, so the column
+"over bare" is promptcache's own cost), the p50 of each request stage's and response stage's wall
+time, and with `--profile N` a cProfile of the `--profile-mode` peer's requests (top N functions
+by cumulative and own time). Not a test; the load average is printed with the figures.
+
+    .venv/bin/python bench/small_cpu.py [--rounds 5] [--requests 300] [--profile 40 --profile-mode optimise]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import uvloop
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bare_passthrough import make_app  # noqa: E402
+from gateway_bench import MARK, small_request  # noqa: E402
+from turn_cpu import _serve, _stage_totals, _upstream, report_profile  # noqa: E402
+
+import proxy.handlers  # noqa: E402
+from proxy.app import create_app  # noqa: E402
+from proxy.appkeys import SERVICES  # noqa: E402
+from proxy.response import RESPONSE_STAGES, run_response_stages  # noqa: E402
+from proxy.settings import Settings  # noqa: E402
+
+HEADERS = {"x-api-key": "bench-key", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+PEERS = ("bare", "observe", "optimise")
+
+
+class _TimedStage:
+    """A response stage whose wall time per call is appended to `times` (bench only)."""
+
+    def __init__(self, stage: Any, times: dict[str, list[float]]) -> None:
+        self._stage = stage
+        self.name = stage.name
+        self.error_label = stage.error_label
+        self.runs_over_budget = stage.runs_over_budget
+        self._times = times.setdefault(stage.name, [])
+
+    def run(self, exchange: Any, services: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self._stage.run(exchange, services)
+        finally:
+            self._times.append(time.perf_counter() - started)
+
+
+def _timed_response_stages(times: dict[str, list[float]]) -> Callable[[Any, Any], None]:
+    stages = tuple(_TimedStage(stage, times) for stage in RESPONSE_STAGES)
+
+    def run(exchange: Any, services: Any) -> None:
+        run_response_stages(exchange, services, stages)  # type: ignore[arg-type]
+
+    return run
+
+
+def small_bodies(count: int, salt: str) -> list[bytes]:
+    """`count` distinct 1 KB bodies, each the first request of its own conversation."""
+    head_a, head_b = orjson.dumps(small_request()).split(MARK.encode())
+    return [head_a + f"{salt}-{i}".encode() + head_b for i in range(count)]
+
+
+async def _round(
+    http: aiohttp.ClientSession, url: str, bodies: list[bytes], profile: cProfile.Profile | None
+) -> float:
+    """Send `bodies` one after another; the process CPU seconds per request."""
+    if profile is not None:
+        profile.enable()
+    started = time.process_time()
+    for body in bodies:
+        async with http.post(url + "/v1/messages", data=body, headers=HEADERS) as r:
+            await r.read()
+            assert r.status == 200, r.status
+    spent = time.process_time() - started
+    if profile is not None:
+        profile.disable()
+    return spent / len(bodies)
+
+
+async def main(args: argparse.Namespace) -> None:
+    upstream_app = web.Application(client_max_size=64 * 1024 * 1024)
+    upstream_app.router.add_route("*", "/{tail:.*}", _upstream)
+    up_runner, up_url = await _serve(upstream_app)
+    response_ms: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        runners, urls, apps = [], {}, {}
+        bare = make_app(up_url)
+        runner, urls["bare"] = await _serve(bare)
+        runners.append(runner)
+        for mode in ("observe", "optimise"):
+            settings = Settings(
+                mode=mode,
+                upstream=up_url,
+                state_dir=Path(tmp) / mode,
+                store=f"sqlite://{tmp}/{mode}.db",
+                log_level="WARNING",
+            )
+            apps[mode] = create_app(settings, CollectorRegistry())
+            runner, urls[mode] = await _serve(apps[mode])
+            runners.append(runner)
+        timed = {mode: _timed_response_stages(response_ms.setdefault(mode, {})) for mode in apps}
+        by_services = {id(app[SERVICES]): mode for mode, app in apps.items()}
+        pipeline_cpu = dict.fromkeys(apps, 0.0)
+        """Thread CPU seconds inside the request and response stages, per mode (so far)."""
+        original_response = proxy.handlers.run_response_stages
+        original_request = proxy.handlers.run_request_stages
+
+        def response_side(exchange: Any, services: Any) -> None:
+            mode = by_services[id(services)]
+            started = time.thread_time()
+            timed[mode](exchange, services)
+            pipeline_cpu[mode] += time.thread_time() - started
+
+        async def request_side(exchange: Any, services: Any) -> None:
+            # one request at a time: while this awaits (the store read) the loop is idle, so the
+            # thread CPU between the two readings is the request stages' own
+            mode = by_services[id(services)]
+            started = time.thread_time()
+            await original_request(exchange, services)
+            pipeline_cpu[mode] += time.thread_time() - started
+
+        proxy.handlers.run_response_stages = response_side  # type: ignore[assignment]
+        proxy.handlers.run_request_stages = request_side  # type: ignore[assignment]
+        cpu: dict[str, list[float]] = {peer: [] for peer in PEERS}
+        stage_cpu: dict[str, list[float]] = {mode: [] for mode in apps}
+        stage_ms: dict[str, dict[str, list[float]]] = {mode: {} for mode in apps}
+        profile = cProfile.Profile() if args.profile else None
+        async with aiohttp.ClientSession() as http:
+            for peer in PEERS:  # warm-up: connections, tokenizer, store schema
+                await _round(http, urls[peer], small_bodies(50, f"warm-{peer}"), None)
+            for times in response_ms.values():
+                for values in times.values():
+                    values.clear()
+            for r in range(args.rounds):
+                for peer in args.peers.split(","):
+                    bodies = small_bodies(args.requests, f"r{r}-{peer}")
+                    before = _stage_totals(apps[peer]) if peer in apps else {}
+                    cpu_before = pipeline_cpu.get(peer, 0.0)
+                    use = profile if peer == args.profile_mode else None
+                    cpu[peer].append(await _round(http, urls[peer], bodies, use))
+                    if peer in apps:  # the mean per request of each stage over this round
+                        stage_cpu[peer].append((pipeline_cpu[peer] - cpu_before) / len(bodies))
+                        for name, (n, total) in _stage_totals(apps[peer]).items():
+                            n0, total0 = before.get(name, (0.0, 0.0))
+                            if n > n0:
+                                stage_ms[peer].setdefault(name, []).append(1000 * (total - total0) / (n - n0))
+        proxy.handlers.run_response_stages = original_response  # type: ignore[assignment]
+        proxy.handlers.run_request_stages = original_request  # type: ignore[assignment]
+        for runner in runners:
+            await runner.cleanup()
+    await up_runner.cleanup()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"1 KB first requests: {args.rounds} rounds x {args.requests} requests per peer, load average {load}")
+    base = statistics.median(cpu["bare"]) if cpu["bare"] else float("nan")
+    print(f"{'peer':<10}{'CPU/request ms (median of rounds)':>36}{'over bare ms':>14}{'x bare':>8}")
+    for peer in args.peers.split(","):
+        value = statistics.median(cpu[peer])
+        print(f"{peer:<10}{1000 * value:>36.3f}{1000 * (value - base):>14.3f}{value / base:>8.2f}")
+    for mode in (m for m in apps if stage_cpu[m]):
+        values = stage_cpu[mode]
+        print(
+            f"{mode} pipeline thread CPU per request (request + response stages): median "
+            f"{1000 * statistics.median(values):.3f} ms, min {1000 * min(values):.3f} ms"
+        )
+    for mode in (m for m in apps if stage_ms[m]):
+        print(
+            f"{mode} request stages, mean ms per request (median of rounds): "
+            + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in stage_ms[mode].items())
+        )
+        print(
+            f"{mode} response stages, p50 ms: "
+            + ", ".join(f"{k} {1000 * statistics.median(v):.3f}" for k, v in response_ms[mode].items() if v)
+        )
+    if profile is not None:
+        report_profile(profile, args.profile, args.profile_out)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
+    parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
+    parser.add_argument("--profile-mode", choices=PEERS, default="optimise")
+    parser.add_argument("--profile-out", default="", help="also write the raw cProfile stats to this file")
+    uvloop.run(main(parser.parse_args()))
