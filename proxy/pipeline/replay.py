@@ -224,7 +224,10 @@ def mask_filtered(
     the text the earlier ones left, one line at a time (`sub_lines`); with a `budget`, each
     string costs `LINE_SCAN_COST` to look at (the prefilter's work: a body of 100,000 tiny
     blocks held the loop for seconds) and a pattern runs only while the budget covers the
-    text's length; once spent, the rest of `value` is returned as it is, unwalked."""
+    text's length; once spent, the rest of `value` is returned as it is, unwalked.
+
+    Nothing masked, `value` itself is returned (no copy); else a copy holding the masked
+    strings (the containers on their way copied, the rest shared): `value` is never edited."""
     if budget is not None and budget.is_spent:
         return value
     if isinstance(value, str):
@@ -242,9 +245,23 @@ def mask_filtered(
                 scanned = ScannedText(value) if value.isascii() else None
         return value
     if isinstance(value, dict):
-        return {k: mask_filtered(v, filters, budget) for k, v in value.items()}
+        out: dict[Any, Any] | None = None
+        for k, v in value.items():
+            new = mask_filtered(v, filters, budget)
+            if new is not v:
+                if out is None:
+                    out = dict(value)
+                out[k] = new
+        return value if out is None else out
     if isinstance(value, list):
-        return [mask_filtered(v, filters, budget) for v in value]
+        changed: list[Any] | None = None
+        for i, v in enumerate(value):
+            new = mask_filtered(v, filters, budget)
+            if new is not v:
+                if changed is None:
+                    changed = list(value)
+                changed[i] = new
+        return value if changed is None else changed
     return value
 
 
@@ -404,7 +421,7 @@ class Masker:
         """The masked digest of `projection` (a message without its optional keys): what the
         message without them digests to, memoised under a key derived from `exact`."""
         if self.spans:
-            return self._masked(xxhash.xxh3_128_digest(exact + b"\x00projected"), projection)
+            return self._masked(xxhash.xxh3_128_digest(exact + b"\x00projected"), projection, is_exact_digest=False)
         return xxhash.xxh3_128_digest(orjson.dumps(canonical_value(projection), option=orjson.OPT_SORT_KEYS))
 
     def begin(self, chars: int | None) -> Budget | None:
@@ -412,22 +429,30 @@ class Masker:
         self.budget = Budget(chars) if chars is not None else None
         return self.budget
 
-    def _masked(self, exact: bytes, stripped: Any) -> bytes:
+    def _masked(self, exact: bytes, stripped: Any, is_exact_digest: bool = True) -> bytes:
+        """The masked digest of `stripped`; `exact` is its memo key, and (`is_exact_digest`)
+        the digest of its own canonical bytes: when no pattern changes a string, the masked
+        bytes are those very bytes, so the masked digest is `exact` (no second sorted dump)."""
         masked = self._memo.get(exact)
         if masked is not None:
             self._memo.move_to_end(exact)
             return masked
         budget = self.budget
-        value = canonical_value(stripped)
+        canonical = canonical_value(stripped)
         strings: list[str] = []
-        _strings_of(value, strings)
+        _strings_of(canonical, strings)
         if may_mask(self.filters, strings):
-            value = mask_filtered(value, self.filters, budget)
-        elif budget is not None:  # what `mask_filtered` charges for looking at each string
-            for _ in strings:
-                if budget.is_spent or not budget.take(LINE_SCAN_COST):
-                    break
-        masked = xxhash.xxh3_128_digest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+            value = mask_filtered(canonical, self.filters, budget)
+        else:  # nothing can change: charge what `mask_filtered` charges for looking at each string
+            value = canonical
+            if budget is not None:
+                for _ in strings:
+                    if budget.is_spent or not budget.take(LINE_SCAN_COST):
+                        break
+        if value is canonical and is_exact_digest:
+            masked = exact
+        else:
+            masked = xxhash.xxh3_128_digest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
         if budget is None or not budget.is_spent:
             self._remember(exact, masked)  # a partly masked digest is never remembered
         return masked

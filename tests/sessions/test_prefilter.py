@@ -3,13 +3,17 @@ filtered masking equals unfiltered masking."""
 
 from __future__ import annotations
 
+import copy
 import re
 
+import orjson
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.pipeline.prefilter import needs
-from proxy.pipeline.replay import mask_filtered, mask_strings, span_pattern
+from proxy.pipeline.replay import Masker, mask_filtered, mask_strings, span_pattern
+from proxy.prefix import canonical_value
 from proxy.rules import load_rules, volatile_patterns
 from tests.pipeline.strategies import LINES
 
@@ -141,3 +145,34 @@ def test_masked_digests_and_budget_are_those_of_walking_every_string(messages: l
     ]
     assert got == expected
     assert budget is not None and (budget.left, budget.is_spent) == (reference.left, reference.is_spent)
+
+
+def test_nothing_masked_returns_the_value_itself_and_a_masked_copy_leaves_it_alone() -> None:
+    filters = tuple((span, needs(span)) for span in RULE_SPANS)
+    calm = {"role": "user", "content": [{"type": "text", "text": "Summarise this paragraph please."}]}
+    assert mask_filtered(calm, filters) is calm
+    dated = {
+        "role": "user",
+        "content": [{"type": "text", "text": "Now: 2026-11-29T20:09:13Z"}, {"type": "text", "text": "calm"}],
+    }
+    before = copy.deepcopy(dated)
+    out = mask_filtered(dated, filters)
+    assert dated == before  # the input is never edited
+    assert out["content"][0]["text"] == "Now: \x00volatile\x00"
+    assert out["content"][1] is dated["content"][1]  # what nothing touched is shared
+    assert out == mask_strings(before, RULE_SPANS)
+
+
+def test_an_unmasked_message_digests_as_its_exact_bytes_and_a_masked_one_does_not() -> None:
+    patterns = volatile_patterns(load_rules())
+    calm = {"role": "user", "content": "Summarise this paragraph please."}
+    exact, masked = Masker(patterns).digests(calm)
+    assert masked == exact == _sorted_digest(canonical_value(calm))
+    dated = {"role": "user", "content": "Now: 2026-11-29T20:09:13Z"}
+    exact, masked = Masker(patterns).digests(dated)
+    assert exact == _sorted_digest(canonical_value(dated))
+    assert masked == _sorted_digest(mask_strings(canonical_value(dated), RULE_SPANS)) != exact
+
+
+def _sorted_digest(value: object) -> bytes:
+    return xxhash.xxh3_128_digest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
