@@ -24,7 +24,7 @@ from proxy.admin import add_admin_routes, ui_token_for
 from proxy.admission import BodyGate
 from proxy.affinity import Affinity, base_urls
 from proxy.aio import create_task
-from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
+from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAM_POOLS, UPSTREAMS
 from proxy.connections import LimitedRunner, limits_for
 from proxy.debug import LastMeasurements
 from proxy.handlers import healthz, not_found, proxy_handler, readyz
@@ -43,6 +43,7 @@ from proxy.shutdown import close_when_draining
 from proxy.store import store_ctx
 from proxy.teams import TeamResolver, load_team_file
 from proxy.tokenizer import TokenizerLoader
+from proxy.upstream_http import UpstreamPool
 from proxy.upstreams import resolve_upstreams
 
 _log = logging.getLogger("promptcache.app")
@@ -112,9 +113,13 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         )
     app[CLIENT_SESSIONS] = sessions
+    keep_alive = {name: UpstreamPool(settings.connect_timeout, settings.read_timeout) for name in upstreams}
+    app[UPSTREAM_POOLS] = keep_alive
     try:
         yield
     finally:
+        for lean in keep_alive.values():
+            lean.close()
         for client in sessions.values():
             await client.close()
         if sim_runner is not None:

@@ -38,6 +38,7 @@ from proxy.metrics import ProviderMetrics
 from proxy.providers.base import BAD_GATEWAY, CLIENT_TIMEOUT, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
 from proxy.sse import SSEDecoder
 from proxy.tracing import CURRENT as CURRENT_TRACE
+from proxy.upstream_http import UpstreamPool, UpstreamResponse
 from proxy.upstreams import host_of
 
 _log = logging.getLogger("promptcache.forward")
@@ -305,7 +306,7 @@ def _take_usage(exchange: Exchange, reader: UsageReader) -> None:
 async def forward(
     request: web.Request,
     exchange: Exchange,
-    session: aiohttp.ClientSession,
+    session: aiohttp.ClientSession | UpstreamPool,
     base_url: str,
     metrics: ProviderMetrics,
     read_timeout: float,
@@ -314,9 +315,11 @@ async def forward(
     """Send `exchange` upstream and stream the response to the client.
 
     `data` is the request body (`exchange.outgoing` on pipeline routes, the client's stream or
-    `None` elsewhere). Sets `exchange.status`, `exchange.usage` (when the response carries usage) and
-    `exchange.sent_at`. Returns the prepared response (or a local 502/504 reply). With tracing on
-    (`proxy/tracing.py`) the call runs in an `upstream` span whose `traceparent` goes upstream.
+    `None` elsewhere). `session` is the lean pool (`proxy.upstream_http`, a body of bytes) or
+    aiohttp's `ClientSession` (a streamed body). Sets `exchange.status`, `exchange.usage` (when
+    the response carries usage) and `exchange.sent_at`. Returns the prepared response (or a
+    local 502/504 reply). With tracing on (`proxy/tracing.py`) the call runs in an `upstream`
+    span whose `traceparent` goes upstream.
     """
     path = exchange.upstream_path or exchange.path
     url: str | yarl.URL = base_url + path + (f"?{exchange.query_string}" if exchange.query_string else "")
@@ -341,7 +344,7 @@ async def forward(
 async def _send(
     request: web.Request,
     exchange: Exchange,
-    session: aiohttp.ClientSession,
+    session: aiohttp.ClientSession | UpstreamPool,
     base_url: str,
     url: str | yarl.URL,
     headers: CIMultiDict[str],
@@ -354,7 +357,13 @@ async def _send(
     adapter = exchange.adapter
     try:
         async with asyncio.timeout(read_timeout):
-            upstream = await session.request(request.method, url, headers=headers, data=data)
+            if isinstance(session, UpstreamPool):
+                assert isinstance(data, bytes), "the lean pool sends a body of bytes"
+                upstream: aiohttp.ClientResponse | UpstreamResponse = await session.request(
+                    request.method, str(url), headers.items(), data
+                )
+            else:
+                upstream = await session.request(request.method, url, headers=headers, data=data)
     except (aiohttp.ClientError, TimeoutError) as exc:
         stalled = _client_body_failure(request, exchange)
         if stalled is not None:

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from proxy.affinity import is_failure
-from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAMS
+from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAM_POOLS, UPSTREAMS
 from proxy.connections import ClientBodyTimeout
 from proxy.exchange import Exchange
 from proxy.forward import closing, forward, local_error
@@ -118,13 +118,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             if adapter.counts_tokens and services.tokenizer is not None:
                 await services.tokenizer.ensure(services)  # the first such request builds it
             upstream_base = _session_base(services, exchange, upstream_base)
-            response = await forward(
-                request, exchange, session, upstream_base, pm, read_timeout, exchange.outgoing
-            )
+            lean = request.app[UPSTREAM_POOLS][adapter.name]
+            response = await forward(request, exchange, lean, upstream_base, pm, read_timeout, exchange.outgoing)
             moved = _after_answer(services, exchange, upstream_base, pm)
             if moved is not None and not response.prepared:
                 # nothing reached the upstream (connect error): the request goes to the new one
-                response = await forward(request, exchange, session, moved, pm, read_timeout, exchange.outgoing)
+                response = await forward(request, exchange, lean, moved, pm, read_timeout, exchange.outgoing)
                 _after_answer(services, exchange, moved, pm)
             status = exchange.status
             # The last byte is out: from here on nothing awaits, so the client leaving now

@@ -1,0 +1,298 @@
+"""The lean upstream HTTP/1.1 client (`proxy/upstream_http.py`) against real loopback servers
+that answer with exact bytes: framing, reuse, failures as aiohttp's exception types."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+
+from proxy.upstream_http import HIGH_WATER, UpstreamPool, UpstreamResponse
+
+Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+class Upstream:
+    """A loopback server; `answer(reader, writer, connection_index)` runs per connection.
+    `requests` holds each request head and body read by `read_request`, per connection."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[tuple[int, bytes]] = []
+        self.server: asyncio.Server | None = None
+        self.hold = asyncio.Event()
+
+    async def __aenter__(self) -> Upstream:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            index = self.connections
+            self.connections += 1
+            try:
+                await self.answer(reader, writer, index)
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.hold.set()
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def read_request(self, reader: asyncio.StreamReader, index: int) -> bool:
+        """One request (head and Content-Length body) into `requests`; False at EOF."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return False
+        lines = head.split(b"\r\n")
+        length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length"))
+        self.requests.append((index, head + await reader.readexactly(length)))
+        return True
+
+
+async def body_of(response: UpstreamResponse) -> bytes:
+    return b"".join([chunk async for chunk in response.content.iter_any()])
+
+
+def keep_alive(*answers: bytes) -> Callable[[Upstream], Answer]:
+    """Answer each request on a connection with the next of `answers` (cycled)."""
+
+    def build(up: Upstream) -> Answer:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+            n = 0
+            while await up.read_request(reader, index):
+                writer.write(answers[n % len(answers)])
+                await writer.drain()
+                n += 1
+
+        return answer
+
+    return build
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[UpstreamPool]:
+    lean = UpstreamPool(connect_timeout=5.0, read_timeout=5.0)
+    yield lean
+    lean.close()
+
+
+async def serving(build: Callable[[Upstream], Answer]) -> Upstream:
+    up = Upstream(lambda r, w, i: asyncio.sleep(0))
+    up.answer = build(up)
+    return await up.__aenter__()
+
+
+async def test_request_bytes_and_a_content_length_answer_on_one_kept_connection(pool: UpstreamPool) -> None:
+    answer = b"HTTP/1.1 201 Made\r\nX-Twice: a\r\nx-twice: b\r\nContent-Length: 5\r\n\r\nhello"
+    up = await serving(keep_alive(answer))
+    try:
+        port = up.url.rsplit(":", 1)[1]
+        seen = []
+        for body in (b"abc", b"de"):
+            response = await pool.request("POST", up.url + "/v1/messages?beta=true", [("x-api-key", "k")], body)
+            seen.append((response.status, response.reason, list(response.headers.items()), await body_of(response)))
+            response.release()
+        assert seen == [(201, "Made", [("X-Twice", "a"), ("x-twice", "b"), ("Content-Length", "5")], b"hello")] * 2
+        assert up.connections == 1
+        assert up.requests == [
+            (
+                0,
+                f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nx-api-key: k\r\n"
+                f"Content-Length: 3\r\n\r\nabc".encode(),
+            ),
+            (
+                0,
+                f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nx-api-key: k\r\n"
+                f"Content-Length: 2\r\n\r\nde".encode(),
+            ),
+        ]
+    finally:
+        await up.__aexit__()
+
+
+async def test_chunked_answer_after_an_interim_100(pool: UpstreamPool) -> None:
+    answer = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\ndata\r\n3\r\n: x\r\n0\r\n\r\n"
+    )
+    up = await serving(keep_alive(answer))
+    try:
+        for _ in range(2):
+            response = await pool.request("POST", up.url + "/", [], b"{}")
+            assert (response.status, await body_of(response)) == (200, b"data: x")
+            response.release()
+        assert up.connections == 1
+    finally:
+        await up.__aexit__()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",  # close-delimited
+        b"HTTP/1.0 200 OK\r\nContent-Length: 13\r\n\r\nuntil the end",  # HTTP/1.0: no keep-alive
+        b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\nConnection: close\r\n\r\nuntil the end",
+    ],
+)
+async def test_a_single_use_answer_is_read_whole_and_its_connection_not_reused(
+    pool: UpstreamPool, answer: bytes
+) -> None:
+    def build(up: Upstream) -> Answer:
+        async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+            await up.read_request(reader, index)
+            writer.write(answer)
+            await writer.drain()
+
+        return once
+
+    up = await serving(build)
+    try:
+        for _ in range(2):
+            response = await pool.request("POST", up.url + "/", [], b"{}")
+            assert (response.status, await body_of(response)) == (200, b"until the end")
+            response.release()
+        assert up.connections == 2
+    finally:
+        await up.__aexit__()
+
+
+async def test_a_body_cut_short_raises_payload_error(pool: UpstreamPool) -> None:
+    def build(up: Upstream) -> Answer:
+        async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+            await up.read_request(reader, index)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")
+            await writer.drain()
+
+        return cut
+
+    up = await serving(build)
+    try:
+        response = await pool.request("POST", up.url + "/", [], b"{}")
+        got = []
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for chunk in response.content.iter_any():
+                got.append(chunk)
+        assert b"".join(got) == b"only ten b"
+        response.close()
+    finally:
+        await up.__aexit__()
+
+
+async def test_refused_connection_is_aiohttps_connector_error(pool: UpstreamPool) -> None:
+    up = await serving(keep_alive(b""))
+    url = up.url
+    await up.__aexit__()
+    await up.server.wait_closed()  # type: ignore[union-attr]
+    with pytest.raises(aiohttp.ClientConnectorError):
+        await pool.request("POST", url + "/", [], b"{}")
+
+
+async def test_a_reused_connection_closed_unanswered_is_retried_once_on_a_new_one(pool: UpstreamPool) -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    def build(up: Upstream) -> Answer:
+        async def racy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+            await up.read_request(reader, index)
+            writer.write(ok)
+            await writer.drain()
+            if index == 0:  # the keep-alive race: the second request is read, then the connection ends
+                await up.read_request(reader, index)
+                return
+            while await up.read_request(reader, index):
+                writer.write(ok)
+                await writer.drain()
+
+        return racy
+
+    up = await serving(build)
+    try:
+        bodies = []
+        for body in (b"one", b"two"):
+            response = await pool.request("POST", up.url + "/", [], body)
+            bodies.append(await body_of(response))
+            response.release()
+        assert bodies == [b"ok", b"ok"]
+        assert [(index, raw[-3:]) for index, raw in up.requests] == [(0, b"one"), (0, b"two"), (1, b"two")]
+        assert up.connections == 2
+    finally:
+        await up.__aexit__()
+
+
+async def test_a_new_connection_closed_unanswered_is_not_retried(pool: UpstreamPool) -> None:
+    def build(up: Upstream) -> Answer:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+            await up.read_request(reader, index)
+
+        return silent
+
+    up = await serving(build)
+    try:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await pool.request("POST", up.url + "/", [], b"{}")
+        assert (up.connections, len(up.requests)) == (1, 1)
+    finally:
+        await up.__aexit__()
+
+
+async def test_a_header_with_a_line_break_is_refused_before_any_byte_is_sent(pool: UpstreamPool) -> None:
+    up = await serving(keep_alive(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+    try:
+        with pytest.raises(aiohttp.InvalidURL):
+            await pool.request("POST", up.url + "/", [("x-a", "1\r\nx-injected: 2")], b"{}")
+        assert up.connections == 0
+    finally:
+        await up.__aexit__()
+
+
+async def test_a_large_body_pauses_reading_until_the_client_takes_it(pool: UpstreamPool) -> None:
+    size = 4 * HIGH_WATER
+    payload = bytes(range(256)) * (size // 256)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + payload
+    up = await serving(keep_alive(answer))
+    try:
+        response = await pool.request("POST", up.url + "/", [], b"{}")
+        connection = response._connection
+        while not connection._paused and not connection.complete:  # the upstream writes on its own
+            await connection.arrival()
+        assert (connection._paused, connection.complete) == (True, False)
+        assert await body_of(response) == payload
+        response.release()
+        assert up.connections == 1
+    finally:
+        await up.__aexit__()
+
+
+async def test_an_upstream_silent_mid_body_times_out_as_a_socket_timeout() -> None:
+    lean = UpstreamPool(connect_timeout=5.0, read_timeout=0.2)
+
+    def build(up: Upstream) -> Answer:
+        async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+            await up.read_request(reader, index)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+            await writer.drain()
+            await up.hold.wait()
+
+        return stall
+
+    up = await serving(build)
+    try:
+        response = await lean.request("POST", up.url + "/", [], b"{}")
+        got = []
+        with pytest.raises(aiohttp.SocketTimeoutError):
+            async for chunk in response.content.iter_any():
+                got.append(chunk)
+        assert got == [b"half"]
+        response.close()
+    finally:
+        lean.close()
+        await up.__aexit__()
