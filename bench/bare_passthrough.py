@@ -1,8 +1,10 @@
 """A bare aiohttp pass-through (the baseline promptcache is measured against).
 
-`python bench/bare_passthrough.py PORT UPSTREAM_URL`: forwards every request's method, path,
-headers and body to UPSTREAM_URL with one pooled ClientSession and streams the answer back.
-No pipeline, no metrics, no usage tee.
+`python bench/bare_passthrough.py PORT UPSTREAM_URL [--reuse-port]`: forwards every request's
+method, path, headers and body to UPSTREAM_URL with one pooled ClientSession and streams the
+answer back. No pipeline, no metrics, no usage tee. With `--reuse-port` several processes can
+listen on PORT (`SO_REUSEPORT`, as `promptcache serve --workers N` does): the gateway bench's
+`bare-w2` peer, the machine's ceiling for two processes against one.
 """
 
 from __future__ import annotations
@@ -48,8 +50,16 @@ def make_app(upstream: str) -> web.Application:
 
 def main() -> None:
     port, upstream = int(sys.argv[1]), sys.argv[2]
-    web.run_app(make_app(upstream), host="127.0.0.1", port=port, access_log=None, print=None,
-                loop=uvloop.new_event_loop())
+    reuse_port = "--reuse-port" in sys.argv[3:]
+    web.run_app(
+        make_app(upstream),
+        host="127.0.0.1",
+        port=port,
+        access_log=None,
+        print=None,
+        loop=uvloop.new_event_loop(),
+        reuse_port=reuse_port or None,
+    )
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,9 @@
 """promptcache against other gateways, all in front of the same fast fake upstream, in one run.
 
 Peers: calling the fake upstream directly (the zero line), a bare aiohttp pass-through
-(`bench/bare_passthrough.py`), nginx (`proxy_pass`, one worker process), `promptcache serve`
+(`bench/bare_passthrough.py`), the same with two processes on one port (`bare-w2`, the 64
+connection cells only: the machine's ceiling for a second process, shared with wrk and the fake
+upstream on the same cores), nginx (`proxy_pass`, one worker process), `promptcache serve`
 in observe and optimise mode (default SQLite store in a temp dir), optimise with `--workers 2`,
 and the LiteLLM proxy when `scripts/install-bench` put it in `.bench-venv/litellm`. The load
 generator is `wrk` (C, its own process; `bench/gateway.lua` builds each body), so no client
@@ -14,11 +16,13 @@ Workloads (Anthropic Messages):
   session (~600 KB at the end), then a new session; 1 connection (appended turns) and 32
   sessions on 32 connections.
 - 600 KB first request: every request opens a new session with the full ~600 KB body.
-- 64 connections (1 KB and 600 KB growing): optimise with 1 worker vs `--workers 2`.
+- 64 connections (1 KB and 600 KB growing): optimise with 1 worker vs `--workers 2`, and bare
+  with 1 process vs 2 (the ceiling).
 
 Prints one table of ratios (added p50 = peer's p50 minus the direct p50 of the same workload;
 req/s relative to the bare pass-through), the peak RSS of each peer (largest process of its
-tree) and the load average before and after (the 2 cores may be shared). Not a test.
+tree; the peak is started afresh at each cell, so the per-cell line shows which cell sets it)
+and the load average before and after (the 2 cores may be shared). Not a test.
 
     scripts/install-bench            # wrk, nginx (apt) and LiteLLM (own venv), once
     .venv/bin/python bench/gateway_bench.py [--seconds 5] [--peers bare,nginx,observe,...]
@@ -140,6 +144,16 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def reset_peak_rss(pids: list[int]) -> None:
+    """Start the peak resident set (VmHWM) of `pids` afresh from their current RSS (Linux:
+    `5` written to `/proc/PID/clear_refs`; without permission the peak stays the lifetime one)."""
+    for pid in pids:
+        try:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+        except OSError:
+            continue
+
+
 def peak_rss_mb(pids: list[int]) -> float:
     """The largest VmHWM (peak resident set) among `pids`, MB."""
     best = 0.0
@@ -196,12 +210,12 @@ def start_peer(name: str, up: str, tmp: Path, env: dict[str, str]) -> Peer | Non
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    if name == "bare":
-        return Peer(
-            name,
-            url,
-            [subprocess.Popen([sys.executable, str(ROOT / "bench" / "bare_passthrough.py"), str(port), up], **quiet)],
-        )
+    if name.startswith("bare"):
+        _, _, count = name.partition("-w")
+        cmd = [sys.executable, str(ROOT / "bench" / "bare_passthrough.py"), str(port), up]
+        if count:  # several processes on one port, as `serve --workers N`: the machine's ceiling
+            return Peer(name, url, [subprocess.Popen([*cmd, "--reuse-port"], **quiet) for _ in range(int(count))])
+        return Peer(name, url, [subprocess.Popen(cmd, **quiet)])
     if name == "nginx":
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         if not Path(nginx).exists():
@@ -282,6 +296,7 @@ def wrk(peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt:
     less sensitive to other jobs on the cores than latency)."""
     pids = peer.pids()
     cpu_before = cpu_seconds(pids)
+    reset_peak_rss(pids)
     turns = TURNS if workload.name == "agent" else 0
     threads = 1 if conns == 1 else 2
     cmd = [
@@ -311,6 +326,7 @@ def wrk(peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt:
     data = orjson.loads(line.split(" ", 1)[1])
     cpu = cpu_seconds(pids) - cpu_before
     return {
+        "rss": peak_rss_mb(pids),
         "cpu": 1000 * cpu / max(1, data["requests"]),
         "requests": data["requests"],
         "rps": data["requests"] / (data["duration_us"] / 1e6),
@@ -330,7 +346,9 @@ CELLS = (
     ("small64", "small", "first", 64),
     ("grow64", "agent", "grow", 64),
 )
-WIDE_ONLY = {"small64", "grow64"}  # run for bare, optimise and optimise-w2 only
+WIDE_ONLY = {"small64", "grow64"}  # run for bare, bare-w2, optimise and optimise-w2 only
+WIDE_PEERS = ("direct", "bare", "bare-w2", "optimise", "optimise-w2")
+CEILING_PEERS = ("bare-w2",)  # the 64-connection cells only: two processes against one
 
 
 def loadavg() -> str:
@@ -340,7 +358,7 @@ def loadavg() -> str:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per cell (default 5)")
-    parser.add_argument("--peers", default="bare,nginx,observe,optimise,optimise-w2,litellm")
+    parser.add_argument("--peers", default="bare,bare-w2,nginx,observe,optimise,optimise-w2,litellm")
     parser.add_argument(
         "--cells", default="", help="comma-separated cells to run (default all: " + ",".join(c[0] for c in CELLS) + ")"
     )
@@ -375,10 +393,12 @@ async def main() -> None:
                 for key, workload, mode, conns in CELLS:
                     if args.cells and key not in args.cells.split(","):
                         continue
-                    if key in WIDE_ONLY and name not in ("direct", "bare", "optimise", "optimise-w2"):
+                    if key in WIDE_ONLY and name not in WIDE_PEERS:
+                        continue
+                    if name in CEILING_PEERS and key not in WIDE_ONLY:
                         continue
                     results[name][key] = wrk(peer, workloads[workload], mode, conns, args.seconds, f"{name}{key}")
-                rss[name] = peak_rss_mb(peer.pids())
+                rss[name] = max((cell["rss"] for cell in results[name].values()), default=0.0)
             finally:
                 for proc in peer.procs:
                     proc.terminate()
@@ -454,11 +474,21 @@ def report(
     print("|---|" + "---:|" * len(peers))
     for label, cell in rows:
         print(f"| {label} | " + " | ".join(cell(p) for p in peers) + " |")
-    if "optimise" in results and "optimise-w2" in results:
-        for key in ("small64", "grow64"):
-            one, two = rps("optimise", key), rps("optimise-w2", key)
-            if one and two:
-                print(f"--workers 2 vs 1, {key}: {two / one:.2f}x ({two:.0f} vs {one:.0f} req/s)")
+    for one_name, two_name, label in (
+        ("optimise", "optimise-w2", "--workers 2 vs 1"),
+        ("bare", "bare-w2", "ceiling: bare aiohttp, 2 processes (SO_REUSEPORT) vs 1"),
+    ):
+        if one_name in results and two_name in results:
+            for key in ("small64", "grow64"):
+                one, two = rps(one_name, key), rps(two_name, key)
+                if one and two:
+                    print(f"{label}, {key}: {two / one:.2f}x ({two:.0f} vs {one:.0f} req/s)")
+    print(
+        "peak RSS per cell (MB, largest process; each cell's peak counted from its start): "
+        + "; ".join(
+            f"{p} " + " ".join(f"{k} {c['rss']:.0f}" for k, c in results[p].items()) for p in peers
+        )
+    )
     print("direct (no gateway): " + ", ".join(f"{k} p50 {v['p50']:.2f} ms {v['rps']:.0f}/s" for k, v in direct.items()))
     errors = {p: int(sum(c["errors"] for c in results[p].values())) for p in results}
     print("errors (socket + non-2xx): " + ", ".join(f"{p} {n}" for p, n in errors.items()))

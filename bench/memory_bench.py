@@ -6,10 +6,15 @@ Runs the proxy in this process (uvloop, default SQLite store in a temp dir) in f
 at 32 and 64 connections), and prints the process's RSS after start and after each phase, with
 its peak (VmHWM). With `--trace N` it runs `tracemalloc` (N frames) and, at the highest traced
 memory seen (sampled every 50 ms), prints the top allocation sites: what the Python heap holds at
-peak, per cause. Tracing slows the proxy (fewer requests in flight), so its peak is lower than
-an untraced run's; read the sites, not the total. Not a test.
+peak, per cause, and the exact highest traced memory of each phase. Each phase also prints
+glibc's arenas one by one (the event loop's main heap and the threads'). Tracing slows the proxy
+(fewer requests in flight), so its peak is lower than an untraced run's; read the sites, not the
+total. Not a test.
 
     .venv/bin/python bench/memory_bench.py [--seconds 5] [--mode optimise] [--trace 6] [--top 30]
+
+The allocator settings are `serve`'s (`malloc_*`, `proxy.allocator`), from `PROMPTCACHE_*`
+variables as `serve` reads them (e.g. `PROMPTCACHE_MALLOC_TRIM_INTERVAL=0` to compare).
 """
 
 from __future__ import annotations
@@ -57,6 +62,33 @@ def malloc_mb() -> str:
         f"malloc in use {info.uordblks / 1e6:.0f} MB, free in heap {info.fordblks / 1e6:.0f} MB, "
         f"mmapped {info.hblkhd / 1e6:.0f} MB"
     )
+
+
+def arenas_mb() -> str:
+    """glibc's arenas one by one (`malloc_info`): the main arena (the `brk` heap, the event loop's
+    thread) and one per other thread that allocated (the SQLite thread, executors): bytes taken
+    from the system and free inside."""
+    import re
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.open_memstream.restype = ctypes.c_void_p
+        buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+        stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+        libc.malloc_info(0, ctypes.c_void_p(stream))
+        libc.fclose(ctypes.c_void_p(stream))
+        text = ctypes.string_at(buf, size.value).decode()
+        libc.free(buf)
+    except (OSError, AttributeError):
+        return "arenas unavailable"
+    out = []
+    for match in re.finditer(r'<heap nr="(\d+)">(.*?)</heap>', text, re.S):
+        body = match.group(2)
+        free = sum(int(x) for x in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"/>', body))
+        current = re.search(r'<system type="current" size="(\d+)"/>', body)
+        held = int(current.group(1)) if current else 0
+        out.append(f"{match.group(1)}: {held / 1e6:.0f}/{free / 1e6:.0f}")
+    return "arenas (MB taken/free) " + " ".join(out)
 
 
 def pymalloc_mb() -> str:
@@ -166,22 +198,43 @@ async def main() -> None:
     settings = load_settings(
         overrides={"port": 0, "upstream": up, "mode": args.mode, "store": f"sqlite://{tmp}/sessions.db"}
     )
+    from proxy import allocator
+    from proxy.appkeys import SERVICES
+
+    applied = allocator.configure(settings.malloc_arena_max, settings.malloc_mmap_threshold)
     runner, url = await start_proxy(settings)
-    print(f"started: RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}")
+    gate = runner.app[SERVICES].gate
+    trimmer = allocator.Trimmer(settings.malloc_trim_interval, lambda: gate.admitted if gate is not None else 0)
+    trim_every = settings.malloc_trim_interval
+    print(f"allocator (as serve sets it): {applied or 'glibc defaults'}, trim every {trim_every:g} s")
+    print(f"started: RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; {arenas_mb()}")
     phase = ["start"]
     peak = Peak(args.trace)
     watcher = asyncio.ensure_future(peak.watch(phase))
+    trimming = trimmer.running()
+    await trimming.__aenter__()
     try:
         for name, workload, mode, conns in PHASES:
             if name not in args.phases.split(","):
                 continue
             phase[0] = name
+            if args.trace:
+                tracemalloc.reset_peak()
             started = time.perf_counter()
             result = await run_wrk(url, workloads[workload], mode, conns, args.seconds, f"mem{name}")
             print(
                 f"after {name} ({time.perf_counter() - started:.1f} s): RSS {status_mb('VmRSS'):.0f} MB, "
-                f"peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; wrk {result}"
+                f"peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; {arenas_mb()}; wrk {result}"
             )
+            if args.trace:
+                now, top = tracemalloc.get_traced_memory()
+                print(f"  traced Python memory: now {now / 1e6:.0f} MB, highest in the phase {top / 1e6:.0f} MB")
+        trimmed = time.perf_counter()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        print(
+            f"after malloc_trim(0) ({1000 * (time.perf_counter() - trimmed):.1f} ms): "
+            f"RSS {status_mb('VmRSS'):.0f} MB; {malloc_mb()}"
+        )
         if args.trace:
             import gc
 
@@ -189,6 +242,8 @@ async def main() -> None:
             print("held after the phases (caches, before shutdown):")
             print_sites(tracemalloc.take_snapshot(), args.top)
     finally:
+        await trimming.__aexit__(None, None, None)
+        print(f"trims: {trimmer.trims}, {trimmer.released / 1e6:.0f} MB of RSS given back")
         watcher.cancel()
         await runner.cleanup()
         upstream.terminate()

@@ -33,6 +33,8 @@ class BodyGate:
         """Raw bytes of the requests inside."""
         self.inside = 0
         """Requests inside."""
+        self.admitted = 0
+        """Requests let in so far (the allocator's trimmer reads it as activity)."""
         self._on_wait = on_wait
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
@@ -86,6 +88,7 @@ class BodyGate:
     def _take(self, size: int) -> None:
         self.held += size
         self.inside += 1
+        self.admitted += 1
 
     def _give_back(self, size: int) -> None:
         self.held -= size

@@ -80,6 +80,10 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     from proxy.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
+    from proxy import allocator
+
+    # before start_proxy: the store's threads make their arenas when they first allocate
+    allocator.configure(settings.malloc_arena_max, settings.malloc_mmap_threshold)
     try:
         runner, url = await start_proxy(settings, worker=worker or 0, reuse_port=worker is not None)
     except RuleError as exc:
@@ -128,7 +132,10 @@ async def _serve_forever(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    gate = services.gate
+    trimmer = allocator.Trimmer(settings.malloc_trim_interval, lambda: gate.admitted if gate is not None else 0)
+    async with trimmer.running():
+        await stop.wait()
     from proxy.shutdown import drain
 
     await drain(runner, settings.shutdown_grace_seconds)

@@ -188,6 +188,19 @@ class Settings(BaseModel):
     pipeline_budget_values: int = Field(250_000, ge=0)
     """The same for bodies of more JSON values than this, scalars included (bounded from the raw
     bytes by their `,`, `{` and `[`)."""
+    malloc_arena_max: int = Field(2, ge=0)
+    """glibc arenas the process may make (`mallopt(M_ARENA_MAX)` at start): the event loop's
+    heap and one shared by the other threads (SQLite's, the executor's); 0: glibc's default,
+    eight per core, each free to grow its own heap (`proxy.allocator`)."""
+    malloc_mmap_threshold: int = Field(0, ge=0, le=32 * 1024 * 1024)
+    """Bytes from which an allocation gets its own mapping, returned to the system when freed
+    (`mallopt(M_MMAP_THRESHOLD)`); 0: glibc's own, raised after each large block freed (so after
+    the first large body every buffer comes from the heap). A fixed one costs a page fault per
+    touched page of each larger buffer (`proxy.allocator`)."""
+    malloc_trim_interval: float = Field(1.0, ge=0)
+    """Seconds between `malloc_trim(0)` calls (free heap pages back to the system, from a
+    thread) while pipeline requests are served, and once after they stop; 0: never
+    (`proxy.allocator`)."""
     store_max_bytes: int = Field(1024 * 1024 * 1024, ge=1)
     """Bytes of session records the SQLite store may hold; past it the least recently written
     records (of any tenant) are evicted (`proxy.store.sqlite`). Redis: bounded by its own
