@@ -15,13 +15,20 @@ With `--first`, every request is instead the first request of a new session (the
 own id in the first message), `--sessions` of them after one unmeasured warm-up request; with
 `--cold` every tool result differs as well (no message the process saw before).
 
+`--workload small`: the gateway bench's 1 KB workload instead (every request a new one-turn
+conversation, so every one writes a new session record), `--concurrency` requests in flight
+(the SQLite writer then batches); CPU per request over all of them. `--store memory` puts the
+records in memory instead of the default SQLite file: the difference is the store's CPU.
+
     .venv/bin/python bench/turn_cpu.py [--mode bare|observe|optimise] [--sessions 3] [--profile 40]
     .venv/bin/python bench/turn_cpu.py --first [--cold] [--mode bare|observe|optimise] [--sessions 20] [--profile 40]
+    .venv/bin/python bench/turn_cpu.py --workload small [--requests 2000] [--concurrency 8] [--store memory]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import os
 import pstats
@@ -32,6 +39,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import orjson
 import uvloop
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -39,7 +47,7 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bare_passthrough import make_app as bare_app  # noqa: E402
 from fake_upstream import ANSWER  # noqa: E402
-from gateway_bench import TURNS, _split, _turn, agent_body  # noqa: E402
+from gateway_bench import MARK, TURNS, _split, _turn, agent_body, small_request  # noqa: E402
 
 from proxy.app import create_app  # noqa: E402
 from proxy.appkeys import SERVICES  # noqa: E402
@@ -99,6 +107,36 @@ def _stage_totals(app: web.Application) -> dict[str, tuple[float, float]]:
     return out
 
 
+def small_bodies(count: int) -> list[bytes]:
+    """`count` distinct 1 KB first requests (as `gateway.lua` builds them in mode `first`)."""
+    head_a, head_b = orjson.dumps(small_request()).split(MARK.encode())
+    return [head_a + f"turncpu-{i}".encode() + head_b for i in range(count)]
+
+
+async def small(args: argparse.Namespace, http: aiohttp.ClientSession, url: str) -> None:
+    """The 1 KB workload: CPU per request over `args.requests` new conversations."""
+    bodies = small_bodies(args.requests + 200)
+    queue = iter(bodies)
+
+    async def client() -> None:
+        for body in queue:
+            async with http.post(url + "/v1/messages", data=body, headers=HEADERS) as r:
+                await r.read()
+                assert r.status == 200, r.status
+
+    warm, queue = iter(bodies[:200]), iter(bodies[200:])
+    for body in warm:
+        async with http.post(url + "/v1/messages", data=body, headers=HEADERS) as r:
+            await r.read()
+    started = time.process_time()
+    await asyncio.gather(*(client() for _ in range(args.concurrency)))
+    spent = time.process_time() - started
+    print(
+        f"mode {args.mode}, store {args.store}: {args.requests} 1 KB first requests at concurrency "
+        f"{args.concurrency}, CPU per request {1000 * spent / args.requests:.3f} ms"
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     upstream_app = web.Application(client_max_size=64 * 1024 * 1024)
     upstream_app.router.add_route("*", "/{tail:.*}", _upstream)
@@ -108,11 +146,17 @@ async def main(args: argparse.Namespace) -> None:
             mode="observe" if args.mode == "bare" else args.mode,
             upstream=up_url,
             state_dir=Path(tmp),
-            store=f"sqlite://{tmp}/sessions.db",
+            store="memory://" if args.store == "memory" else f"sqlite://{tmp}/sessions.db",
             log_level="WARNING",
         )
         app = bare_app(up_url) if args.mode == "bare" else create_app(settings, CollectorRegistry())
         runner, url = await _serve(app)
+        if args.workload == "small":
+            async with aiohttp.ClientSession() as http:
+                await small(args, http, url)
+            await runner.cleanup()
+            await up_runner.cleanup()
+            return
         if args.first:  # one session of `sessions + 1` distinct first requests; the first is warm-up
             sessions = [first_bodies(args.sessions + 1, args.cold)]
         else:
@@ -174,5 +218,9 @@ if __name__ == "__main__":
     parser.add_argument("--first", action="store_true", help="first requests of new sessions (600 KB each)")
     parser.add_argument("--cold", action="store_true", help="with --first: no message seen before")
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
+    parser.add_argument("--workload", choices=("grow", "small"), default="grow")
+    parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")
+    parser.add_argument("--requests", type=int, default=2000, help="1 KB requests (--workload small)")
+    parser.add_argument("--concurrency", type=int, default=8, help="1 KB requests in flight")
     parser.add_argument("--profile-out", help="also write the cProfile stats to this file (pstats)")
     uvloop.run(main(parser.parse_args()))

@@ -113,7 +113,11 @@ async def _resolve_upstreams(app: web.Application) -> AsyncIterator[None]:
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         )
     app[CLIENT_SESSIONS] = sessions
-    keep_alive = {name: UpstreamPool(settings.connect_timeout, settings.read_timeout) for name in upstreams}
+    keep_alive = {  # an upstream URL with credentials keeps the ClientSession (Basic auth)
+        name: UpstreamPool(settings.connect_timeout, settings.read_timeout)
+        for name, pool in pools.items()
+        if not any(urlsplit(url).username is not None for url in pool.urls)
+    }
     app[UPSTREAM_POOLS] = keep_alive
     try:
         yield

@@ -46,6 +46,7 @@ class Exchange:
     path (`adapter.api_path`, also for a platform path such as Vertex's `:rawPredict`); sent
     upstream when `upstream_path` is `None`."""
     query_string: str
+    """The query as the client sent it, still percent-encoded (`?` excluded), forwarded as is."""
     headers: CIMultiDictProxy[str]
     raw: bytes
     received_at: float = field(default_factory=time.perf_counter)

@@ -96,7 +96,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 return closing(local_error(adapter, CLIENT_TIMEOUT, str(exc)))
             if services.recorder is not None:
                 services.recorder.record(redact_path(path, credential_of(request.headers)), request.headers, raw)
-            exchange = Exchange(adapter, path, request.query_string, request.headers, raw, started)
+            exchange = Exchange(adapter, path, request.raw_path.partition("?")[2], request.headers, raw, started)
             exchange.is_anonymous = not credential_of(request.headers)
             exchange.is_pipeline = True
             _platform_route(exchange, where, pm)
@@ -118,7 +118,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             if adapter.counts_tokens and services.tokenizer is not None:
                 await services.tokenizer.ensure(services)  # the first such request builds it
             upstream_base = _session_base(services, exchange, upstream_base)
-            lean = request.app[UPSTREAM_POOLS][adapter.name]
+            lean = request.app[UPSTREAM_POOLS].get(adapter.name, session)
             response = await forward(request, exchange, lean, upstream_base, pm, read_timeout, exchange.outgoing)
             moved = _after_answer(services, exchange, upstream_base, pm)
             if moved is not None and not response.prepared:
@@ -132,7 +132,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             if services.keep_warm is not None:
                 services.keep_warm.arm(exchange, services, upstream_base)
             return response
-        exchange = Exchange(adapter, path, request.query_string, request.headers, b"", started)
+        exchange = Exchange(adapter, path, request.raw_path.partition("?")[2], request.headers, b"", started)
         if where.upstream_path != path:
             exchange.upstream_path = where.upstream_path
         body = request.content.iter_any() if request.method in _BODY_METHODS and request.body_exists else None

@@ -11,6 +11,7 @@ import aiohttp
 import anthropic
 import orjson
 import pytest
+import yarl
 
 from tests.fakes.upstream import ANTHROPIC_MESSAGE, FakeUpstream
 
@@ -209,3 +210,44 @@ async def test_gzip_request_body_is_forwarded_inflated(fake_upstream: FakeUpstre
     ]
     assert orjson.loads(fake_upstream.received[0].body)["messages"] == BODY["messages"]
     assert fake_upstream.received[1].body == raw
+
+
+async def test_a_query_string_reaches_the_upstream_as_the_client_encoded_it(make_proxy) -> None:
+    """A pipeline request's query goes upstream still percent-encoded: `%0D%0A` in it can never
+    become a line break in the upstream request (a header or a second, smuggled request)."""
+    lines: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines.append(head.split(b"\r\n")[0])
+        length = next(int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        answer = orjson.dumps(ANTHROPIC_MESSAGE)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(answer))
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        proxy = await make_proxy(upstream=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        query = "beta=true%0D%0AX-Injected:%20yes%2Bno+caf%C3%A9"
+        async with aiohttp.ClientSession() as http:
+            url = yarl.URL(f"{proxy.url}/v1/messages?{query}", encoded=True)
+            async with http.post(url, json=BODY, headers=HEADERS) as r:
+                assert r.status == 200
+                await r.read()
+        assert lines == [f"POST /v1/messages?{query} HTTP/1.1".encode()]
+    finally:
+        server.close()
+
+
+async def test_an_upstream_url_with_credentials_sends_them_as_basic_auth(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url.replace("http://", "http://user:pass@"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/messages", json=BODY, headers=HEADERS) as r:
+            assert r.status == 200
+            await r.read()
+    assert [got.headers.get("Authorization") for got in fake_upstream.received] == ["Basic dXNlcjpwYXNz"]

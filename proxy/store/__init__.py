@@ -22,6 +22,12 @@
   until the backend's copy expires (a failed or timed-out write forgets it, since it may have
   landed; a file the backend found replaced clears the memo), and a key outside `KeyFilter` (the
   keys `learn_keys` listed at start plus every key written since) is absent.
+- Records in parts: a record is written as a head and parts (`proxy.store.codec.encode_layout`,
+  the backend's `put_parts`), encoded against the session's previous layout (the pending one, or
+  the one remembered): an appended turn encodes and sends its head and its new parts, the parts
+  the backend holds are named, not sent. A write the backend refuses because a named part is
+  gone (evicted, or another replica rewrote the session) is sent again with every part. A read
+  decodes only the parts the remembered layout does not hold.
 - Writes are off the request path: `save_soon` encodes the record, keeps it as the session's
   pending record and returns at once; a background task (`proxy.aio.TaskSet`, one per session
   at a time, so writes of one session never reorder) writes it, newest first when several
@@ -67,8 +73,8 @@ import xxhash
 
 from proxy.aio import TaskSet, create_task
 from proxy.memory_budget import MemoryBudget
-from proxy.store.base import FAULT_KINDS, UNHEALTHY_KINDS, SessionStore
-from proxy.store.codec import RecordError, SessionRecord, Sidecar, decode_record, encode_record
+from proxy.store.base import FAULT_KINDS, UNHEALTHY_KINDS, Part, SessionStore
+from proxy.store.codec import Layout, RecordError, SessionRecord, Sidecar, decode_layout, encode_layout
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -103,10 +109,14 @@ budget's share, `proxy.memory_budget`), counted as twice their encoded size (the
 decoded record; a 600 KB conversation's record is about 600 KB encoded)."""
 
 
-def _held(data: bytes) -> int:
+def _held(layout: Layout) -> int:
     """Memory a record takes in this process: twice its encoded size (the bytes, and the decoded
     record kept beside them). The memo and the pending writes both count it so."""
-    return 2 * len(data)
+    return 2 * layout.size
+
+
+_REMOVED: Final = Layout(b"")
+"""The layout of a pending removal."""
 
 
 MAX_PENDING_WRITES: Final = 1024
@@ -245,9 +255,10 @@ class RecordStore:
         self.put_timeout = put_timeout
         self.is_sole_writer = is_sole_writer
         self._clock = clock
-        self._memo: OrderedDict[tuple[str, str], tuple[bytes, SessionRecord, float]] = OrderedDict()
-        """`(encoded, record, expires)` per session; `expires` is the epoch second the written
-        copy expires in the backend, `0.0` for a record that was read (its expiry unknown)."""
+        self._memo: OrderedDict[tuple[str, str], tuple[Layout, SessionRecord, float]] = OrderedDict()
+        """`(layout, record, expires)` per session (the layout without its parts' bytes: the
+        backend holds them); `expires` is the epoch second the written copy expires in the
+        backend, `0.0` for a record that was read (its expiry unknown)."""
         self._memo_bytes = 0
         self.memo_bytes = MEMO_BYTES if memo_bytes is None else memo_bytes
         self._forget_all = False
@@ -268,9 +279,9 @@ class RecordStore:
         self._put_errors = metrics.store_errors.labels(name, "put")
         self._pending_gauge = metrics.store_pending_writes.labels(name)
         self._dropped = metrics.store_dropped_writes.labels(name)
-        self._pending: dict[tuple[str, str], tuple[SessionRecord | None, bytes, float]] = {}
-        """Newest record per session not yet written: `(record, encoded, ttl)`; `None`, `b""`
-        and 0 remove the session's record (one too large to store)."""
+        self._pending: dict[tuple[str, str], tuple[SessionRecord | None, Layout, float]] = {}
+        """Newest record per session not yet written: `(record, layout, ttl)`; `None`,
+        `_REMOVED` and 0 remove the session's record (one too large to store)."""
         self._pending_bytes = 0
         self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
         """Newest small value per key not yet written (`save_bytes_soon`)."""
@@ -367,20 +378,21 @@ class RecordStore:
         if self._keys is not None and not self._keys.may_hold(tenant, session):
             self._local_reads.inc()
             return None
-        data = await self._get(tenant, session)
-        if data is None:
+        got = await self._get(tenant, session, is_record=True)
+        if got is None:
             return None
+        head, parts = got
         known = self._memo.get(key)
-        if known is not None and (known[0] is data or known[0] == data):
+        if known is not None and (known[0].head is head or known[0].head == head):
             self._memo.move_to_end(key)
             return known[1]
         try:
-            record = decode_record(data)
+            record, layout = decode_layout(head, parts, (known[1], known[0]) if known is not None else None)
         except RecordError as exc:
             self._get_errors.inc()
             _log.warning("session store %s holds an unreadable record (%s)", self.backend.backend, exc)
             return None
-        self._remember(key, data, record, 0.0)
+        self._remember(key, layout, record, 0.0)
         return record
 
     async def load_bytes(self, tenant: str, key: str) -> bytes | None:
@@ -392,7 +404,8 @@ class RecordStore:
         if self._keys is not None and not self._keys.may_hold(tenant, key):
             self._local_reads.inc()
             return None
-        return await self._get(tenant, key)
+        got = await self._get(tenant, key, is_record=False)
+        return got if isinstance(got, bytes) else None
 
     async def learn_keys(self) -> bool:
         """Sole writer: list the backend's keys (`keys()`, SQLite) into the filter that lets a
@@ -413,13 +426,16 @@ class RecordStore:
         self._keys = keys
         return True
 
-    async def _get(self, tenant: str, key: str) -> bytes | None:
-        """One timed backend read; a failure is counted, logged and read as `None`."""
+    async def _get(self, tenant: str, key: str, *, is_record: bool) -> Any:
+        """One timed backend read (`get_parts` of a record, else `get`); a failure is counted,
+        logged and read as `None`."""
         started = time.perf_counter()
         try:
             if self._is_in_process:
+                if is_record:
+                    return await self.backend.get_parts(tenant, key)
                 return await self.backend.get(tenant, key)
-            return await self._bounded_get(tenant, key)
+            return await self._bounded_get(tenant, key, is_record)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._get_errors.inc()
             kind = self._failed(exc)
@@ -428,17 +444,17 @@ class RecordStore:
         finally:
             self._get_time.observe(time.perf_counter() - started)
 
-    async def _bounded_get(self, tenant: str, key: str) -> bytes | None:
+    async def _bounded_get(self, tenant: str, key: str, is_record: bool) -> Any:
         """`backend.get` bounded by `get_timeout`; raises `TimeoutError` past it. A read that
         finished while the event loop was busy elsewhere counts as in time: the bound is on the
         store, not on how long the loop took to look (`asyncio.timeout` around the call would
         throw such a result away). A backend with `get_within` (SQLite) applies the bound to
         its own time itself (`SqliteStore.get_within`)."""
-        get_within = getattr(self.backend, "get_within", None)
+        get_within = getattr(self.backend, "get_parts_within" if is_record else "get_within", None)
         if get_within is not None:
-            value: bytes | None = await get_within(tenant, key, self.get_timeout)
-            return value
-        read = create_task(self.backend.get(tenant, key), name="promptcache-store-get")
+            return await get_within(tenant, key, self.get_timeout)
+        call = self.backend.get_parts(tenant, key) if is_record else self.backend.get(tenant, key)
+        read = create_task(call, name="promptcache-store-get")
         done, _ = await asyncio.wait((read,), timeout=self.get_timeout)
         if not done:
             read.cancel()
@@ -463,14 +479,25 @@ class RecordStore:
         finally:
             self._raw_pending.pop(slot, None)
 
-    async def _put_bytes(self, slot: tuple[str, str], data: bytes, ttl: float) -> bool:
-        """One timed backend write; a failure is counted, logged and returns `False`."""
+    async def _put_bytes(
+        self, slot: tuple[str, str], data: bytes, ttl: float, parts: list[Part] | None = None
+    ) -> bool | None:
+        """One timed backend write (`put`, or `put_parts` of `data` as the head when `parts` is
+        given); a failure is counted, logged and returns `False`. A write in parts the backend
+        refused (a part named is not held: nothing written) returns `None`."""
         keys = self._keys if self._keys is not None else self._keys_written
         if keys is not None:
             keys.add(*slot)  # before the write: one that times out here may still land
         started = time.perf_counter()
+        is_written = True
         try:
-            if self._is_in_process:
+            if parts is not None:
+                if self._is_in_process:
+                    is_written = await self.backend.put_parts(slot[0], slot[1], data, parts, ttl)
+                else:
+                    async with asyncio.timeout(self.put_timeout):
+                        is_written = await self.backend.put_parts(slot[0], slot[1], data, parts, ttl)
+            elif self._is_in_process:
                 await self.backend.put(slot[0], slot[1], data, ttl)
             else:
                 async with asyncio.timeout(self.put_timeout):
@@ -483,21 +510,42 @@ class RecordStore:
         finally:
             self._put_time.observe(time.perf_counter() - started)
         self._succeeded()
-        return True
+        return True if is_written else None
 
     async def save(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
         """Write `record` for `ttl` seconds now; `False` when the store failed (counted, logged).
 
         The request path uses `save_soon`."""
-        return await self._put((tenant, session), encode_record(record), record, ttl)
+        key = (tenant, session)
+        return await self._put(key, encode_layout(record, self._base(key)), record, ttl)
 
-    async def _put(self, key: tuple[str, str], data: bytes, record: SessionRecord | None, ttl: float) -> bool:
+    def _base(self, key: tuple[str, str]) -> tuple[SessionRecord, Layout] | None:
+        """The session's newest record this replica knows and its layout (pending, else
+        remembered), which the next record is encoded against; `None` without one."""
+        pending = self._pending.get(key)
+        if pending is not None:
+            return (pending[0], pending[1]) if pending[0] is not None else None
+        known = self._memo.get(key)
+        return (known[1], known[0]) if known is not None else None
+
+    async def _put(self, key: tuple[str, str], layout: Layout, record: SessionRecord | None, ttl: float) -> bool:
         expires = self._clock() + ttl
-        if not await self._put_bytes(key, data, ttl):
+        if record is None or ttl <= 0:
+            is_written = await self._put_bytes(key, b"", 0.0)
+        else:
+            known = self._memo.get(key)
+            held = {p.key for p in known[0].parts} if known is not None else set()
+            # parts the backend holds (written or read here) are named, not sent again
+            parts = [Part(p.key, p.size) if p.key in held else p for p in layout.parts]
+            is_written = await self._put_bytes(key, layout.head, ttl, parts)
+            if is_written is None:  # a part named was gone: send them all
+                layout = encode_layout(record)
+                is_written = await self._put_bytes(key, layout.head, ttl, list(layout.parts))
+        if not is_written:
             self._forget(key)  # a failed write may still have landed (a timeout): read it next time
             return False
         if record is not None and ttl > 0:
-            self._remember(key, data, record, expires)
+            self._remember(key, layout.without_data(), record, expires)
         else:  # removed
             self._forget(key)
         return True
@@ -506,20 +554,20 @@ class RecordStore:
         """Save `record` in the background (module docstring); returns at once. `False` when it
         was dropped because too many writes are pending (counted)."""
         key = (tenant, session)
-        data = encode_record(record)
+        layout = encode_layout(record, self._base(key))
         stored: SessionRecord | None = record
-        if self.max_record_bytes is not None and len(data) > self.max_record_bytes:
+        if self.max_record_bytes is not None and layout.size > self.max_record_bytes:
             # too large to keep: the older record goes too (the next turn goes without replay)
             self._skipped.inc()
-            stored, data, ttl = None, b"", 0.0
+            stored, layout, ttl = None, _REMOVED, 0.0
         old = self._pending.get(key)
         held = self._pending_bytes - (_held(old[1]) if old is not None else 0)
-        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + _held(data) > self.max_pending_bytes:
+        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + _held(layout) > self.max_pending_bytes:
             self._dropped.inc()
             _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
             return False
-        self._pending[key] = (stored, data, ttl)
-        self._pending_bytes = held + _held(data)
+        self._pending[key] = (stored, layout, ttl)
+        self._pending_bytes = held + _held(layout)
         self._pending_gauge.set(len(self._pending))
         if old is None:
             self._writers.spawn(self._write_pending(key), name="promptcache-store-save")
@@ -552,14 +600,14 @@ class RecordStore:
         """Memory the records waiting for their write take (twice their encoded size)."""
         return self._pending_bytes
 
-    def _remember(self, key: tuple[str, str], data: bytes, record: SessionRecord, expires: float) -> None:
-        """Keep `data` and its decoded `record` for `key` (bounded LRU; see the module docstring);
+    def _remember(self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float) -> None:
+        """Keep `layout` and its decoded `record` for `key` (bounded LRU; see the module docstring);
         `expires`: when the backend's copy expires (epoch seconds), `0.0` when unknown."""
         self._forget(key)
-        if _held(data) > self.memo_bytes:
+        if _held(layout) > self.memo_bytes:
             return
-        self._memo[key] = (data, record, expires)
-        self._memo_bytes += _held(data)
+        self._memo[key] = (layout, record, expires)
+        self._memo_bytes += _held(layout)
         while self._memo_bytes > self.memo_bytes:
             _, (dropped, _, _) = self._memo.popitem(last=False)
             self._memo_bytes -= _held(dropped)

@@ -10,6 +10,15 @@ Contract (checked by `tests/store/test_contract.py` against every backend):
 - Backends raise on failure (connection refused, locked or corrupt file ...): the caller
   (`proxy.store.RecordStore`) times, counts and absorbs errors, so a request never fails on
   the store.
+- In parts: `put_parts(tenant, session, head, parts, ttl)` stores a value made of `head` and
+  `parts` (`Part`: a key naming its bytes, distinct within the value), replacing the key's old
+  value; a part given without `data` is one the key's old value holds (nothing is sent again),
+  and when the key does not hold it the call stores nothing, leaves the old value as it was and
+  returns `False` (the caller sends every part). The parts expire and go with the head: parts
+  of the old value the new one does not name are removed, `put`, `delete`, expiry and eviction
+  remove them all. Atomic: `get_parts` returns `(head, {key: bytes})`, the old value whole or
+  the new one whole, never a mix (`(value, {})` for one stored by `put`); `get` of a value in
+  parts returns its head.
 - No method blocks the event loop.
 - Health (optional, `proxy.store.RecordStore.check`): a backend may offer `check()`, a cheap
   probe that raises what a real write would (the SQLite file gone, disk full, read-only;
@@ -20,6 +29,8 @@ Contract (checked by `tests/store/test_contract.py` against every backend):
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 _KEY_PART: Final = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
@@ -51,6 +62,18 @@ class StoreFault(Exception):
         self.kind = kind
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One part of a value stored in parts (`SessionStore.put_parts`)."""
+
+    key: bytes
+    """Its name within the value: the xxh3-128 of its bytes (16 bytes), so one name is one content."""
+    size: int
+    """Length of its bytes."""
+    data: bytes | None = None
+    """Its bytes, or `None`: the key's stored value holds it already (not sent again)."""
+
+
 class SessionStore(Protocol):
     """A tenant-partitioned key-value store with per-entry TTLs (bytes in, bytes out)."""
 
@@ -64,6 +87,15 @@ class SessionStore(Protocol):
     async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None: ...
 
     async def delete(self, tenant: str, session: str) -> None: ...
+
+    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
+        """Store `head` and `parts` for `ttl` seconds (module docstring); `False` when a part
+        given without data is not held, and nothing was stored."""
+        ...
+
+    async def get_parts(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+        """The key's head and its parts by key, or `None` when absent or expired."""
+        ...
 
     async def close(self) -> None: ...
 

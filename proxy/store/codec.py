@@ -17,11 +17,30 @@ compares them with the current message without parsing, and parses only what it 
 
 `decode_record` raises `RecordError` (a `ValueError`) on anything it cannot read: a wrong magic
 or version, truncated bytes, bad JSON, lengths that do not add up.
+
+**In parts** (`encode_layout` / `decode_layout`, what `proxy.store.RecordStore` writes): a long
+conversation's record is a head plus parts (`Layout`), so an appended turn encodes and writes
+what is new, not the whole history. The sidecars, in order, are cut into parts of at least
+`PART_BYTES` each; the ones after the last full part stay in the head. A part is
+`u32 count | count x (u32 position, u16 digest, u16 exact, u32 value lengths) | the digests,
+exact digests and values back to back`, named by the xxh3-128 of its bytes (`Part.key`), so a
+name always means the same bytes. A record with no full part is written exactly as
+`encode_record` writes it (version 2); one with parts has a version 3 head: the version 2
+header plus `parts` (`[key hex, sidecar count, byte size]` each, in order), its `sc` and blob
+holding only the sidecars after the parts. Encoding against the session's previous layout
+(`base`) keeps every leading part whose sidecars are equal to the previous record's (they are
+the same objects when `proxy.pipeline.session.build_sidecars` kept them) and cuts new parts
+only from the first changed sidecar on: an appended turn costs the head and the open tail, a
+rewritten history re-encodes from the rewrite. Decoding checks each part's size and name
+against the head (a missing or different part is a `RecordError`: a record is never assembled
+from mismatched parts) and takes the decoded sidecars of a part the base already holds as they
+are.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -29,12 +48,21 @@ import orjson
 import xxhash
 
 from proxy.pacing import HUMAN, TOOL, Pacing
+from proxy.store.base import Part
 
 MAGIC: Final = b"PCR1"
 VERSION: Final = 2
 """2 added `delivered` (`dl`); version 1 records still decode (without it)."""
-READABLE_VERSIONS: Final = frozenset({1, VERSION})
+PARTED_VERSION: Final = 3
+"""The version of a head with parts (module docstring)."""
+READABLE_VERSIONS: Final = frozenset({1, VERSION, PARTED_VERSION})
+PART_BYTES: Final = 16 * 1024
+"""Bytes of sidecars (their index entries included) a part holds at least (the last sidecar
+may take it past): an appended turn rewrites at most this much of the history besides its new
+messages."""
 _HEAD: Final = struct.Struct(">4sI")
+_COUNT: Final = struct.Struct(">I")
+_ITEM: Final = struct.Struct(">IHHI")
 
 
 class RecordError(ValueError):
@@ -105,10 +133,30 @@ class SessionRecord:
     (`proxy.pipeline.delivered`: a note is not delivered again while its value is the same)."""
 
 
-def encode_record(record: SessionRecord) -> bytes:
-    """The record as bytes (see module docstring)."""
-    header = {
-        "v": VERSION,
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A record encoded in parts (module docstring): `head` plus `parts`, in order."""
+
+    head: bytes
+    parts: tuple[Part, ...] = ()
+    counts: tuple[int, ...] = ()
+    """Sidecars in each part (the head holds the ones after them)."""
+
+    @property
+    def size(self) -> int:
+        """Encoded bytes in all: the head and every part."""
+        return len(self.head) + sum(p.size for p in self.parts)
+
+    def without_data(self) -> Layout:
+        """The same layout naming its parts only (what a memo keeps once they are stored)."""
+        if all(p.data is None for p in self.parts):
+            return self
+        return Layout(self.head, tuple(Part(p.key, p.size) for p in self.parts), self.counts)
+
+
+def _header(record: SessionRecord, sidecars: tuple[Sidecar, ...], version: int) -> dict[str, Any]:
+    return {
+        "v": version,
         "n_chain": len(record.chain),
         "n_params": len(record.params_digest),
         "ends": record.ends,
@@ -117,7 +165,7 @@ def encode_record(record: SessionRecord) -> bytes:
         "ttls": record.ttls,
         "arr": record.arrivals,
         "rid": record.last_response_id,
-        "sc": [(s.position, len(s.digest), len(s.exact), len(s.value)) for s in record.sidecars],
+        "sc": [(s.position, len(s.digest), len(s.exact), len(s.value)) for s in sidecars],
         "pins": record.pins,
         "turns": record.turns,
         "head": record.head.hex(),
@@ -126,20 +174,115 @@ def encode_record(record: SessionRecord) -> bytes:
         "lt": record.turn,
         "dl": [list(entry) for entry in record.delivered],
     }
+
+
+def _join(record: SessionRecord, header: dict[str, Any], sidecars: tuple[Sidecar, ...]) -> bytes:
     head = orjson.dumps(header)
     parts = [_HEAD.pack(MAGIC, len(head)), head, record.chain, record.params_digest]
-    for sidecar in record.sidecars:
+    for sidecar in sidecars:
         parts.append(sidecar.digest)
         parts.append(sidecar.exact)
         parts.append(sidecar.value)
     return b"".join(parts)
 
 
+def encode_record(record: SessionRecord) -> bytes:
+    """The record as bytes (see module docstring)."""
+    return _join(record, _header(record, record.sidecars, VERSION), record.sidecars)
+
+
+def _part(sidecars: tuple[Sidecar, ...]) -> Part:
+    """One part holding `sidecars` (module docstring), with its bytes."""
+    pieces = [_COUNT.pack(len(sidecars))]
+    pieces.extend(_ITEM.pack(s.position, len(s.digest), len(s.exact), len(s.value)) for s in sidecars)
+    for sidecar in sidecars:
+        pieces.append(sidecar.digest)
+        pieces.append(sidecar.exact)
+        pieces.append(sidecar.value)
+    data = b"".join(pieces)
+    return Part(xxhash.xxh3_128_digest(data), len(data), data)
+
+
+def encode_layout(record: SessionRecord, base: tuple[SessionRecord, Layout] | None = None) -> Layout:
+    """`record` in parts (module docstring); `base`: the session's previous record and its
+    layout, whose leading parts are kept (not encoded again) while their sidecars are equal."""
+    sidecars = record.sidecars
+    parts: list[Part] = []
+    counts: list[int] = []
+    at = 0
+    if base is not None:
+        before = base[0].sidecars
+        for part, count in zip(base[1].parts, base[1].counts, strict=True):
+            end = at + count
+            if end > len(sidecars) or sidecars[at:end] != before[at:end]:
+                break
+            parts.append(part)
+            counts.append(count)
+            at = end
+    start, size, item = at, 0, _ITEM.size
+    for i in range(at, len(sidecars)):
+        sidecar = sidecars[i]
+        size += item + len(sidecar.digest) + len(sidecar.exact) + len(sidecar.value)
+        if size >= PART_BYTES:
+            parts.append(_part(sidecars[start : i + 1]))
+            counts.append(i + 1 - start)
+            start, size = i + 1, 0
+    if not parts:
+        return Layout(encode_record(record))
+    tail = sidecars[start:]
+    header = _header(record, tail, PARTED_VERSION)
+    header["parts"] = [(p.key.hex(), n, p.size) for p, n in zip(parts, counts, strict=True)]
+    return Layout(_join(record, header, tail), tuple(parts), tuple(counts))
+
+
 def decode_record(data: bytes) -> SessionRecord:
     """Parse bytes made by `encode_record`.
 
-    Raises `RecordError` when `data` is not a complete record of this version.
+    Raises `RecordError` when `data` is not a complete record of this version (or is the head
+    of a record in parts: `decode_layout` reads those).
     """
+    return decode_layout(data, {})[0]
+
+
+def _read_sidecars(view: memoryview, at: int, index: Iterable[Sequence[int]], out: list[Sidecar]) -> int:
+    """Append to `out` the sidecars `index` lists (`(position, digest, exact, value lengths)`
+    each), their bytes back to back in `view` from `at`; returns the offset after them."""
+    for position, n_digest, n_exact, n_value in index:
+        digest = bytes(view[at : at + n_digest])
+        at += n_digest
+        exact = bytes(view[at : at + n_exact])
+        at += n_exact
+        value = bytes(view[at : at + n_value])
+        at += n_value
+        out.append(Sidecar(position, digest, value, exact, xxhash.xxh3_128_digest(value)))
+    return at
+
+
+def _read_part(data: bytes, count: int) -> list[Sidecar]:
+    """The sidecars of one part's bytes (`_part`); raises `RecordError` when malformed."""
+    try:
+        (n,) = _COUNT.unpack_from(data)
+        if n != count:
+            raise RecordError("record part holds another count of messages")
+        at = _COUNT.size + n * _ITEM.size
+        view = memoryview(data)
+        out: list[Sidecar] = []
+        at = _read_sidecars(view, at, _ITEM.iter_unpack(view[_COUNT.size : at]), out)
+    except struct.error as exc:
+        raise RecordError("record part truncated") from exc
+    if at != len(data) or len(out) != n:
+        raise RecordError("record part length does not match its index")
+    return out
+
+
+def decode_layout(
+    data: bytes, parts: Mapping[bytes, bytes], base: tuple[SessionRecord, Layout] | None = None
+) -> tuple[SessionRecord, Layout]:
+    """Parse a head (`encode_layout`, or any `encode_record` bytes) and its parts by key; the
+    sidecars of a part `base` (a record and its layout) holds are taken from it, not decoded.
+
+    Raises `RecordError` when `data` is not a complete record, or a part it names is missing
+    or not the bytes it names (size, xxh3-128)."""
     if len(data) < _HEAD.size:
         raise RecordError("record too short")
     magic, head_len = _HEAD.unpack_from(data)
@@ -156,18 +299,34 @@ def decode_record(data: bytes) -> SessionRecord:
         at += header["n_chain"]
         params = bytes(view[at : at + header["n_params"]])
         at += header["n_params"]
-        sidecars = []
-        for position, n_digest, n_exact, n_value in header["sc"]:
-            digest = bytes(view[at : at + n_digest])
-            at += n_digest
-            exact = bytes(view[at : at + n_exact])
-            at += n_exact
-            value = bytes(view[at : at + n_value])
-            at += n_value
-            sidecars.append(Sidecar(position, digest, value, exact, xxhash.xxh3_128_digest(value)))
+        sidecars: list[Sidecar] = []
+        layout_parts: list[Part] = []
+        counts: list[int] = []
+        if header["v"] == PARTED_VERSION:
+            known: dict[bytes, tuple[int, int]] = {}
+            if base is not None:
+                offset = 0
+                for part, count in zip(base[1].parts, base[1].counts, strict=True):
+                    known[part.key] = (offset, count)
+                    offset += count
+            for name, count, size in header["parts"]:
+                key = bytes.fromhex(name)
+                hit = known.get(key)
+                if hit is not None and hit[1] == count and base is not None:
+                    sidecars.extend(base[0].sidecars[hit[0] : hit[0] + count])
+                else:
+                    value = parts.get(key)
+                    if value is None:
+                        raise RecordError("record part missing")
+                    if len(value) != size or xxhash.xxh3_128_digest(value) != key:
+                        raise RecordError("record part does not match its name")
+                    sidecars.extend(_read_part(value, count))
+                layout_parts.append(Part(key, size))
+                counts.append(count)
+        at = _read_sidecars(view, at, header["sc"], sidecars)
         if at != len(data):
             raise RecordError("record length does not match its header")
-        return SessionRecord(
+        record = SessionRecord(
             chain=chain,
             ends=tuple(header["ends"]),
             model=header["model"],
@@ -185,6 +344,7 @@ def decode_record(data: bytes) -> SessionRecord:
             turn=header.get("lt") if header.get("lt") in (HUMAN, TOOL) else None,
             delivered=_delivered(header.get("dl")),
         )
+        return record, Layout(data, tuple(layout_parts), tuple(counts))
     except RecordError:
         raise
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

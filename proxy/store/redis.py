@@ -4,6 +4,11 @@
   share a Redis Cluster slot, and no key of one tenant is a key of another.
 - Value: the record bytes, `SET ... PX <ttl ms>`: Redis expires entries itself; the caller
   bounds the TTL by the longest provider cache TTL in use (`proxy.store.RECORD_TTL`).
+- In parts (`put_parts`, `proxy.store.base`): the head at the key, the parts in a hash at
+  `<key>:parts` (a session id has no `:`, so no key of a session is another's), both written,
+  checked and given the same expiry by one Lua script (`_PUT_PARTS`, sent with `EVAL`), which
+  Redis runs atomically; `get_parts` reads both in one `MULTI`/`EXEC`. `put` and `delete` remove the
+  hash with the head, in one transaction.
 - Failures raise `redis.exceptions.RedisError` (or `OSError`) at once: no client-side retries
   (a request must not wait on a dead server; `RecordStore` bounds every call with a timeout and
   counts the error). The client reconnects by itself once the server is back.
@@ -14,6 +19,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import redis.asyncio as aioredis
@@ -21,7 +27,7 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from proxy.store.base import check_key
+from proxy.store.base import Part, check_key
 
 KEY_PREFIX: Final = "promptcache"
 CONNECT_TIMEOUT: Final = 1.0
@@ -29,6 +35,32 @@ CONNECT_TIMEOUT: Final = 1.0
 per-call timeouts; this one only has to survive a loaded machine opening many connections."""
 SOCKET_TIMEOUT: Final = 2.0
 """Seconds to wait on a reply (`RecordStore` usually gives up sooner)."""
+
+
+_PUT_PARTS: Final = """
+local ms = tonumber(ARGV[1])
+local kept = tonumber(ARGV[3])
+local wanted = {}
+for i = 4, 3 + kept do
+  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then return 0 end
+  wanted[ARGV[i]] = true
+end
+local sent = {}
+for i = 4 + kept, #ARGV, 2 do
+  wanted[ARGV[i]] = true
+  sent[#sent + 1] = ARGV[i]
+  sent[#sent + 1] = ARGV[i + 1]
+end
+for _, name in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if not wanted[name] then redis.call('HDEL', KEYS[2], name) end
+end
+if #sent > 0 then redis.call('HSET', KEYS[2], unpack(sent)) end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ms)
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ms) end
+return 1
+"""
+"""KEYS: the head's key, the parts hash; ARGV: ttl ms, head, count of kept parts, their keys,
+then (key, bytes) per part sent. 0 (nothing written) when a kept part is not in the hash."""
 
 
 class RedisStore:
@@ -55,16 +87,45 @@ class RedisStore:
         value = await self._client.get(self.key(tenant, session))
         return None if value is None else value if isinstance(value, bytes) else value.encode()
 
+    async def get_parts(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+        key = self.key(tenant, session)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.get(key)
+            pipe.hgetall(key + ":parts")
+            head, parts = await pipe.execute()
+        if head is None:
+            return None
+        return bytes(head), {bytes(k): bytes(v) for k, v in parts.items()}
+
     async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
         key = self.key(tenant, session)
         milliseconds = round(ttl * 1000)
+        async with self._client.pipeline(transaction=True) as pipe:
+            if milliseconds <= 0:
+                pipe.delete(key, key + ":parts")
+            else:
+                pipe.set(key, value, px=milliseconds)
+                pipe.delete(key + ":parts")
+            await pipe.execute()
+
+    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
+        key = self.key(tenant, session)
+        milliseconds = round(ttl * 1000)
         if milliseconds <= 0:
-            await self._client.delete(key)
-            return
-        await self._client.set(key, value, px=milliseconds)
+            await self._client.delete(key, key + ":parts")
+            return True
+        kept = [p.key for p in parts if p.data is None]
+        args: list[bytes | int] = [milliseconds, head, len(kept), *kept]
+        for part in parts:
+            if part.data is not None:
+                args.append(part.key)
+                args.append(part.data)
+        # `EVAL`, not `EVALSHA` first: one round trip every time (Redis caches the compiled script)
+        return bool(await self._client.eval(_PUT_PARTS, 2, key, key + ":parts", *args))
 
     async def delete(self, tenant: str, session: str) -> None:
-        await self._client.delete(self.key(tenant, session))
+        key = self.key(tenant, session)
+        await self._client.delete(key, key + ":parts")
 
     async def ping(self) -> bool:
         return bool(await self._client.ping())

@@ -6,12 +6,24 @@
   a purge or a WAL checkpoint (WAL readers and the writer do not block each other). The
   event loop only awaits futures. `get_within` bounds a read by the store's time (the call to
   the reader thread's answer), not by when the busy event loop gets round to looking.
-- New files get `page_size=PAGE_SIZE` (16 KiB; measured here: 2 KB / 600 KB writes 0.4 / 0.8 ms
-  wall, 0.13 / 0.37 ms CPU, a 600 KB read 0.35 ms; 64 KiB pages cost a small record 2 ms and
-  0.37 ms CPU, the page and WAL frame being written whole; 4 KiB ones a 600 KB read 0.7 ms), WAL,
+- New files get `page_size=PAGE_SIZE` (4 KiB: every page a transaction changes is written whole
+  to the WAL, and a small record's write changes the table's and each index's leaf page, so
+  the page size is most of its cost: measured here, one 1.7 KB record per transaction 85 us of
+  writer CPU at 4 KiB against 210 us at 16 KiB, 30 against 55 us per record in batches of 4;
+  the larger pages read a 600 KB value faster, 0.35 against 0.7 ms, which matters little once
+  a long record is written in parts), WAL,
   `synchronous=NORMAL`, mode 0600 (the WAL and SHM files inherit it); the WAL is checkpointed
   and truncated at a quarter of the data size (4-64 MiB, `_size_wal`, re-sized at each purge).
   Schema version in `PRAGMA user_version` (`SCHEMA_VERSION`).
+- In parts (`put_parts`, `proxy.store.base`): the head is the `sessions` row's value (its
+  `parts` column counts the parts, its `size` is head and parts together, so the caps and the
+  `usage` figures count them), the parts are rows of `parts` keyed by `(tenant, session, key)`.
+  One write checks the parts it keeps against the rows held (a missing one: nothing written,
+  `False`), deletes the ones no longer named, inserts the new ones and upserts the head, in the
+  batch's transaction: a crash leaves the old value or the new one, never a mix. Triggers
+  delete a row's parts when the row goes (delete, expiry purge, eviction) or is overwritten by
+  a plain value. `get_parts` reads the head and its parts in one read transaction (one
+  snapshot of the WAL).
 - Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
   invisible to `get` and purged at most once a minute during `put`.
 - Bounded in bytes: at most `max_bytes` of values in the file and `max_tenant_bytes` per tenant
@@ -51,19 +63,19 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 from urllib.parse import quote
 
-from proxy.store.base import StoreFault, check_key
+from proxy.store.base import Part, StoreFault, check_key
 
-SCHEMA_VERSION: Final = 2
-PAGE_SIZE: Final = 16384
+SCHEMA_VERSION: Final = 3
+PAGE_SIZE: Final = 4096
 """Page size of a new file (module docstring: a page, and its WAL frame, is written whole)."""
-"""1: `sessions(tenant, session, expires, value)`; 2 adds `size`, `written` and `usage`
-(migrated in place when an older file is opened)."""
+"""1: `sessions(tenant, session, expires, value)`; 2 adds `size`, `written` and `usage`; 3 the
+`parts` column and table (migrated in place when an older file is opened)."""
 BUSY_TIMEOUT_MS: Final = 20
 CLOSE_READER_TIMEOUT: Final = 1.0
 """Seconds the writer waits for the reader thread to close its connection (file replaced)."""
@@ -131,19 +143,67 @@ _SCHEMA_V2: Final = (
     " UPDATE usage SET bytes = bytes - old.size + new.size WHERE tenant IN (new.tenant, ''); END",
 )
 """Version 1 to 2, run in one transaction (a new file runs both)."""
-_GET: Final = "SELECT value FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
-_PUT: Final = (
-    "INSERT INTO sessions (tenant, session, expires, value, size, written)"
-    " VALUES (?, ?, ?, ?, ?, (SELECT ifnull(max(written), 0) + 1 FROM sessions))"
-    " ON CONFLICT (tenant, session) DO UPDATE SET expires = excluded.expires, value = excluded.value,"
-    " size = excluded.size, written = excluded.written"
+_SCHEMA_V3: Final = (
+    "ALTER TABLE sessions ADD COLUMN parts INTEGER NOT NULL DEFAULT 0",
+    "CREATE TABLE parts (tenant TEXT NOT NULL, session TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL)",
+    "CREATE UNIQUE INDEX parts_key ON parts (tenant, session, key)",
+    "CREATE TRIGGER sessions_parts_removed AFTER DELETE ON sessions WHEN old.parts > 0 BEGIN"
+    " DELETE FROM parts WHERE tenant = old.tenant AND session = old.session; END",
+    "CREATE TRIGGER sessions_parts_replaced AFTER UPDATE OF parts ON sessions"
+    " WHEN old.parts > 0 AND new.parts = 0 BEGIN"
+    " DELETE FROM parts WHERE tenant = new.tenant AND session = new.session; END",
 )
+"""Version 2 to 3."""
+_MIGRATIONS: Final = {
+    0: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3),
+    1: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3),
+    2: _SCHEMA_V3,
+}
+"""The statements that bring a file of each older version to `SCHEMA_VERSION`."""
+_GET: Final = "SELECT value FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
+_GET_HEAD: Final = "SELECT value, parts FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
+_GET_PARTS: Final = "SELECT key, value FROM parts WHERE tenant = ? AND session = ?"
+_HELD_PARTS: Final = "SELECT key FROM parts WHERE tenant = ? AND session = ?"
+_DROP_PART: Final = "DELETE FROM parts WHERE tenant = ? AND session = ? AND key = ?"
+_ADD_PART: Final = "INSERT OR REPLACE INTO parts (tenant, session, key, value) VALUES (?, ?, ?, ?)"
+_PUT_ROW: Final = "(?, ?, ?, ?, ?, ?, ?)"
+_PUT_HEAD: Final = "INSERT INTO sessions (tenant, session, expires, value, size, parts, written) VALUES "
+_PUT_TAIL: Final = (
+    " ON CONFLICT (tenant, session) DO UPDATE SET expires = excluded.expires, value = excluded.value,"
+    " size = excluded.size, parts = excluded.parts, written = excluded.written"
+)
+_DELETE_HEAD: Final = "DELETE FROM sessions WHERE (tenant, session) IN (VALUES "
+_LAST_WRITTEN: Final = "SELECT ifnull(max(written), 0) FROM sessions"
+STATEMENT_ROWS: Final = (64, 16, 4, 1)
+"""Rows one write statement carries (a run of writes is cut greedily into these sizes): each
+statement is ONE step of SQLite, so ONE release of the GIL, whatever its rows (sqlite3 releases
+it around every step, and re-taking it from a busy event loop costs up to the switch interval,
+5 ms); four sizes keep the statement cache small."""
+
+
+def _statement_sizes(rows: int) -> list[int]:
+    """`rows` cut greedily into `STATEMENT_ROWS` sizes (`37 -> [16, 16, 4, 1]`)."""
+    sizes = []
+    for size in STATEMENT_ROWS:
+        while rows >= size:
+            sizes.append(size)
+            rows -= size
+    return sizes
+
+
+def _put_statement(rows: int) -> str:
+    return _PUT_HEAD + ", ".join([_PUT_ROW] * rows) + _PUT_TAIL
+
+
+def _delete_statement(rows: int) -> str:
+    return _DELETE_HEAD + ", ".join(["(?, ?)"] * rows) + ")"
+
+
 _KEYS: Final = "SELECT tenant, session FROM sessions WHERE expires > ?"
 _USAGE: Final = "SELECT bytes FROM usage WHERE tenant = ?"
 _OLDEST_OF_TENANT: Final = "SELECT rowid, size FROM sessions WHERE tenant = ? ORDER BY written LIMIT ?"
 _OLDEST: Final = "SELECT rowid, size FROM sessions ORDER BY written LIMIT ?"
 _EVICT: Final = "DELETE FROM sessions WHERE rowid = ?"
-_DELETE: Final = "DELETE FROM sessions WHERE tenant = ? AND session = ?"
 _PURGE: Final = "DELETE FROM sessions WHERE expires <= ?"
 
 
@@ -174,13 +234,19 @@ def _dev_ino(path: str) -> tuple[int, int]:
     return (found.st_dev, found.st_ino)
 
 
-def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
-    """On the event loop: finish the futures of one written batch (those whose caller stopped
-    waiting are already done and left alone)."""
-    for future in futures:
+_Write = tuple[str, str, bytes, float, "Sequence[Part] | None"]
+"""`(tenant, session, value or head, ttl, parts)` of one queued write (`parts` `None`: `put`)."""
+
+
+def _settle(
+    futures: list[asyncio.Future[bool]], error: BaseException | None, results: list[bool] | None = None
+) -> None:
+    """On the event loop: finish the futures of one written batch with each write's result
+    (those whose caller stopped waiting are already done and left alone)."""
+    for i, future in enumerate(futures):
         if not future.done():
             if error is None:
-                future.set_result(None)
+                future.set_result(results[i] if results is not None else True)
             else:
                 future.set_exception(error)
 
@@ -207,7 +273,7 @@ class SqliteStore:
         """Called on the writer thread with `(cap, rows)`: `rows` records evicted by the
         `tenant` or `total` cap, or a value not stored (`too_large`); set by `RecordStore`."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-sqlite")
-        self._batch: list[tuple[str, str, bytes, float, asyncio.Future[None]]] = []
+        self._batch: list[tuple[_Write, asyncio.Future[bool]]] = []
         """Writes waiting for the writer thread (`put`), in call order."""
         self._batch_lock = threading.Lock()
         self._is_batch_queued = False
@@ -235,23 +301,39 @@ class SqliteStore:
         await self._ready_to_read()
         return await asyncio.get_running_loop().run_in_executor(self._reads, self._read, tenant, session)
 
+    async def get_parts(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+        check_key(tenant, session)
+        if self.path == ":memory:":
+            return await self._call(self._get_parted, tenant, session)
+        await self._ready_to_read()
+        return await asyncio.get_running_loop().run_in_executor(self._reads, self._read_parted, tenant, session)
+
+    async def get_parts_within(
+        self, tenant: str, session: str, timeout: float
+    ) -> tuple[bytes, dict[bytes, bytes]] | None:
+        """`get_parts` bounded by the store's own time, as `get_within` bounds `get`."""
+        return await self._within(self._get_parted, self._read_parted, tenant, session, timeout)
+
     async def get_within(self, tenant: str, session: str, timeout: float) -> bytes | None:
         """`get` bounded by the store's own time: raises `TimeoutError` unless the reader
         thread has the answer within `timeout` seconds of the call (time waiting for the reader
         thread counts; time the event loop then takes to resume this coroutine does not: a busy
         loop is not a slow store). A frozen or locked file still costs at most `timeout` plus
         the loop's own delay in looking."""
+        return await self._within(self._get, self._read, tenant, session, timeout)
+
+    async def _within(self, on_writer: Any, on_reader: Any, tenant: str, session: str, timeout: float) -> Any:
         check_key(tenant, session)
         started = time.perf_counter()
         if self.path == ":memory:":
-            read = asyncio.ensure_future(self._call(self._get, tenant, session))  # noqa: TID251
+            read = asyncio.ensure_future(self._call(on_writer, tenant, session))  # noqa: TID251
             done, _ = await asyncio.wait((read,), timeout=timeout)
             if not done:
                 read.cancel()
                 raise TimeoutError(f"no answer within {timeout:g} s")
             return read.result()
         await self._ready_to_read()
-        job = self._reads.submit(self._read_timed, tenant, session)
+        job = self._reads.submit(self._read_timed, on_reader, tenant, session)
         answer = asyncio.wrap_future(job)
         await asyncio.wait((answer,), timeout=max(0.0, started + timeout - time.perf_counter()))
         answer.cancel()  # a no-op when done; else the job is dropped if it has not started yet
@@ -278,13 +360,21 @@ class SqliteStore:
         most `MAX_BATCH`), in call order: one thread wake-up and one commit for many requests
         (a wake-up costs the event loop and the thread a GIL handoff each; one per write fell
         behind at ~600 writes/s). A failed transaction fails every write in it."""
-        check_key(tenant, session)
+        await self._queue((tenant, session, value, ttl, None))
+
+    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
+        """Store `head` and `parts` (module docstring), queued and batched with `put`'s writes;
+        `False` when a part given without data is not held (nothing written)."""
+        return await self._queue((tenant, session, head, ttl, tuple(parts)))
+
+    async def _queue(self, write: _Write) -> bool:
+        check_key(write[0], write[1])
         if self._closed:
             raise RuntimeError("store closed")
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        done: asyncio.Future[bool] = loop.create_future()
         with self._batch_lock:
-            self._batch.append((tenant, session, value, ttl, done))
+            self._batch.append((write, done))
             is_queued, self._is_batch_queued = self._is_batch_queued, True
         if not is_queued:
             try:
@@ -292,8 +382,8 @@ class SqliteStore:
             except RuntimeError:  # the executor shut down meanwhile (close): nobody will write
                 with self._batch_lock:
                     dropped, self._batch, self._is_batch_queued = self._batch, [], False
-                _settle([w[4] for w in dropped], RuntimeError("store closed"))
-        await done
+                _settle([w[1] for w in dropped], RuntimeError("store closed"))
+        return await done
 
     async def delete(self, tenant: str, session: str) -> None:
         """Remove the key; queued with the writes (`put`), so it keeps their order."""
@@ -414,14 +504,15 @@ class SqliteStore:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             _size_wal(conn)
-            if version not in (0, 1, SCHEMA_VERSION):
+            if version not in _MIGRATIONS and version != SCHEMA_VERSION:
                 raise sqlite3.DatabaseError(f"unknown schema version {version}")
             if version != SCHEMA_VERSION:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     # another process may have migrated the file meanwhile
-                    if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                        for statement in (*_SCHEMA_V1, *_SCHEMA_V2):
+                    found = conn.execute("PRAGMA user_version").fetchone()[0]
+                    if found != SCHEMA_VERSION:
+                        for statement in _MIGRATIONS[found]:
                             conn.execute(statement)
                         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                     conn.execute("COMMIT")
@@ -463,9 +554,30 @@ class SqliteStore:
             raise
         return None if row is None else bytes(row[0])
 
-    def _read_timed(self, tenant: str, session: str) -> tuple[bytes | None, float]:
-        """`_read` and the `time.perf_counter()` it finished at."""
-        value = self._read(tenant, session)
+    def _read_parted(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+        try:
+            return self._parted(self._read_connection(), tenant, session)
+        except sqlite3.Error:
+            self._close_reader()
+            raise
+
+    def _parted(self, conn: sqlite3.Connection, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+        """The head and parts of a key, read in one transaction (one snapshot)."""
+        conn.execute("BEGIN")
+        try:
+            row = conn.execute(_GET_HEAD, (tenant, session, self._clock())).fetchone()
+            if row is None:
+                return None
+            parts = {}
+            if row[1] > 0:
+                parts = {bytes(k): bytes(v) for k, v in conn.execute(_GET_PARTS, (tenant, session))}
+            return bytes(row[0]), parts
+        finally:
+            conn.execute("COMMIT")
+
+    def _read_timed(self, read: Any, tenant: str, session: str) -> tuple[Any, float]:
+        """`read(tenant, session)` and the `time.perf_counter()` it finished at."""
+        value = read(tenant, session)
         return value, time.perf_counter()
 
     def _read_connection(self) -> sqlite3.Connection:
@@ -497,6 +609,9 @@ class SqliteStore:
         row = self._connection().execute(_GET, (tenant, session, self._clock())).fetchone()
         return None if row is None else bytes(row[0])
 
+    def _get_parted(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+        return self._parted(self._connection(), tenant, session)
+
     def _keys(self) -> list[tuple[str, str]]:
         return self._connection().execute(_KEYS, (self._clock(),)).fetchall()
 
@@ -509,42 +624,71 @@ class SqliteStore:
         for start in range(0, len(writes), MAX_BATCH):
             part = writes[start : start + MAX_BATCH]
             error: BaseException | None = None
+            results: list[bool] | None = None
             try:
-                self._guarded(self._put_many, ([w[:4] for w in part],))
+                results = self._guarded(self._put_many, ([w[0] for w in part],))
             except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
                 error = exc
             try:
-                loop.call_soon_threadsafe(_settle, [w[4] for w in part], error)
+                loop.call_soon_threadsafe(_settle, [w[1] for w in part], error, results)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 return
 
     def _put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
-        self._put_many([(tenant, session, value, ttl)])
+        self._put_many([(tenant, session, value, ttl, None)])
 
-    def _put_many(self, writes: list[tuple[str, str, bytes, float]]) -> None:
-        """`(tenant, session, value, ttl)` writes in one transaction, in order, each run of
-        stores or removals in one `executemany` (one GIL release for the run: re-taking the GIL
-        from a busy event loop costs up to the switch interval, 5 ms, per statement); then each
-        tenant written to (then the file) is taken back within its cap (`_evict`)."""
+    def _put_many(self, writes: Sequence[_Write]) -> list[bool]:
+        """`(tenant, session, value, ttl, parts)` writes in one transaction, in order, each run
+        of plain stores or removals in as few statements as `STATEMENT_ROWS` allows (one GIL
+        release each), a write in parts on its own (`_put_parted`); the write sequence numbers
+        (`written`) are counted on from the file's newest in the same transaction (another
+        process may share the file). Then each tenant written to (then the file) is taken back
+        within its cap (`_evict`). Returns each write's result (`False`: a write in parts that
+        kept a part not held, not written)."""
         conn = self._connection()
         now = self._clock()
         counts = {"too_large": 0, "tenant": 0, "total": 0}
-        runs: list[tuple[bool, list[tuple[Any, ...]]]] = []
+        runs: list[tuple[str, list[Any]]] = []
         tenants: dict[str, None] = {}
-        for tenant, session, value, ttl in writes:
-            is_store = ttl > 0 and len(value) <= self.max_tenant_bytes
+        for tenant, session, value, ttl, parts in writes:
+            size = len(value) + (sum(p.size for p in parts) if parts is not None else 0)
+            is_store = ttl > 0 and size <= self.max_tenant_bytes
             counts["too_large"] += ttl > 0 and not is_store
-            row: tuple[Any, ...] = (tenant, session, now + ttl, value, len(value)) if is_store else (tenant, session)
+            kind = "remove" if not is_store else "put" if parts is None else "parts"
             if is_store:
                 tenants[tenant] = None
-            if runs and runs[-1][0] == is_store:
-                runs[-1][1].append(row)
+            if kind == "parts" or not runs or runs[-1][0] != kind:
+                runs.append((kind, []))
+            if kind == "remove":
+                runs[-1][1].append((tenant, session))
             else:
-                runs.append((is_store, [row]))
+                runs[-1][1].append((tenant, session, now + ttl, value, size, 0 if parts is None else len(parts)))
+            if kind == "parts":
+                runs[-1][1].append(parts)
+        results: list[bool] = []
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for is_store, rows in runs:
-                conn.executemany(_PUT if is_store else _DELETE, rows)
+            written = conn.execute(_LAST_WRITTEN).fetchone()[0] if tenants else 0
+            for kind, rows in runs:
+                if kind == "parts":
+                    row, parts = rows
+                    is_written = self._put_parted(conn, row, parts)
+                    if is_written:
+                        written += 1
+                        conn.execute(_put_statement(1), (*row, written))
+                    results.append(is_written)
+                    continue
+                at = 0
+                for size in _statement_sizes(len(rows)):
+                    args: list[Any] = []
+                    for row in rows[at : at + size]:
+                        args.extend(row)
+                        if kind == "put":
+                            written += 1
+                            args.append(written)
+                    conn.execute(_put_statement(size) if kind == "put" else _delete_statement(size), args)
+                    at += size
+                results.extend([True] * len(rows))
             for tenant in tenants:
                 counts["tenant"] += self._evict(conn, _OLDEST_OF_TENANT, (tenant,), self.max_tenant_bytes, tenant)
             counts["total"] += self._evict(conn, _OLDEST, (), self.max_bytes, TOTAL)
@@ -559,6 +703,27 @@ class SqliteStore:
             self._next_purge = now + PURGE_INTERVAL
             conn.execute(_PURGE, (now,))
             _size_wal(conn)
+        return results
+
+    @staticmethod
+    def _put_parted(conn: sqlite3.Connection, row: tuple[Any, ...], parts: Sequence[Part]) -> bool:
+        """The parts of one write in parts (inside the batch's transaction): `False`, and
+        nothing changed, when a part it keeps is not held; else the parts it no longer names
+        deleted and the new ones inserted (the caller then upserts the head)."""
+        tenant, session = row[0], row[1]
+        held = {bytes(key) for (key,) in conn.execute(_HELD_PARTS, (tenant, session))}
+        named = set()
+        for part in parts:
+            if part.data is None and part.key not in held:
+                return False
+            named.add(part.key)
+        stale = [(tenant, session, key) for key in held - named]
+        if stale:
+            conn.executemany(_DROP_PART, stale)
+        new = [(tenant, session, p.key, p.data) for p in parts if p.data is not None]
+        if new:
+            conn.executemany(_ADD_PART, new)
+        return True
 
     @staticmethod
     def _evict(conn: sqlite3.Connection, oldest: str, args: tuple[str, ...], cap: int, usage: str) -> int:

@@ -15,7 +15,7 @@ import redis.exceptions
 from proxy.store import default_store_url, open_store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite import PAGE_SIZE, SCHEMA_VERSION, SqliteStore
 from tests.store.redis_server import RedisServer
 
 
@@ -97,9 +97,9 @@ async def test_sqlite_survives_reopen_and_sets_pragmas(tmp_path: Path) -> None:
     assert await second.get("t", "s") == b"kept"
     await second.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA page_size").fetchone()[0] == 16384
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 4096
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
 
 

@@ -6,8 +6,9 @@ import asyncio
 import os
 
 import pytest
+import xxhash
 
-from proxy.store.base import SessionStore
+from proxy.store.base import Part, SessionStore
 
 TTL = 3600.0
 
@@ -78,3 +79,43 @@ async def test_backend_label_is_known(store: SessionStore) -> None:
 async def test_close_is_idempotent(store: SessionStore) -> None:
     await store.close()
     await store.close()
+
+
+def part(data: bytes) -> Part:
+    return Part(xxhash.xxh3_128_digest(data), len(data), data)
+
+
+async def test_parts_round_trip_keep_and_go(store: SessionStore) -> None:
+    a, b, c = part(b"a" * 100), part(b"b" * 50), part(b"c" * 10)
+    assert await store.get_parts("t", "s") is None
+    assert await store.put_parts("t", "s", b"head1", [a, b], TTL)
+    assert await store.get_parts("t", "s") == (b"head1", {a.key: a.data, b.key: b.data})
+    assert await store.get("t", "s") == b"head1"
+    # a kept by name, b no longer named (removed), c new
+    assert await store.put_parts("t", "s", b"head2", [Part(a.key, a.size), c], TTL)
+    assert await store.get_parts("t", "s") == (b"head2", {a.key: a.data, c.key: c.data})
+    # b is gone: naming it stores nothing and leaves the value as it was
+    assert not await store.put_parts("t", "s", b"head3", [Part(b.key, b.size)], TTL)
+    assert await store.get_parts("t", "s") == (b"head2", {a.key: a.data, c.key: c.data})
+    await store.put("t", "s", b"plain", TTL)  # a plain value drops the parts
+    assert await store.get_parts("t", "s") == (b"plain", {})
+    assert not await store.put_parts("t", "s", b"head4", [Part(a.key, a.size)], TTL)
+    assert await store.put_parts("t", "s", b"head5", [a], TTL)
+    await store.delete("t", "s")
+    assert await store.get_parts("t", "s") is None
+    assert not await store.put_parts("t", "s", b"head6", [Part(a.key, a.size)], TTL)
+    assert await store.put_parts("t", "s", b"head7", [a], 0)  # ttl <= 0 stores nothing
+    assert await store.get_parts("t", "s") is None
+
+
+async def test_parts_are_partitioned_by_tenant(store: SessionStore) -> None:
+    a = part(b"tenant a's message" * 10)
+    assert await store.put_parts("tenant-a", "same", b"ha", [a], TTL)
+    # tenant b names a's part: it does not hold it, so nothing is stored
+    assert not await store.put_parts("tenant-b", "same", b"hb", [Part(a.key, a.size)], TTL)
+    assert await store.get_parts("tenant-b", "same") is None
+    assert await store.put_parts("tenant-b", "same", b"hb", [], TTL)
+    assert await store.get_parts("tenant-b", "same") == (b"hb", {})
+    assert await store.get_parts("tenant-a", "same") == (b"ha", {a.key: a.data})
+    await store.delete("tenant-b", "same")
+    assert await store.get_parts("tenant-a", "same") == (b"ha", {a.key: a.data})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
 from proxy.store import RecordStore, open_store
-from proxy.store.codec import SessionRecord, Sidecar, encode_record
+from proxy.store.base import Part
+from proxy.store.codec import PART_BYTES, SessionRecord, Sidecar, encode_layout, encode_record
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
@@ -237,6 +238,10 @@ class HeldWrites(MemoryStore):
         await self.release.wait()
         await super().put(tenant, session, value, ttl)
 
+    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
+        await self.release.wait()
+        return await super().put_parts(tenant, session, head, parts, ttl)
+
 
 async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics: Metrics) -> None:
     """Records waiting for a busy writer hold their encoding and the decoded record: the bound
@@ -246,7 +251,8 @@ async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics:
         chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
         sidecars=(Sidecar(0, b"\x02" * 16, b'"' + b"x" * 100_000 + b'"'),),
     )
-    size = len(encode_record(big))
+    size = encode_layout(big).size  # the head and its one part (the sidecar is over PART_BYTES)
+    assert size > len(encode_record(big)) > PART_BYTES
     store = RecordStore(backend, metrics, max_pending_bytes=5 * 2 * size)
     accepted = [store.save_soon("t", f"s{i}", big) for i in range(8)]
     assert accepted == [True] * 5 + [False] * 3
