@@ -12,7 +12,8 @@ baseline the issue's ratios are against. Not a test.
 
 With `--first`, every request is instead the first request of a new session (the gateway bench's
 `first1` cell): the full ~600 KB body (history plus all 40 turns), distinct bytes each time (its
-own id in the first message), `--sessions` of them after one unmeasured warm-up request.
+own id in the first message), `--sessions` of them after one unmeasured warm-up request; with
+`--cold` every tool result differs as well (no message the process saw before).
 
 `--workload small`: the gateway bench's 1 KB workload instead (every request a new one-turn
 conversation, so every one writes a new session record), `--concurrency` requests in flight
@@ -20,7 +21,7 @@ conversation, so every one writes a new session record), `--concurrency` request
 records in memory instead of the default SQLite file: the difference is the store's CPU.
 
     .venv/bin/python bench/turn_cpu.py [--mode bare|observe|optimise] [--sessions 3] [--profile 40]
-    .venv/bin/python bench/turn_cpu.py --first [--mode bare|observe|optimise] [--sessions 20] [--profile 40]
+    .venv/bin/python bench/turn_cpu.py --first [--cold] [--mode bare|observe|optimise] [--sessions 20] [--profile 40]
     .venv/bin/python bench/turn_cpu.py --workload small [--requests 2000] [--concurrency 8] [--store memory]
 """
 
@@ -67,11 +68,18 @@ def session_bodies(session: int) -> list[bytes]:
     return out
 
 
-def first_bodies(count: int) -> list[bytes]:
-    """`count` full-length first requests of distinct sessions (as `gateway.lua` mode "first")."""
+def first_bodies(count: int, is_cold: bool = False) -> list[bytes]:
+    """`count` full-length first requests of distinct sessions (as `gateway.lua` mode "first"):
+    they differ in their first message only, so the rest of each is bytes the process saw in the
+    previous one. `is_cold`: every tool result differs too (no message seen before)."""
     head_a, head_b = _split(agent_body())
     tail = b"".join(_turn(k) for k in range(1, TURNS + 1))
-    return [head_a + f"turncpu-first-{n}".encode() + head_b + tail + b"]}" for n in range(count)]
+    bodies = [head_a + f"turncpu-first-{n}".encode() + head_b + tail + b"]}" for n in range(count)]
+    if is_cold:  # `line 12\n` in the history's and `return x + 12` in the turns' tool results
+        bodies = [
+            b.replace(b"line ", b"line%d " % n).replace(b"return x", b"return x%d" % n) for n, b in enumerate(bodies)
+        ]
+    return bodies
 
 
 async def _upstream(request: web.Request) -> web.Response:
@@ -150,7 +158,7 @@ async def main(args: argparse.Namespace) -> None:
             await up_runner.cleanup()
             return
         if args.first:  # one session of `sessions + 1` distinct first requests; the first is warm-up
-            sessions = [first_bodies(args.sessions + 1)]
+            sessions = [first_bodies(args.sessions + 1, args.cold)]
         else:
             sessions = [session_bodies(s) for s in range(args.sessions)]
         cpu: list[float] = []
@@ -208,6 +216,7 @@ if __name__ == "__main__":
     parser.add_argument("--mode", choices=("bare", "observe", "optimise"), default="observe")
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--first", action="store_true", help="first requests of new sessions (600 KB each)")
+    parser.add_argument("--cold", action="store_true", help="with --first: no message seen before")
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
     parser.add_argument("--workload", choices=("grow", "small"), default="grow")
     parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")

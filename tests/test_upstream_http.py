@@ -4,6 +4,7 @@ that answer with exact bytes: framing, reuse, failures as aiohttp's exception ty
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -59,6 +60,15 @@ class Upstream:
         return True
 
 
+async def chunks_until(failure: type[BaseException], response: UpstreamResponse) -> list[bytes]:
+    """The body chunks read before reading raised `failure` (it must raise it)."""
+    got = []
+    with pytest.raises(failure):
+        async for chunk in response.content.iter_any():
+            got.append(chunk)
+    return got
+
+
 async def body_of(response: UpstreamResponse) -> bytes:
     return b"".join([chunk async for chunk in response.content.iter_any()])
 
@@ -86,16 +96,35 @@ async def pool() -> AsyncIterator[UpstreamPool]:
     lean.close()
 
 
-async def serving(build: Callable[[Upstream], Answer]) -> Upstream:
+@contextlib.asynccontextmanager
+async def serving(build: Callable[[Upstream], Answer]) -> AsyncIterator[Upstream]:
+    """A loopback upstream answering with `build(upstream)`, closed on exit."""
     up = Upstream(lambda r, w, i: asyncio.sleep(0))
     up.answer = build(up)
-    return await up.__aenter__()
+    async with up:
+        yield up
+
+
+def once(answer: bytes, hold: bool = False) -> Callable[[Upstream], Answer]:
+    """Read one request, answer `answer`, then close (or, with `hold`, keep the connection
+    silent until the test ends)."""
+
+    def build(up: Upstream) -> Answer:
+        async def single(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+            await up.read_request(reader, index)
+            writer.write(answer)
+            await writer.drain()
+            if hold:
+                await up.hold.wait()
+
+        return single
+
+    return build
 
 
 async def test_request_bytes_and_a_content_length_answer_on_one_kept_connection(pool: UpstreamPool) -> None:
     answer = b"HTTP/1.1 201 Made\r\nX-Twice: a\r\nx-twice: b\r\nContent-Length: 5\r\n\r\nhello"
-    up = await serving(keep_alive(answer))
-    try:
+    async with serving(keep_alive(answer)) as up:
         port = up.url.rsplit(":", 1)[1]
         seen = []
         for body in (b"abc", b"de"):
@@ -116,8 +145,6 @@ async def test_request_bytes_and_a_content_length_answer_on_one_kept_connection(
                 f"Content-Length: 2\r\n\r\nde".encode(),
             ),
         ]
-    finally:
-        await up.__aexit__()
 
 
 async def test_chunked_answer_after_an_interim_100(pool: UpstreamPool) -> None:
@@ -125,15 +152,12 @@ async def test_chunked_answer_after_an_interim_100(pool: UpstreamPool) -> None:
         b"HTTP/1.1 100 Continue\r\n\r\n"
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\ndata\r\n3\r\n: x\r\n0\r\n\r\n"
     )
-    up = await serving(keep_alive(answer))
-    try:
+    async with serving(keep_alive(answer)) as up:
         for _ in range(2):
             response = await pool.request("POST", up.url + "/", [], b"{}")
             assert (response.status, await body_of(response)) == (200, b"data: x")
             response.release()
         assert up.connections == 1
-    finally:
-        await up.__aexit__()
 
 
 @pytest.mark.parametrize(
@@ -147,51 +171,25 @@ async def test_chunked_answer_after_an_interim_100(pool: UpstreamPool) -> None:
 async def test_a_single_use_answer_is_read_whole_and_its_connection_not_reused(
     pool: UpstreamPool, answer: bytes
 ) -> None:
-    def build(up: Upstream) -> Answer:
-        async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-            await up.read_request(reader, index)
-            writer.write(answer)
-            await writer.drain()
-
-        return once
-
-    up = await serving(build)
-    try:
+    async with serving(once(answer)) as up:
         for _ in range(2):
             response = await pool.request("POST", up.url + "/", [], b"{}")
             assert (response.status, await body_of(response)) == (200, b"until the end")
             response.release()
         assert up.connections == 2
-    finally:
-        await up.__aexit__()
 
 
 async def test_a_body_cut_short_raises_payload_error(pool: UpstreamPool) -> None:
-    def build(up: Upstream) -> Answer:
-        async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-            await up.read_request(reader, index)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")
-            await writer.drain()
-
-        return cut
-
-    up = await serving(build)
-    try:
+    async with serving(once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")) as up:
         response = await pool.request("POST", up.url + "/", [], b"{}")
-        got = []
-        with pytest.raises(aiohttp.ClientPayloadError):
-            async for chunk in response.content.iter_any():
-                got.append(chunk)
+        got = await chunks_until(aiohttp.ClientPayloadError, response)
         assert b"".join(got) == b"only ten b"
         response.close()
-    finally:
-        await up.__aexit__()
 
 
 async def test_refused_connection_is_aiohttps_connector_error(pool: UpstreamPool) -> None:
-    up = await serving(keep_alive(b""))
-    url = up.url
-    await up.__aexit__()
+    async with serving(keep_alive(b"")) as up:
+        url = up.url
     await up.server.wait_closed()  # type: ignore[union-attr]
     with pytest.raises(aiohttp.ClientConnectorError):
         await pool.request("POST", url + "/", [], b"{}")
@@ -209,8 +207,7 @@ async def test_a_reused_connection_closed_unanswered_is_not_sent_again(pool: Ups
 
         return racy
 
-    up = await serving(build)
-    try:
+    async with serving(build) as up:
         response = await pool.request("POST", up.url + "/", [], b"one")
         assert await body_of(response) == b"ok"
         response.release()
@@ -218,8 +215,6 @@ async def test_a_reused_connection_closed_unanswered_is_not_sent_again(pool: Ups
             await pool.request("POST", up.url + "/", [], b"two")
         assert [(index, raw[-3:]) for index, raw in up.requests] == [(0, b"one"), (0, b"two")]
         assert up.connections == 1
-    finally:
-        await up.__aexit__()
 
 
 async def test_a_new_connection_closed_unanswered_is_not_retried(pool: UpstreamPool) -> None:
@@ -229,31 +224,24 @@ async def test_a_new_connection_closed_unanswered_is_not_retried(pool: UpstreamP
 
         return silent
 
-    up = await serving(build)
-    try:
+    async with serving(build) as up:
         with pytest.raises(aiohttp.ServerDisconnectedError):
             await pool.request("POST", up.url + "/", [], b"{}")
         assert (up.connections, len(up.requests)) == (1, 1)
-    finally:
-        await up.__aexit__()
 
 
 async def test_a_header_with_a_line_break_is_refused_before_any_byte_is_sent(pool: UpstreamPool) -> None:
-    up = await serving(keep_alive(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
-    try:
+    async with serving(keep_alive(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")) as up:
         with pytest.raises(aiohttp.InvalidURL):
             await pool.request("POST", up.url + "/", [("x-a", "1\r\nx-injected: 2")], b"{}")
         assert up.connections == 0
-    finally:
-        await up.__aexit__()
 
 
 async def test_a_large_body_pauses_reading_until_the_client_takes_it(pool: UpstreamPool) -> None:
     size = 4 * HIGH_WATER
     payload = bytes(range(256)) * (size // 256)
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + payload
-    up = await serving(keep_alive(answer))
-    try:
+    async with serving(keep_alive(answer)) as up:
         response = await pool.request("POST", up.url + "/", [], b"{}")
         connection = response._connection
         while not connection._paused and not connection.complete:  # the upstream writes on its own
@@ -262,59 +250,36 @@ async def test_a_large_body_pauses_reading_until_the_client_takes_it(pool: Upstr
         assert await body_of(response) == payload
         response.release()
         assert up.connections == 1
-    finally:
-        await up.__aexit__()
 
 
 async def test_an_upstream_silent_mid_body_times_out_as_a_socket_timeout() -> None:
     lean = UpstreamPool(connect_timeout=5.0, read_timeout=0.2)
 
-    def build(up: Upstream) -> Answer:
-        async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-            await up.read_request(reader, index)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
-            await writer.drain()
-            await up.hold.wait()
-
-        return stall
-
-    up = await serving(build)
-    try:
+    async with serving(once(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf", hold=True)) as up:
         response = await lean.request("POST", up.url + "/", [], b"{}")
-        got = []
-        with pytest.raises(aiohttp.SocketTimeoutError):
-            async for chunk in response.content.iter_any():
-                got.append(chunk)
+        got = await chunks_until(aiohttp.SocketTimeoutError, response)
         assert got == [b"half"]
         response.close()
-    finally:
-        lean.close()
-        await up.__aexit__()
+    lean.close()
 
 
 async def test_a_client_query_cannot_add_a_header_or_a_request(pool: UpstreamPool) -> None:
-    up = await serving(keep_alive(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
-    try:
+    async with serving(keep_alive(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")) as up:
         url = up.url + "/v1/messages?beta=true\r\nX-Injected: yes caf\u00e9"
         response = await pool.request("POST", url, [], b"{}")
         response.release()
         assert up.requests[0][1].split(b"\r\n")[0] == (
             b"POST /v1/messages?beta=true%0D%0AX-Injected:%20yes%20caf%C3%A9 HTTP/1.1"
         )
-    finally:
-        await up.__aexit__()
 
 
 async def test_header_values_go_as_the_bytes_the_client_sent(pool: UpstreamPool) -> None:
-    up = await serving(keep_alive(b"HTTP/1.1 200 OK\r\nX-U: caf\xc3\xa9\r\nContent-Length: 0\r\n\r\n"))
-    try:
+    async with serving(keep_alive(b"HTTP/1.1 200 OK\r\nX-U: caf\xc3\xa9\r\nContent-Length: 0\r\n\r\n")) as up:
         sent = "caf\u00e9 \u20ac " + b"\xff".decode("utf-8", "surrogateescape")  # as aiohttp's server decodes
         response = await pool.request("POST", up.url + "/", [("x-user", sent)], b"{}")
         assert response.headers["X-U"] == "caf\u00e9"
         response.release()
         assert b"\r\nx-user: caf\xc3\xa9 \xe2\x82\xac \xff\r\n" in up.requests[0][1]
-    finally:
-        await up.__aexit__()
 
 
 @pytest.mark.parametrize(
@@ -329,14 +294,11 @@ async def test_header_values_go_as_the_bytes_the_client_sent(pool: UpstreamPool)
     ids=["head-over-64k", "300-fields", "length-and-chunked", "upgrade", "garbage"],
 )
 async def test_a_bad_response_head_is_a_response_error(pool: UpstreamPool, head: bytes) -> None:
-    up = await serving(keep_alive(head))
-    try:
+    async with serving(keep_alive(head)) as up:
         with pytest.raises(aiohttp.ClientResponseError) as raised:
             await pool.request("POST", up.url + "/", [], b"{}")
         assert raised.value.message.startswith("bad upstream HTTP: ")
         assert up.connections == 1
-    finally:
-        await up.__aexit__()
 
 
 @pytest.mark.parametrize(
@@ -355,27 +317,18 @@ async def test_a_bad_response_head_is_a_response_error(pool: UpstreamPool, head:
 async def test_bytes_after_a_complete_response_end_the_connection_not_the_response(
     pool: UpstreamPool, answer: bytes, status: int, body: bytes
 ) -> None:
-    up = await serving(keep_alive(answer))
-    try:
+    async with serving(keep_alive(answer)) as up:
         for _ in range(2):
             response = await pool.request("POST", up.url + "/", [], b"{}")
             assert (response.status, await body_of(response)) == (status, body)
             assert "EVIL" not in str(list(response.headers.items()))
             response.release()
         assert up.connections == 2
-    finally:
-        await up.__aexit__()
 
 
 async def test_a_bad_chunk_after_the_head_ends_the_body_as_a_payload_error(pool: UpstreamPool) -> None:
-    up = await serving(keep_alive(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\ndata\r\nzz\r\n"))
-    try:
+    async with serving(keep_alive(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\ndata\r\nzz\r\n")) as up:
         response = await pool.request("POST", up.url + "/", [], b"{}")
-        got = []
-        with pytest.raises(aiohttp.ClientPayloadError):
-            async for chunk in response.content.iter_any():
-                got.append(chunk)
+        got = await chunks_until(aiohttp.ClientPayloadError, response)
         assert got == [b"data"]
         response.close()
-    finally:
-        await up.__aexit__()

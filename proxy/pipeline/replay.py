@@ -66,7 +66,7 @@ from proxy.exchange import Exchange
 from proxy.malformed import skipped
 from proxy.pipeline import rawprefix
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
-from proxy.prefix import MARKER_KEYS, canonical_value
+from proxy.prefix import MARKER_KEYS, canonical_value, may_hold_marker
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
 from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
@@ -266,6 +266,40 @@ def mask_filtered(
     return value
 
 
+def _strings_of(value: Any, out: list[str]) -> None:
+    """Append the string values inside `value` (not its keys) to `out`, in `mask_filtered`'s order."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            if isinstance(v, str):
+                out.append(v)
+            elif isinstance(v, dict | list):
+                _strings_of(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            if isinstance(v, str):
+                out.append(v)
+            elif isinstance(v, dict | list):
+                _strings_of(v, out)
+
+
+def may_mask(filters: Sequence[tuple[re.Pattern[str], Needs | None]], strings: Sequence[str]) -> bool:
+    """False only when `mask_filtered` with `filters` changes none of `strings` (a value's string
+    values): no filter's `Needs` admit the strings joined by newlines, checked once for the
+    whole value instead of per string and pattern. Sound: a literal a string holds, the joined
+    text holds, a digit too (a literal spanning two joined strings only admits more); and while
+    no pattern changes a string, each later one sees the original text. Non-ASCII text, or a
+    filter without conditions, may mask."""
+    if not strings:
+        return False
+    joined = "\n".join(strings)
+    if not joined.isascii():
+        return True
+    scanned = ScannedText(joined)
+    return any(need is None or need.admits_ascii(scanned) for _, need in filters)
+
+
 class Masker:
     """Masked canonical digests (16 bytes) of messages and blocks: markers removed, string
     content as its text block (`canonical_value`), text that a volatile pattern matches
@@ -342,10 +376,15 @@ class Masker:
             keys.extend(known[2])
             values = values[len(known[0]) :]
         for value in values:
-            stripped = strip_markers(value) if has_markers(value) else value
-            data = dumps(stripped)
+            data = dumps(value)
             if dumped is not None:
-                dumped.append(data if stripped is value else dumps(value))
+                dumped.append(data)
+            # a quoted marker name in the bytes first (C speed): most messages hold none
+            if may_hold_marker(data) and has_markers(value):
+                stripped = strip_markers(value)
+                data = dumps(stripped)
+            else:
+                stripped = value
             if stripped_out is not None:
                 stripped_out.append(bytes(memoryview(data)))  # `compact`
             key = digest(data)
@@ -401,7 +440,16 @@ class Masker:
             return masked
         budget = self.budget
         canonical = canonical_value(stripped)
-        value = mask_filtered(canonical, self.filters, budget)
+        strings: list[str] = []
+        _strings_of(canonical, strings)
+        if may_mask(self.filters, strings):
+            value = mask_filtered(canonical, self.filters, budget)
+        else:  # nothing can change: charge what `mask_filtered` charges for looking at each string
+            value = canonical
+            if budget is not None:
+                for _ in strings:
+                    if budget.is_spent or not budget.take(LINE_SCAN_COST):
+                        break
         if value is canonical and is_exact_digest:
             masked = exact
         else:

@@ -83,6 +83,69 @@ def test_a_budget_charges_every_string_looked_at_and_stops_walking_once_spent() 
     assert (spent.left, spent.is_spent) == (0, True)
 
 
+@FAST
+@given(st.lists(texts, max_size=4), st.integers(min_value=0, max_value=2_000))
+def test_a_value_no_filter_admits_as_a_whole_is_never_masked(values: list[str], chars: int) -> None:
+    """`may_mask` checks a message's strings once, joined: when it says no, filtered masking
+    leaves every string as it is and charges the budget exactly as walking them would."""
+    from proxy.pipeline.replay import _strings_of, may_mask
+    from proxy.rules import LINE_SCAN_COST, Budget
+
+    value = {"role": "user", "content": [{"type": "text", "text": t} for t in values]}
+    strings: list[str] = []
+    _strings_of(value, strings)
+    assert strings == ["user", *[s for t in values for s in ("text", t)]]
+    filters = tuple((p, needs(p)) for p in PATTERNS)
+    if not may_mask(filters, strings):
+        budget = Budget(chars)
+        assert mask_filtered(value, filters, budget) == value
+        walked = min(len(strings), chars // LINE_SCAN_COST)
+        assert (budget.left, budget.is_spent) == (chars - walked * LINE_SCAN_COST, walked < len(strings))
+
+
+def test_may_mask_is_one_check_per_message() -> None:
+    from proxy.pipeline.replay import may_mask
+
+    filters = tuple((p, needs(p)) for p in RULE_SPANS)
+    assert not may_mask(filters, ["user", "tool_result", "toolu_000012", "line 12\nline 12\n"])
+    assert may_mask(filters, ["user", "text", "Current time: 2026-11-29T20:09:13Z"])
+    # one string holds the date, another the time: joined they admit the timestamp rule (sound)
+    assert may_mask(filters, ["2026-11-29", "20:09"])
+    assert may_mask(filters, ["Zeit: 2026-11-29 20:09 \u00fcber"])  # non-ASCII: always run
+    assert not may_mask(filters, [])
+
+
+@FAST
+@given(st.lists(st.lists(texts, max_size=3), min_size=1, max_size=4), st.integers(min_value=0, max_value=3_000))
+def test_masked_digests_and_budget_are_those_of_walking_every_string(messages: list[list[str]], chars: int) -> None:
+    """The masker's digests (one `may_mask` check per message first) equal masking every
+    string with every filter, and the request's budget ends in the same state."""
+    import orjson
+    import xxhash
+
+    from proxy.pipeline.replay import Masker
+    from proxy.prefix import canonical_value
+    from proxy.rules import Budget
+
+    # distinct messages (a repeated one is a memo hit: not walked, not charged)
+    values = [
+        {"role": "user", "id": "a" * i, "content": [{"type": "text", "text": t} for t in texts]}
+        for i, texts in enumerate(messages)
+    ]
+    masker = Masker(volatile_patterns(load_rules()))
+    budget = masker.begin(chars)
+    got = [masker.examine(v)[1] for v in values]
+    reference = Budget(chars)
+    filters = tuple((p, needs(p)) for p in RULE_SPANS)
+    expected = [
+        xxhash.xxh3_128_digest(
+            orjson.dumps(mask_filtered(canonical_value(v), filters, reference), option=orjson.OPT_SORT_KEYS)
+        )
+        for v in values
+    ]
+    assert got == expected
+    assert budget is not None and (budget.left, budget.is_spent) == (reference.left, reference.is_spent)
+
 
 def test_nothing_masked_returns_the_value_itself_and_a_masked_copy_leaves_it_alone() -> None:
     filters = tuple((span, needs(span)) for span in RULE_SPANS)
