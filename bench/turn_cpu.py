@@ -190,6 +190,8 @@ async def main(args: argparse.Namespace) -> None:
     await up_runner.cleanup()
     what = "first requests" if args.first else "appended turns"
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    if args.store == "memory":
+        print("store: memory:// (a friendlier set-up than users run: the default is SQLite)")
     print(
         f"mode {args.mode}: {len(cpu)} {what}, CPU per request p50 {1000 * statistics.median(cpu):.2f} ms, "
         f"mean {1000 * statistics.fmean(cpu):.2f} ms"
