@@ -6,7 +6,9 @@
   (`rediss://` for TLS). It connects lazily, so a dead server at start is not fatal.
 - `RecordStore` is what the pipeline uses (`Services.store`): it encodes `SessionRecord`s, times
   every backend call into `promptcache_session_store_operation_duration_seconds{backend,
-  operation}`, bounds it (reads `GET_TIMEOUT`, writes `PUT_TIMEOUT` seconds) and turns every
+  operation}`, bounds it (reads `GET_TIMEOUT`, writes `PUT_TIMEOUT` seconds; a backend that
+  queues writes, SQLite, bounds a write by its own transaction's time, not by its queue:
+  `SqliteStore.put_within`) and turns every
   failure (timeout, refused connection, locked or corrupt file, unreadable record) into
   `promptcache_session_store_errors_total{backend, operation}` and a `None` / `False` result. It
   never raises, so the request is forwarded without replay. It remembers the bytes and the
@@ -273,6 +275,10 @@ class RecordStore:
         name = backend.backend
         self._is_in_process = name == "memory"
         """The in-process backend never waits on anything: no timer is armed around its calls."""
+        self._put_within: Any = getattr(backend, "put_within", None)
+        self._put_parts_within: Any = getattr(backend, "put_parts_within", None)
+        """A backend that bounds a write by its own time (`SqliteStore.put_within`): its queue
+        is not counted against `put_timeout` (`RecordStore`'s pending writes bound it)."""
         self._get_time = metrics.store_duration.labels(name, "get")
         self._put_time = metrics.store_duration.labels(name, "put")
         self._get_errors = metrics.store_errors.labels(name, "get")
@@ -491,17 +497,23 @@ class RecordStore:
         started = time.perf_counter()
         is_written = True
         try:
-            if parts is not None:
-                if self._is_in_process:
+            if self._is_in_process:
+                if parts is not None:
                     is_written = await self.backend.put_parts(slot[0], slot[1], data, parts, ttl)
                 else:
-                    async with asyncio.timeout(self.put_timeout):
-                        is_written = await self.backend.put_parts(slot[0], slot[1], data, parts, ttl)
-            elif self._is_in_process:
-                await self.backend.put(slot[0], slot[1], data, ttl)
+                    await self.backend.put(slot[0], slot[1], data, ttl)
+            elif self._put_parts_within is not None and self._put_within is not None:
+                # the backend bounds the write by its own time, not by its queue (SQLite)
+                if parts is not None:
+                    is_written = await self._put_parts_within(slot[0], slot[1], data, parts, ttl, self.put_timeout)
+                else:
+                    await self._put_within(slot[0], slot[1], data, ttl, self.put_timeout)
             else:
                 async with asyncio.timeout(self.put_timeout):
-                    await self.backend.put(slot[0], slot[1], data, ttl)
+                    if parts is not None:
+                        is_written = await self.backend.put_parts(slot[0], slot[1], data, parts, ttl)
+                    else:
+                        await self.backend.put(slot[0], slot[1], data, ttl)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._put_errors.inc()
             kind = self._failed(exc)

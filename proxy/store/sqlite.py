@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import os
 import sqlite3
@@ -163,22 +164,20 @@ _MIGRATIONS: Final = {
 _GET: Final = "SELECT value FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
 _GET_HEAD: Final = "SELECT value, parts FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
 _GET_PARTS: Final = "SELECT key, value FROM parts WHERE tenant = ? AND session = ?"
-_HELD_PARTS: Final = "SELECT key FROM parts WHERE tenant = ? AND session = ?"
-_DROP_PART: Final = "DELETE FROM parts WHERE tenant = ? AND session = ? AND key = ?"
-_ADD_PART: Final = "INSERT OR REPLACE INTO parts (tenant, session, key, value) VALUES (?, ?, ?, ?)"
 _PUT_ROW: Final = "(?, ?, ?, ?, ?, ?, ?)"
 _PUT_HEAD: Final = "INSERT INTO sessions (tenant, session, expires, value, size, parts, written) VALUES "
 _PUT_TAIL: Final = (
     " ON CONFLICT (tenant, session) DO UPDATE SET expires = excluded.expires, value = excluded.value,"
     " size = excluded.size, parts = excluded.parts, written = excluded.written"
 )
-_DELETE_HEAD: Final = "DELETE FROM sessions WHERE (tenant, session) IN (VALUES "
 _LAST_WRITTEN: Final = "SELECT ifnull(max(written), 0) FROM sessions"
 STATEMENT_ROWS: Final = (64, 16, 4, 1)
-"""Rows one write statement carries (a run of writes is cut greedily into these sizes): each
-statement is ONE step of SQLite, so ONE release of the GIL, whatever its rows (sqlite3 releases
-it around every step, and re-taking it from a busy event loop costs up to the switch interval,
-5 ms); four sizes keep the statement cache small."""
+"""Rows one statement carries (a run of writes is cut greedily into these sizes, a lookup padded
+up to one of them): each statement is ONE step of SQLite, so ONE release of the GIL, whatever
+its rows (sqlite3 releases it around every step, and every row a query returns is a step too;
+re-taking it from a busy event loop costs up to the switch interval, 5 ms: measured here, 0.006
+ms per one-row insert with the loop idle, 3.3 ms with it busy); four sizes keep the statement
+cache small. So a transaction takes a few steps whatever its writes: `_put_many`."""
 
 
 def _statement_sizes(rows: int) -> list[int]:
@@ -191,19 +190,84 @@ def _statement_sizes(rows: int) -> list[int]:
     return sizes
 
 
+def _padded_sizes(rows: int) -> list[int]:
+    """`rows` covered by as few `STATEMENT_ROWS` sizes as possible, the last padded up
+    (`2 -> [4]`, `70 -> [64, 16]`): for lookups, where a padding row matches nothing."""
+    sizes = []
+    while rows > 0:
+        size = next(s for s in reversed(STATEMENT_ROWS) if s >= min(rows, STATEMENT_ROWS[0]))
+        sizes.append(size)
+        rows -= size
+    return sizes
+
+
+@functools.cache
 def _put_statement(rows: int) -> str:
     return _PUT_HEAD + ", ".join([_PUT_ROW] * rows) + _PUT_TAIL
 
 
+@functools.cache
 def _delete_statement(rows: int) -> str:
-    return _DELETE_HEAD + ", ".join(["(?, ?)"] * rows) + ")"
+    # the OR form searches the primary key per row; `(tenant, session) IN (VALUES ...)` scans the table
+    return "DELETE FROM sessions WHERE " + " OR ".join(["(tenant = ? AND session = ?)"] * rows)
+
+
+@functools.cache
+def _held_statement(rows: int) -> str:
+    """The parts held by `rows` sessions as ONE row: `'<i> <rowid> <hex key>,...'` (`i` the
+    session's position in the run; a padding row `(-1, '', '')` matches nothing)."""
+    return (
+        "WITH w(i, t, s) AS (VALUES " + ", ".join(["(?, ?, ?)"] * rows) + ")"
+        " SELECT group_concat(w.i || ' ' || p.rowid || ' ' || hex(p.key))"
+        " FROM w JOIN parts AS p ON p.tenant = w.t AND p.session = w.s"
+    )
+
+
+@functools.cache
+def _drop_parts_statement(rows: int) -> str:
+    return "DELETE FROM parts WHERE rowid IN (" + ", ".join(["?"] * rows) + ")"
+
+
+@functools.cache
+def _add_parts_statement(rows: int) -> str:
+    return "INSERT OR REPLACE INTO parts (tenant, session, key, value) VALUES " + ", ".join(["(?, ?, ?, ?)"] * rows)
+
+
+@functools.cache
+def _usage_statement(rows: int) -> str:
+    """The bytes of `rows` tenants as ONE row: `'<tenant> <bytes>,...'` (padded with `TOTAL`)."""
+    return "SELECT group_concat(tenant || ' ' || bytes) FROM usage WHERE tenant IN (" + ", ".join(["?"] * rows) + ")"
+
+
+def _write_rows(
+    conn: sqlite3.Connection, statement: Callable[[int], str], rows: Sequence[Sequence[Any]], written: int = -1
+) -> int:
+    """`rows` written in `STATEMENT_ROWS`-sized statements; with `written >= 0` each row gets the
+    next write sequence number appended (`_put_statement`). Returns the last number given."""
+    at = 0
+    for size in _statement_sizes(len(rows)):
+        args: list[Any] = []
+        for row in rows[at : at + size]:
+            args.extend(row)
+            if written >= 0:
+                written += 1
+                args.append(written)
+        conn.execute(statement(size), args)
+        at += size
+    return written
 
 
 _KEYS: Final = "SELECT tenant, session FROM sessions WHERE expires > ?"
-_USAGE: Final = "SELECT bytes FROM usage WHERE tenant = ?"
-_OLDEST_OF_TENANT: Final = "SELECT rowid, size FROM sessions WHERE tenant = ? ORDER BY written LIMIT ?"
-_OLDEST: Final = "SELECT rowid, size FROM sessions ORDER BY written LIMIT ?"
-_EVICT: Final = "DELETE FROM sessions WHERE rowid = ?"
+_EVICT: Final = (
+    "DELETE FROM sessions WHERE rowid IN (SELECT id FROM ("
+    " SELECT id, size, sum(size) OVER (ORDER BY written ROWS UNBOUNDED PRECEDING) AS upto FROM ("
+    " SELECT rowid AS id, size, written FROM sessions {where} ORDER BY written LIMIT ?))"
+    " WHERE upto - size < ?)"
+)
+"""One statement (one step) deleting the least recently written rows (at most `LIMIT`) until
+their sizes reach the excess: a row goes when the rows written before it sum to less."""
+_EVICT_OF_TENANT: Final = _EVICT.format(where="WHERE tenant = ?")
+_EVICT_ANY: Final = _EVICT.format(where="")
 _PURGE: Final = "DELETE FROM sessions WHERE expires <= ?"
 
 
@@ -236,6 +300,23 @@ def _dev_ino(path: str) -> tuple[int, int]:
 
 _Write = tuple[str, str, bytes, float, "Sequence[Part] | None"]
 """`(tenant, session, value or head, ttl, parts)` of one queued write (`parts` `None`: `put`)."""
+_PartedWrite = tuple[int, tuple[Any, ...], Sequence[Part]]
+"""`(index in the batch, sessions row, parts)` of a write in parts (`SqliteStore._put_parted`)."""
+
+
+class _Queued:
+    """One write waiting for, or taken by, the writer thread (`SqliteStore._queue`)."""
+
+    __slots__ = ("write", "done", "taken", "finished")
+
+    def __init__(self, write: _Write, done: asyncio.Future[bool]) -> None:
+        self.write = write
+        self.done = done
+        """Settled on the event loop with the write's result."""
+        self.taken: float | None = None
+        """`time.perf_counter()` when the writer thread began the write's transaction."""
+        self.finished: float | None = None
+        """`time.perf_counter()` when that transaction was over (committed or failed)."""
 
 
 def _settle(
@@ -273,7 +354,7 @@ class SqliteStore:
         """Called on the writer thread with `(cap, rows)`: `rows` records evicted by the
         `tenant` or `total` cap, or a value not stored (`too_large`); set by `RecordStore`."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-sqlite")
-        self._batch: list[tuple[_Write, asyncio.Future[bool]]] = []
+        self._batch: list[_Queued] = []
         """Writes waiting for the writer thread (`put`), in call order."""
         self._batch_lock = threading.Lock()
         self._is_batch_queued = False
@@ -362,19 +443,35 @@ class SqliteStore:
         behind at ~600 writes/s). A failed transaction fails every write in it."""
         await self._queue((tenant, session, value, ttl, None))
 
+    async def put_within(self, tenant: str, session: str, value: bytes, ttl: float, timeout: float) -> None:
+        """`put` bounded by the store's own time: raises `TimeoutError` when the write's
+        transaction has run `timeout` seconds without being over. Time queued behind other
+        transactions does not count (the writer is working through them; the caller bounds how
+        much it queues: `RecordStore`'s pending writes), nor does the time the busy event loop
+        takes to look once the transaction is over (as `get_within`). A write that timed out
+        may still land."""
+        await self._queue((tenant, session, value, ttl, None), timeout)
+
     async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
         """Store `head` and `parts` (module docstring), queued and batched with `put`'s writes;
         `False` when a part given without data is not held (nothing written)."""
         return await self._queue((tenant, session, head, ttl, tuple(parts)))
 
-    async def _queue(self, write: _Write) -> bool:
+    async def put_parts_within(
+        self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float, timeout: float
+    ) -> bool:
+        """`put_parts` bounded by the store's own time, as `put_within` bounds `put`."""
+        return await self._queue((tenant, session, head, ttl, tuple(parts)), timeout)
+
+    async def _queue(self, write: _Write, timeout: float | None = None) -> bool:
         check_key(write[0], write[1])
         if self._closed:
             raise RuntimeError("store closed")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
+        queued = _Queued(write, done)
         with self._batch_lock:
-            self._batch.append((write, done))
+            self._batch.append(queued)
             is_queued, self._is_batch_queued = self._is_batch_queued, True
         if not is_queued:
             try:
@@ -382,8 +479,20 @@ class SqliteStore:
             except RuntimeError:  # the executor shut down meanwhile (close): nobody will write
                 with self._batch_lock:
                     dropped, self._batch, self._is_batch_queued = self._batch, [], False
-                _settle([w[1] for w in dropped], RuntimeError("store closed"))
-        return await done
+                _settle([w.done for w in dropped], RuntimeError("store closed"))
+        if timeout is None:
+            return await done
+        try:
+            while queued.finished is None and not done.done():
+                taken = queued.taken
+                left = timeout if taken is None else taken + timeout - time.perf_counter()
+                await asyncio.wait((done,), timeout=max(0.0, left))
+                if queued.finished is None and queued.taken is not None:
+                    if time.perf_counter() - queued.taken >= timeout:
+                        raise TimeoutError(f"the write's transaction ran over {timeout:g} s")
+            return await done  # over: the result is on its way to the loop
+        finally:
+            done.cancel()  # a no-op when settled; else the writer leaves it alone
 
     async def delete(self, tenant: str, session: str) -> None:
         """Remove the key; queued with the writes (`put`), so it keeps their order."""
@@ -625,12 +734,18 @@ class SqliteStore:
             part = writes[start : start + MAX_BATCH]
             error: BaseException | None = None
             results: list[bool] | None = None
+            taken = time.perf_counter()
+            for queued in part:
+                queued.taken = taken
             try:
-                results = self._guarded(self._put_many, ([w[0] for w in part],))
+                results = self._guarded(self._put_many, ([w.write for w in part],))
             except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
                 error = exc
+            finished = time.perf_counter()
+            for queued in part:
+                queued.finished = finished
             try:
-                loop.call_soon_threadsafe(_settle, [w[1] for w in part], error, results)
+                loop.call_soon_threadsafe(_settle, [w.done for w in part], error, results)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 return
 
@@ -638,60 +753,53 @@ class SqliteStore:
         self._put_many([(tenant, session, value, ttl, None)])
 
     def _put_many(self, writes: Sequence[_Write]) -> list[bool]:
-        """`(tenant, session, value, ttl, parts)` writes in one transaction, in order, each run
-        of plain stores or removals in as few statements as `STATEMENT_ROWS` allows (one GIL
-        release each), a write in parts on its own (`_put_parted`); the write sequence numbers
-        (`written`) are counted on from the file's newest in the same transaction (another
-        process may share the file). Then each tenant written to (then the file) is taken back
-        within its cap (`_evict`). Returns each write's result (`False`: a write in parts that
-        kept a part not held, not written)."""
+        """`(tenant, session, value, ttl, parts)` writes in one transaction, in order, in a few
+        steps whatever their number (`STATEMENT_ROWS`): each run of plain stores (a write in
+        parts with no parts is one: its head is the whole value), of removals, or of writes in
+        parts of distinct sessions goes in as few statements as `STATEMENT_ROWS` allows
+        (`_put_parted`); the write sequence numbers (`written`) are counted on from the file's
+        newest in the same transaction (another process may share the file). Then each tenant
+        written to (then the file) is taken back within its cap (`_evict`). Returns each
+        write's result (`False`: a write in parts that kept a part not held, not written)."""
         conn = self._connection()
         now = self._clock()
         counts = {"too_large": 0, "tenant": 0, "total": 0}
         runs: list[tuple[str, list[Any]]] = []
+        in_run: set[tuple[str, str]] = set()
+        """The sessions of the current run of writes in parts (one session once per run)."""
         tenants: dict[str, None] = {}
-        for tenant, session, value, ttl, parts in writes:
-            size = len(value) + (sum(p.size for p in parts) if parts is not None else 0)
+        for index, (tenant, session, value, ttl, parts) in enumerate(writes):
+            size = len(value) + (sum(p.size for p in parts) if parts else 0)
             is_store = ttl > 0 and size <= self.max_tenant_bytes
             counts["too_large"] += ttl > 0 and not is_store
-            kind = "remove" if not is_store else "put" if parts is None else "parts"
+            kind = "remove" if not is_store else "parts" if parts else "put"
             if is_store:
                 tenants[tenant] = None
-            if kind == "parts" or not runs or runs[-1][0] != kind:
+            if not runs or runs[-1][0] != kind or (kind == "parts" and (tenant, session) in in_run):
                 runs.append((kind, []))
+                in_run = set()
             if kind == "remove":
                 runs[-1][1].append((tenant, session))
+                continue
+            row = (tenant, session, now + ttl, value, size, len(parts) if parts else 0)
+            if kind == "put":
+                runs[-1][1].append(row)
             else:
-                runs[-1][1].append((tenant, session, now + ttl, value, size, 0 if parts is None else len(parts)))
-            if kind == "parts":
-                runs[-1][1].append(parts)
-        results: list[bool] = []
+                assert parts is not None
+                runs[-1][1].append((index, row, parts))
+                in_run.add((tenant, session))
+        results = [True] * len(writes)
         conn.execute("BEGIN IMMEDIATE")
         try:
             written = conn.execute(_LAST_WRITTEN).fetchone()[0] if tenants else 0
             for kind, rows in runs:
                 if kind == "parts":
-                    row, parts = rows
-                    is_written = self._put_parted(conn, row, parts)
-                    if is_written:
-                        written += 1
-                        conn.execute(_put_statement(1), (*row, written))
-                    results.append(is_written)
-                    continue
-                at = 0
-                for size in _statement_sizes(len(rows)):
-                    args: list[Any] = []
-                    for row in rows[at : at + size]:
-                        args.extend(row)
-                        if kind == "put":
-                            written += 1
-                            args.append(written)
-                    conn.execute(_put_statement(size) if kind == "put" else _delete_statement(size), args)
-                    at += size
-                results.extend([True] * len(rows))
-            for tenant in tenants:
-                counts["tenant"] += self._evict(conn, _OLDEST_OF_TENANT, (tenant,), self.max_tenant_bytes, tenant)
-            counts["total"] += self._evict(conn, _OLDEST, (), self.max_bytes, TOTAL)
+                    written = self._put_parted(conn, rows, written, results)
+                elif kind == "put":
+                    written = _write_rows(conn, _put_statement, rows, written)
+                else:
+                    _write_rows(conn, _delete_statement, rows)
+            counts["tenant"], counts["total"] = self._evict(conn, list(tenants))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -706,41 +814,70 @@ class SqliteStore:
         return results
 
     @staticmethod
-    def _put_parted(conn: sqlite3.Connection, row: tuple[Any, ...], parts: Sequence[Part]) -> bool:
-        """The parts of one write in parts (inside the batch's transaction): `False`, and
-        nothing changed, when a part it keeps is not held; else the parts it no longer names
-        deleted and the new ones inserted (the caller then upserts the head)."""
-        tenant, session = row[0], row[1]
-        held = {bytes(key) for (key,) in conn.execute(_HELD_PARTS, (tenant, session))}
-        named = set()
-        for part in parts:
-            if part.data is None and part.key not in held:
-                return False
-            named.add(part.key)
-        stale = [(tenant, session, key) for key in held - named]
-        if stale:
-            conn.executemany(_DROP_PART, stale)
-        new = [(tenant, session, p.key, p.data) for p in parts if p.data is not None]
-        if new:
-            conn.executemany(_ADD_PART, new)
-        return True
+    def _put_parted(conn: sqlite3.Connection, run: Sequence[_PartedWrite], written: int, results: list[bool]) -> int:
+        """A run of writes in parts of distinct sessions (inside the batch's transaction), each
+        `(index, row, parts)`: the parts the sessions hold are listed by one lookup; a write
+        that keeps a part not held changes nothing and its `results[index]` is `False`; for the
+        others the parts no longer named are deleted, the new ones inserted and the heads
+        upserted, each in as few statements as `STATEMENT_ROWS` allows. Returns the last write
+        sequence number given."""
+        held: dict[int, dict[bytes, int]] = {}
+        """Per position in the run: the parts its session holds, key -> rowid."""
+        at = 0
+        for size in _padded_sizes(len(run)):
+            args: list[Any] = []
+            for i in range(at, at + size):
+                args.extend((i, run[i][1][0], run[i][1][1]) if i < len(run) else (-1, "", ""))
+            (listing,) = conn.execute(_held_statement(size), args).fetchone()
+            for item in listing.split(",") if listing else ():
+                i, rowid, key = item.split(" ")
+                held.setdefault(int(i), {})[bytes.fromhex(key)] = int(rowid)
+            at += size
+        stale: list[tuple[int]] = []
+        new: list[tuple[str, str, bytes, bytes]] = []
+        heads: list[tuple[Any, ...]] = []
+        for position, (index, row, parts) in enumerate(run):
+            have = held.get(position, {})
+            if any(part.data is None and part.key not in have for part in parts):
+                results[index] = False
+                continue
+            named = {part.key for part in parts}
+            stale.extend((rowid,) for key, rowid in have.items() if key not in named)
+            new.extend((row[0], row[1], part.key, part.data) for part in parts if part.data is not None)
+            heads.append(row)
+        _write_rows(conn, _drop_parts_statement, stale)
+        _write_rows(conn, _add_parts_statement, new)
+        return _write_rows(conn, _put_statement, heads, written)
+
+    def _evict(self, conn: sqlite3.Connection, tenants: list[str]) -> tuple[int, int]:
+        """Take each of `tenants` (then the file) back within its cap: the least recently
+        written rows deleted until the usage is within it (at most `MAX_EVICTIONS_PER_PUT` per
+        cap and tenant); one lookup of the usage and one statement per cap exceeded. Returns
+        the rows evicted by the tenant caps and by the total cap."""
+        usage = self._usages(conn, [*tenants, TOTAL])
+        by_tenant = 0
+        for tenant in tenants:
+            excess = usage.get(tenant, 0) - self.max_tenant_bytes
+            if excess > 0:
+                by_tenant += conn.execute(_EVICT_OF_TENANT, (tenant, MAX_EVICTIONS_PER_PUT, excess)).rowcount
+        total = self._usages(conn, [TOTAL]).get(TOTAL, 0) if by_tenant else usage.get(TOTAL, 0)
+        excess = total - self.max_bytes
+        by_total = conn.execute(_EVICT_ANY, (MAX_EVICTIONS_PER_PUT, excess)).rowcount if excess > 0 else 0
+        return by_tenant, by_total
 
     @staticmethod
-    def _evict(conn: sqlite3.Connection, oldest: str, args: tuple[str, ...], cap: int, usage: str) -> int:
-        """Delete the least recently written rows `oldest` selects until `usage` is within
-        `cap` (at most `MAX_EVICTIONS_PER_PUT`); returns how many."""
-        row = conn.execute(_USAGE, (usage,)).fetchone()
-        excess = (row[0] if row is not None else 0) - cap
-        if excess <= 0:
-            return 0
-        doomed = []
-        for rowid, size in conn.execute(oldest, (*args, MAX_EVICTIONS_PER_PUT)).fetchall():
-            doomed.append((rowid,))
-            excess -= size
-            if excess <= 0:
-                break
-        conn.executemany(_EVICT, doomed)
-        return len(doomed)
+    def _usages(conn: sqlite3.Connection, tenants: list[str]) -> dict[str, int]:
+        """The `usage` bytes of `tenants` (absent: none held), in one step per 64 tenants."""
+        found: dict[str, int] = {}
+        at = 0
+        for size in _padded_sizes(len(tenants)):
+            chunk = tenants[at : at + size]
+            (listing,) = conn.execute(_usage_statement(size), chunk + [TOTAL] * (size - len(chunk))).fetchone()
+            for item in listing.split(",") if listing else ():
+                tenant, held = item.split(" ")
+                found[tenant] = int(held)
+            at += size
+        return found
 
     def _evicted(self, cap: str, rows: int) -> None:
         if rows and self.on_evict is not None:

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from proxy.store import sqlite as sqlite_store
+from proxy.store.base import Part
 from proxy.store.sqlite import SqliteStore, _statement_sizes
 
 TTL = 3600.0
@@ -75,3 +76,79 @@ async def test_the_write_order_goes_on_across_transactions_and_connections(tmp_p
         rows = conn.execute("SELECT session, written FROM sessions ORDER BY written").fetchall()
     assert rows == [("b", 2), ("a", 3)]
     assert sqlite_store.STATEMENT_ROWS == (64, 16, 4, 1)
+
+
+def _key(session: int, n: int) -> bytes:
+    return bytes([session, n]) * 8
+
+
+async def test_writes_in_parts_go_in_a_few_statements_whatever_their_number(tmp_path: Path) -> None:
+    """Every record is written with `put_parts` (a one-turn record has no parts: its head is all
+    of it). Session 6 ran each such write on its own (a lookup of the parts held, read row by row,
+    then a one-row upsert): every statement and every row read is a step that releases the GIL,
+    and re-taking it from a busy event loop costs up to 5 ms, so the writer fell behind and
+    ~1,150 of 1,900 records timed out in `bench/small_cpu.py` on a quiet machine. Now 100
+    one-turn records, 10 appended turns of held sessions, one write naming a part not held and a
+    second write of one session go in one transaction of 26 statements, exactly as before
+    one by one."""
+    store = SqliteStore(tmp_path / "s.db")
+    statements: list[str] = []
+    try:
+        await store.open()
+        conn = store._conn
+        assert conn is not None
+        held = [("t", f"p{s}", b"head", TTL, tuple(Part(_key(s, n), 3, b"abc") for n in range(3))) for s in range(10)]
+        await store._call(store._put_many, held)
+        writes: list[tuple[str, str, bytes, float, tuple[Part, ...]]] = [
+            ("t", f"s{i}", f"one-turn {i}".encode(), TTL, ()) for i in range(100)
+        ]
+        # each appended turn keeps parts 0 and 2, drops part 1 and adds part 3
+        kept = [(Part(_key(s, 0), 3), Part(_key(s, 2), 3), Part(_key(s, 3), 3, b"new")) for s in range(10)]
+        writes += [("t", f"p{s}", b"next", TTL, kept[s]) for s in range(10)]
+        writes += [("t", "p10", b"gone", TTL, (Part(_key(10, 0), 3),))]  # a part not held: not written
+        writes += [("t", "p0", b"again", TTL, (Part(_key(0, 3), 3), Part(_key(0, 4), 4, b"more")))]
+        await store._call(conn.set_trace_callback, statements.append)  # on the writer thread
+        results = await store._call(store._put_many, writes)
+        await store._call(conn.set_trace_callback, None)
+        assert results == [True] * 110 + [False, True]
+        assert await store.get_parts("t", "s7") == (b"one-turn 7", {})
+        assert await store.get_parts("t", "p5") == (b"next", {_key(5, 0): b"abc", _key(5, 2): b"abc", _key(5, 3): b"new"})
+        assert await store.get_parts("t", "p0") == (b"again", {_key(0, 3): b"new", _key(0, 4): b"more"})
+        assert await store.get_parts("t", "p10") is None
+        # the heads and parts held: the one-turn records, p1-p9 (head and three parts), p0
+        heads = sum(len(f"one-turn {i}") for i in range(100)) + 9 * (4 + 3 * 3) + (5 + 3 + 4)
+        assert await store.usage() == {"": heads, "t": heads}
+    finally:
+        await store.close()
+    distinct = set(statements)  # the trace repeats a statement for each row its triggers fire on
+
+    def count(prefix: str) -> int:
+        return sum(s.startswith(prefix) for s in distinct)
+
+    # heads: 100 one-turn records [64, 16, 16, 4], 10 appended turns [4, 4, 1, 1], then p0 again
+    assert count("INSERT INTO sessions") == 4 + 4 + 1
+    assert count("WITH w(i, t, s)") == 2  # the parts held: one lookup per run of distinct sessions
+    assert count("DELETE FROM parts") == 4 + 2  # 10 dropped parts [4, 4, 1, 1]; p0's parts 0 and 2
+    assert count("INSERT OR REPLACE INTO parts") == 4 + 1
+    assert count("SELECT group_concat(tenant") == 1  # the caps: one lookup of the usage
+    assert (count("BEGIN IMMEDIATE"), count("COMMIT"), count("SELECT ifnull(max(written)")) == (1, 1, 1)
+    assert len(distinct) == 26
+
+
+async def test_a_write_over_the_caps_evicts_in_one_statement(tmp_path: Path) -> None:
+    """At the cap every write evicts: the oldest rows go in one statement (one step), however
+    many it takes, not one row read and one deleted at a time."""
+    store = SqliteStore(tmp_path / "s.db", max_tenant_bytes=1000)
+    statements: list[str] = []
+    try:
+        await store._call(store._put_many, [("t", f"s{i}", b"x" * 10, TTL, None) for i in range(100)])
+        conn = store._conn
+        assert conn is not None
+        await store._call(conn.set_trace_callback, statements.append)
+        await store.put("t", "big", b"y" * 305, TTL)  # 1,305 bytes: the 31 oldest rows go
+        await store._call(conn.set_trace_callback, None)
+        assert await store.get("t", "s30") is None and await store.get("t", "s31") == b"x" * 10
+        assert await store.usage() == {"": 995, "t": 995}
+    finally:
+        await store.close()
+    assert len({s for s in statements if s.startswith("DELETE FROM sessions WHERE rowid IN")}) == 1
