@@ -49,9 +49,10 @@ only when the chunks before the array's `]` up to its start have the earlier bod
 for the elements just before those chunks, its compact bytes equal the kept element's
 `orjson.dumps` at that place) and unguessable stand-ins parse there as elements of the top-level
 array (so the parser is where the earlier body's was: a duplicate or escaped array key, a number
-continued, anything else parses differently and the body is parsed whole). The states keep digests, offsets and counts; content only as
-`RawState.tail` (at most one chunk of the earlier body, for the byte-exact comparison) and in
-`Kept` (the newest bodies within `MAX_PARSED_BYTES`, in memory only).
+continued, anything else parses differently and the body is parsed whole). The states keep
+digests, offsets and counts; content only as `RawState.tail` (at most one chunk of the earlier
+body, for the byte-exact comparison), `RawState.anchor` (65 bytes) and in `Kept` (the newest
+bodies within `MAX_PARSED_BYTES`, in memory only).
 """
 
 from __future__ import annotations

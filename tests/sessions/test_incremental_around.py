@@ -18,8 +18,8 @@ from proxy.pipeline.parse import reused_parse
 from proxy.pipeline.rawprefix import MIN_BYTES, match_raw
 from proxy.pipeline.replay import RawBody, view_messages
 from proxy.providers import ANTHROPIC
-from tests.sessions.test_incremental_parse import _counters, _same, _send_raw, _without_reuse
 from tests.sessions.test_fast_paths import _services
+from tests.sessions.test_incremental_parse import _counters, _same, _send_raw, _without_reuse
 from tests.sessions.test_rawprefix import _body, _masker, _turn, _view_fields
 
 SCOPE = "tenant\x00/v1/messages"
@@ -125,7 +125,8 @@ def test_a_body_of_another_scope_reuses_nothing() -> None:
     """The same bytes from another tenant (scope) find no kept body: parsed whole."""
     masker = _masker()
     first = orjson.dumps(_with_session(_body(30), "session-a"))
-    view_messages(ANTHROPIC, orjson.loads(first), masker, raw=RawBody(first, SCOPE, match_raw(masker.raw_index, SCOPE, first)))
+    match_a = match_raw(masker.raw_index, SCOPE, first)
+    view_messages(ANTHROPIC, orjson.loads(first), masker, raw=RawBody(first, SCOPE, match_a))
     second = _edited(first, "first", 1)
     match = match_raw(masker.raw_index, "other\x00/v1/messages", second)
     assert match is not None
