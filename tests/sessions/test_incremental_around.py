@@ -18,8 +18,7 @@ from proxy.pipeline.parse import reused_parse
 from proxy.pipeline.rawprefix import MIN_BYTES, match_raw
 from proxy.pipeline.replay import RawBody, view_messages
 from proxy.providers import ANTHROPIC
-from tests.sessions.test_fast_paths import _services
-from tests.sessions.test_incremental_parse import _counters, _same, _send_raw, _without_reuse
+from tests.sessions.test_incremental_parse import _checked, _counters, _full, _paired, _same, _send_raw
 from tests.sessions.test_rawprefix import _body, _masker, _turn, _view_fields
 
 SCOPE = "tenant\x00/v1/messages"
@@ -88,13 +87,6 @@ def _edited(raw: bytes, edit: str, at: int) -> bytes:
     return dumped
 
 
-def _full(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-
-
 def test_a_new_session_resending_a_conversation_reuses_all_but_its_first_message() -> None:
     """Session b re-sends session a's 61 messages under another first message and session id:
     messages 1..60 are a's objects, only message 0 and the bytes after the array are parsed,
@@ -148,14 +140,8 @@ def test_parse_and_view_around_an_edit_are_the_full_ones(edits: list[tuple[str, 
         kept = [copy.deepcopy(list(k.elements)) for k in masker.raw_index._parsed.values()]
         got = reused_parse(raw, match)
         assert [list(k.elements) for k in masker.raw_index._parsed.values()] == kept  # never edited
-        if not isinstance(expected, dict):
-            assert got is None
-            continue
-        if got is not None:
-            assert got == expected
-            assert orjson.dumps(got) == orjson.dumps(expected)  # key order, at every depth
-        body = got if got is not None else expected
-        if isinstance(body.get("messages"), list):
+        body = _checked(got, expected)
+        if body is not None and isinstance(body.get("messages"), list):
             view = view_messages(ANTHROPIC, body, masker, raw=RawBody(raw, SCOPE, match))
             assert _view_fields(view) == _view_fields(view_messages(ANTHROPIC, orjson.loads(raw), _masker()))
 
@@ -169,10 +155,7 @@ def test_parse_and_view_around_an_edit_are_the_full_ones(edits: list[tuple[str, 
 async def test_requests_around_an_edit_send_and_record_what_the_full_path_does(
     edits: list[tuple[str, int]], turns: int, mode: str
 ) -> None:
-    incremental, full = _services(mode), _without_reuse(_services(mode))
-    for services in (incremental, full):  # one clock: arrivals and pacing are recorded
-        assert services.sessions is not None
-        services.sessions.clock = lambda: 1_800_000_000.0
+    incremental, full = _paired(mode)
     raw = orjson.dumps(_with_session(_body(turns), "s-0"))
     for edit, at in [("same", 0), *edits]:
         raw = _edited(raw, edit, at) if edit != "same" else raw
