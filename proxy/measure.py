@@ -162,7 +162,8 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
     reuses those runs; a key the stages changed is laid out by `adapter.relayout` from the
     client's runs (the runs of its unchanged messages reused) when the adapter can. The runs it
     shares with the scan of the tenant's recent body (`proxy.pipeline.rawprefix.Kept.scan`: the
-    same run objects) are not walked again.
+    same run objects) are not walked again, nor (chained only) the blocks of the elements
+    `parse` took from a kept body around an edit (`RawMatch.around`).
     """
     found = exchange.sent_prompt
     if found is not None and found[0] is body:
@@ -190,7 +191,9 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
     earlier = kept.scan if kept is not None else None
     # a scan resumed from the recent body's copies its runs: the record's sidecars are not needed
     reuse = reuse_for(exchange, body) if earlier is None or not resumes(earlier, runs) else None
-    prompt = scan_prompt(runs, reuse, earlier)
+    # the kept body `parse` took trailing elements from (`rawprefix.parse_around`): their blocks
+    around = match.around.scan if match is not None and match.around is not None else None
+    prompt = scan_prompt(runs, reuse, earlier, around)
     exchange.sent_prompt = (body, prompt)
     if match is not None and match.fresh is not None:
         match.fresh.scan = prompt  # the next request copies what its runs share with these

@@ -8,6 +8,7 @@ parse: the same value and key order, the same view, bytes upstream, record and m
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from proxy.pipeline.parse import reused_parse
 from proxy.pipeline.rawprefix import MIN_BYTES, match_raw
 from proxy.pipeline.replay import RawBody, view_messages
+from proxy.prefix import PromptScan, scan_prompt
 from proxy.providers import ANTHROPIC
 from tests.sessions.test_incremental_parse import _checked, _counters, _full, _paired, _same, _send_raw
 from tests.sessions.test_rawprefix import _body, _masker, _turn, _view_fields
@@ -169,3 +171,34 @@ async def test_requests_around_an_edit_send_and_record_what_the_full_path_does(
         if a.tenant is not None and a.session_id is not None:
             assert await incremental.store.load(a.tenant, a.session_id) == await full.store.load(b.tenant, b.session_id)
     assert _counters(incremental) == _counters(full)
+
+
+def _scan_fields(scan: PromptScan) -> tuple[Any, ...]:
+    return (scan.chain, scan.values, scan.kinds, scan.marked, scan.tools, scan.digests)
+
+
+def test_a_scan_around_a_kept_body_chains_its_block_digests() -> None:
+    """Body b holds body a's message objects after another first message: scanning b with a's
+    scan (`around`) gives the full scan, the blocks of a's objects taking a's block digests (a's
+    digests replaced by others change exactly those blocks' digests), the others not."""
+    masker = _masker()
+    first = orjson.dumps(_with_session(_body(30), "session-a"))
+    a = orjson.loads(first)
+    view_messages(ANTHROPIC, a, masker, raw=RawBody(first, SCOPE, match_raw(masker.raw_index, SCOPE, first)))
+    second = _edited(first, "first", 7)
+    match = match_raw(masker.raw_index, SCOPE, second)
+    assert match is not None
+    b = reused_parse(second, match)
+    assert b is not None and match.suffix is not None and match.suffix.first == 1
+    around = scan_prompt(ANTHROPIC.layout(a))
+    assert len(around.digests) == 16 * len(around.values) == 16 * 93  # tools 1, system 1, message 0, 30 x 3 turn blocks
+    runs = ANTHROPIC.layout(b)
+    got = scan_prompt(runs, around=around)
+    assert _scan_fields(got) == _scan_fields(scan_prompt(ANTHROPIC.layout(orjson.loads(second))))
+    # messages 1..60 (blocks 3..92) are a's objects: their digests are a's; the tools, the
+    # system prompt (parsed anew with the bytes before the array) and message 0 are digested
+    other = replace(around, digests=bytes(len(around.digests)))
+    altered = scan_prompt(runs, around=other)
+    blocks = range(len(got.values))
+    differing = [i for i in blocks if altered.digests[16 * i : 16 * i + 16] != got.digests[16 * i : 16 * i + 16]]
+    assert differing == list(range(3, 93))
