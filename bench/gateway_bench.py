@@ -488,7 +488,10 @@ def report(
         ("1 KB, 32 connections, req/s vs bare", lambda p: fmt_rps(p, "small32")),
         ("1 KB, 32 connections, CPU per request (x bare)", lambda p: fmt_cpu(p, "small32")),
         ("600 KB growing session, 1 connection, appended turn, added p50", lambda p: fmt_added(p, "grow1")),
-        ("600 KB first request of a session (history seen before), 1 connection, added p50", lambda p: fmt_added(p, "first1")),
+        (
+            "600 KB first request of a session (history seen before), 1 connection, added p50",
+            lambda p: fmt_added(p, "first1"),
+        ),
         ("600 KB cold first request (every message new), 1 connection, added p50", lambda p: fmt_added(p, "cold1")),
         ("600 KB growing, 32 sessions, req/s vs bare", lambda p: fmt_rps(p, "grow32")),
         ("1 KB, 64 connections, req/s vs bare", lambda p: fmt_rps(p, "small64")),
