@@ -32,6 +32,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.forensics import excerpt, first_difference
+from proxy.frozen import fast_init
 from proxy.prefix import MARKER_KEYS, PromptScan, estimate_tokens
 
 MAX_SESSIONS: Final = 512
@@ -69,6 +70,7 @@ class MapBlock:
     """Blocks merged into this one (only when a prompt has more than `MAX_MAP_BLOCKS`)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RequestRow:
     """One measured request of a session."""
@@ -189,6 +191,7 @@ def block_text(value: Any) -> str:
     return ""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PromptMap:
     """What the map of one request needs, kept compact: the request's own `ends` and `kinds`

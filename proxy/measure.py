@@ -41,6 +41,7 @@ from proxy.divergence import (
     request_model,
 )
 from proxy.exchange import Exchange
+from proxy.frozen import fast_init
 from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, Reuse, resumes, scan_prompt
@@ -56,6 +57,7 @@ plus `LINE_SCAN_COST`); the rest reads as not volatile (the divergence is then r
 plain system change)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """Everything measured about one request (debug endpoint, logs, `Exchange.measurement`)."""
