@@ -12,7 +12,9 @@ the client's and the upstream's share are included and the same for every peer, 
 "over bare" is promptcache's own cost), the p50 of each request stage's and response stage's wall
 time, and with `--profile N` a cProfile of the `--profile-mode` peer's requests (top N functions
 by cumulative and own time; `--profile-scope stages`: only inside the request and response
-stages). Not a test; the load average is printed with the figures.
+stages). The cyclic garbage collector is tuned as `promptcache serve` tunes it (`--gc default`:
+Python's thresholds, which add collections inside the stages that `serve` does not have). Not a
+test; the load average is printed with the figures.
 
     .venv/bin/python bench/small_cpu.py [--rounds 5] [--requests 300] [--profile 40 --profile-mode optimise]
 """
@@ -44,6 +46,7 @@ from turn_cpu import _serve, _stage_totals, _upstream, report_profile  # noqa: E
 import proxy.handlers  # noqa: E402
 from proxy.app import create_app  # noqa: E402
 from proxy.appkeys import SERVICES  # noqa: E402
+from proxy.cli import _tune_gc  # noqa: E402
 from proxy.response import RESPONSE_STAGES, run_response_stages  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
 
@@ -123,6 +126,8 @@ async def main(args: argparse.Namespace) -> None:
             runner, urls[mode] = await _serve(apps[mode])
             runners.append(runner)
         timed = {mode: _timed_response_stages(response_ms.setdefault(mode, {})) for mode in apps}
+        if args.gc == "serve":  # the collector as `promptcache serve` sets it up (proxy.cli)
+            _tune_gc()
         by_services = {id(app[SERVICES]): mode for mode, app in apps.items()}
         pipeline_cpu = dict.fromkeys(apps, 0.0)
         """Thread CPU seconds inside the request and response stages, per mode (so far)."""
@@ -220,6 +225,13 @@ if __name__ == "__main__":
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
     parser.add_argument("--profile-mode", choices=PEERS, default="optimise")
+    parser.add_argument(
+        "--gc",
+        choices=("serve", "default"),
+        default="serve",
+        help="the cyclic collector as `promptcache serve` tunes it (serve: frozen start-up objects, "
+        "gen-0 threshold 50,000) or Python's defaults (default: what this bench measured before 2026-12-02)",
+    )
     parser.add_argument(
         "--profile-scope",
         choices=("all", "stages"),
