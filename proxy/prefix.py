@@ -42,6 +42,7 @@ from typing import Any, Final
 import orjson
 import xxhash
 
+from proxy.frozen import fast_init
 from proxy.providers import MARKER_KEYS
 from proxy.providers.base import Block, Run, RunBlocks, dotted, run_kind  # noqa: F401 - re-exported
 
@@ -117,6 +118,7 @@ def value_bytes(value: Any) -> bytes:
     return data
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PrefixChain:
     """Chain digests and byte offsets of one request's prefix blocks."""
@@ -173,6 +175,7 @@ def shared_blocks(old: PrefixChain, new: PrefixChain) -> int:
     return lo
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PromptScan:
     """One request's blocks, digested once (`scan_prompt`)."""

@@ -63,6 +63,7 @@ import orjson
 import xxhash
 
 from proxy.exchange import Exchange
+from proxy.frozen import fast_init
 from proxy.malformed import skipped
 from proxy.pipeline import rawprefix
 from proxy.pipeline.prefilter import Needs, ScannedText, needs
@@ -485,6 +486,7 @@ class Masker:
             self._memo.popitem(last=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MessageView:
     """Masked digests of one request as the client sent it."""
@@ -623,6 +625,7 @@ def _view_messages(
     )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RawBody:
     """The client's raw body for `view_messages`' byte-prefix reuse."""
