@@ -1,15 +1,16 @@
 -- wrk script for bench/gateway_bench.py: builds each request's body from pieces on disk.
 -- Arguments (after `--`): DIR MODE SESSIONS TURNS SALT [BEARER]
---   DIR holds head_a, head_b and turn_1..turn_TURNS (written by gateway_bench.py);
+--   DIR holds head_0..head_N and turn_1..turn_TURNS (written by gateway_bench.py);
 --   MODE "grow": SESSIONS conversations in round robin, each request one turn longer than that
---        session's previous one (head_a .. id .. head_b .. turn_1 .. turn_k .. "]}"), a new
---        session after TURNS turns;
+--        session's previous one (head_0 .. id .. head_1 [.. id .. head_N] .. turn_1 .. turn_k
+--        .. "]}"), a new session after TURNS turns;
 --   MODE "first": every request is the first (full-length) request of a new session.
 -- done() prints one line "WRKJSON {...}" with requests, duration, p50/p99 (microseconds), errors.
 
 local counter = 0
 local pieces = {}
-local head_a, head_b, mode, sessions, turns, salt
+local heads = {}
+local mode, sessions, turns, salt
 local headers = {}
 
 function setup(thread)
@@ -27,7 +28,14 @@ end
 function init(args)
   local dir = args[1]
   mode, sessions, turns, salt = args[2], tonumber(args[3]), tonumber(args[4]), args[5]
-  head_a, head_b = slurp(dir .. "/head_a"), slurp(dir .. "/head_b")
+  local i = 0
+  while true do
+    local f = io.open(dir .. "/head_" .. i, "rb")
+    if not f then break end
+    f:close()
+    heads[#heads + 1] = slurp(dir .. "/head_" .. i)
+    i = i + 1
+  end
   for k = 1, turns do pieces[k] = slurp(dir .. "/turn_" .. k) end
   headers["content-type"] = "application/json"
   headers["anthropic-version"] = "2023-06-01"
@@ -47,7 +55,12 @@ function request()
     turn, gen = round % turns + 1, math.floor(round / turns)
     if turns == 0 then turn = 0 end
   end
-  local parts = {head_a, salt .. "-" .. tostring(tid) .. "-" .. slot .. "-" .. gen, head_b}
+  local id = salt .. "-" .. tostring(tid) .. "-" .. slot .. "-" .. gen
+  local parts = {heads[1]}
+  for k = 2, #heads do
+    parts[#parts + 1] = id
+    parts[#parts + 1] = heads[k]
+  end
   for k = 1, turn do parts[#parts + 1] = pieces[k] end
   parts[#parts + 1] = "]}"
   return wrk.format("POST", "/v1/messages", headers, table.concat(parts))

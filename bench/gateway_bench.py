@@ -15,7 +15,12 @@ Workloads (Anthropic Messages):
   previous one plus one assistant tool_use and one user tool_result (~1.6 KB), 40 turns per
   session (~600 KB at the end), then a new session; 1 connection (appended turns) and 32
   sessions on 32 connections.
-- 600 KB first request: every request opens a new session with the full ~600 KB body.
+- 600 KB first request: every request opens a new session with the full ~600 KB body, the
+  same history each time under a new first message (a conversation resumed or forked under a new
+  session: the proxy has seen its later messages before).
+- 600 KB cold first request: the same, but every message of the history carries the request's
+  salt, so no message was seen before (a new conversation of the same agent: only the system
+  prompt and tools repeat).
 - 64 connections (1 KB and 600 KB growing): optimise with 1 worker vs `--workers 2`, and bare
   with 1 process vs 2 (the ceiling).
 
@@ -55,12 +60,13 @@ TURNS = 40
 MASTER_KEY = "sk-bench-master"
 
 
-def _split(body: dict[str, object]) -> tuple[bytes, bytes]:
-    """The serialised body without its closing `]}` (messages come last), cut at MARK."""
+def _split(body: dict[str, object]) -> list[bytes]:
+    """The serialised body without its closing `]}` (messages come last), cut at each MARK."""
     raw = orjson.dumps(body)
     assert raw.endswith(b"]}"), raw[-10:]
-    head_a, head_b = raw[:-2].split(MARK.encode())
-    return head_a, head_b
+    heads = raw[:-2].split(MARK.encode())
+    assert len(heads) >= 2, "no MARK in the body"
+    return heads
 
 
 def _turn(k: int) -> bytes:
@@ -102,15 +108,36 @@ def agent_body() -> dict[str, object]:
     return agent
 
 
+def agent_cold_body() -> dict[str, object]:
+    """A ~600 KB agent history (the full length of a grown `agent_body` session) with MARK in
+    every message, so that each request's history is new bytes from its first message on."""
+    from bodies import anthropic_body
+
+    agent = anthropic_body(600_000)
+    for message in agent["messages"]:
+        content = message["content"]
+        if isinstance(content, str):
+            message["content"] = f"({MARK}) {content}"
+        else:
+            block = content[0]
+            key = "text" if block["type"] == "text" else "content"
+            block[key] = f"({MARK}) {block[key]}"
+    return agent
+
+
 def write_workloads(tmp: Path) -> dict[str, Path]:
-    """Body pieces for gateway.lua: `small` (1 KB, no turns) and `agent` (~540 KB + TURNS turns)."""
+    """Body pieces for gateway.lua: `small` (1 KB, no turns), `agent` (~540 KB + TURNS turns)
+    and `agentcold` (~600 KB, the salt in every message, no turns)."""
     out = {}
-    for name, body, turns in (("small", small_request(), 0), ("agent", agent_body(), TURNS)):
+    for name, body, turns in (
+        ("small", small_request(), 0),
+        ("agent", agent_body(), TURNS),
+        ("agentcold", agent_cold_body(), 0),
+    ):
         d = tmp / name
         d.mkdir()
-        head_a, head_b = _split(body)
-        (d / "head_a").write_bytes(head_a)
-        (d / "head_b").write_bytes(head_b)
+        for i, head in enumerate(_split(body)):
+            (d / f"head_{i}").write_bytes(head)
         for k in range(1, turns + 1):
             (d / f"turn_{k}").write_bytes(_turn(k))
         out[name] = d
@@ -342,6 +369,7 @@ CELLS = (
     ("small32", "small", "first", 32),
     ("grow1", "agent", "grow", 1),
     ("first1", "agent", "first", 1),
+    ("cold1", "agentcold", "first", 1),
     ("grow32", "agent", "grow", 32),
     ("small64", "small", "first", 64),
     ("grow64", "agent", "grow", 64),
@@ -460,7 +488,11 @@ def report(
         ("1 KB, 32 connections, req/s vs bare", lambda p: fmt_rps(p, "small32")),
         ("1 KB, 32 connections, CPU per request (x bare)", lambda p: fmt_cpu(p, "small32")),
         ("600 KB growing session, 1 connection, appended turn, added p50", lambda p: fmt_added(p, "grow1")),
-        ("600 KB first request of a session, 1 connection, added p50", lambda p: fmt_added(p, "first1")),
+        (
+            "600 KB first request of a session (history seen before), 1 connection, added p50",
+            lambda p: fmt_added(p, "first1"),
+        ),
+        ("600 KB cold first request (every message new), 1 connection, added p50", lambda p: fmt_added(p, "cold1")),
         ("600 KB growing, 32 sessions, req/s vs bare", lambda p: fmt_rps(p, "grow32")),
         ("1 KB, 64 connections, req/s vs bare", lambda p: fmt_rps(p, "small64")),
         ("600 KB growing, 64 sessions, req/s vs bare", lambda p: fmt_rps(p, "grow64")),

@@ -11,7 +11,10 @@ see the same machine load; it prints each peer's process CPU per request (`time.
 the client's and the upstream's share are included and the same for every peer, so the column
 "over bare" is promptcache's own cost), the p50 of each request stage's and response stage's wall
 time, and with `--profile N` a cProfile of the `--profile-mode` peer's requests (top N functions
-by cumulative and own time). Not a test; the load average is printed with the figures.
+by cumulative and own time; `--profile-scope stages`: only inside the request and response
+stages). The cyclic garbage collector is tuned as `promptcache serve` tunes it (`--gc default`:
+Python's thresholds, which add collections inside the stages that `serve` does not have). Not a
+test; the load average is printed with the figures.
 
     .venv/bin/python bench/small_cpu.py [--rounds 5] [--requests 300] [--profile 40 --profile-mode optimise]
 """
@@ -43,6 +46,7 @@ from turn_cpu import _serve, _stage_totals, _upstream, report_profile  # noqa: E
 import proxy.handlers  # noqa: E402
 from proxy.app import create_app  # noqa: E402
 from proxy.appkeys import SERVICES  # noqa: E402
+from proxy.cli import _tune_gc  # noqa: E402
 from proxy.response import RESPONSE_STAGES, run_response_stages  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
 
@@ -122,6 +126,8 @@ async def main(args: argparse.Namespace) -> None:
             runner, urls[mode] = await _serve(apps[mode])
             runners.append(runner)
         timed = {mode: _timed_response_stages(response_ms.setdefault(mode, {})) for mode in apps}
+        if args.gc == "serve":  # the collector as `promptcache serve` sets it up (proxy.cli)
+            _tune_gc()
         by_services = {id(app[SERVICES]): mode for mode, app in apps.items()}
         pipeline_cpu = dict.fromkeys(apps, 0.0)
         """Thread CPU seconds inside the request and response stages, per mode (so far)."""
@@ -130,24 +136,37 @@ async def main(args: argparse.Namespace) -> None:
 
         def response_side(exchange: Any, services: Any) -> None:
             mode = by_services[id(services)]
+            inner = stage_profile if mode == profiling[0] else None
+            if inner is not None:
+                inner.enable()
             started = time.thread_time()
             timed[mode](exchange, services)
             pipeline_cpu[mode] += time.thread_time() - started
+            if inner is not None:
+                inner.disable()
 
         async def request_side(exchange: Any, services: Any) -> None:
             # one request at a time: while this awaits (the store read) the loop is idle, so the
             # thread CPU between the two readings is the request stages' own
             mode = by_services[id(services)]
+            inner = stage_profile if mode == profiling[0] else None
+            if inner is not None:
+                inner.enable()
             started = time.thread_time()
             await original_request(exchange, services)
             pipeline_cpu[mode] += time.thread_time() - started
+            if inner is not None:
+                inner.disable()
 
         proxy.handlers.run_response_stages = response_side  # type: ignore[assignment]
         proxy.handlers.run_request_stages = request_side  # type: ignore[assignment]
         cpu: dict[str, list[float]] = {peer: [] for peer in PEERS}
         stage_cpu: dict[str, list[float]] = {mode: [] for mode in apps}
         stage_ms: dict[str, dict[str, list[float]]] = {mode: {} for mode in apps}
-        profile = cProfile.Profile() if args.profile else None
+        profile = cProfile.Profile() if args.profile and args.profile_scope == "all" else None
+        stage_profile = cProfile.Profile() if args.profile and args.profile_scope == "stages" else None
+        profiling = [""]
+        """The mode whose stages `stage_profile` records in the current round ("" none)."""
         async with aiohttp.ClientSession() as http:
             for peer in PEERS:  # warm-up: connections, tokenizer, store schema
                 await _round(http, urls[peer], small_bodies(50, f"warm-{peer}"), None)
@@ -160,6 +179,7 @@ async def main(args: argparse.Namespace) -> None:
                     before = _stage_totals(apps[peer]) if peer in apps else {}
                     cpu_before = pipeline_cpu.get(peer, 0.0)
                     use = profile if peer == args.profile_mode else None
+                    profiling[0] = peer if peer == args.profile_mode else ""
                     cpu[peer].append(await _round(http, urls[peer], bodies, use))
                     if peer in apps:  # the mean per request of each stage over this round
                         stage_cpu[peer].append((pipeline_cpu[peer] - cpu_before) / len(bodies))
@@ -194,8 +214,8 @@ async def main(args: argparse.Namespace) -> None:
             f"{mode} response stages, p50 ms: "
             + ", ".join(f"{k} {1000 * statistics.median(v):.3f}" for k, v in response_ms[mode].items() if v)
         )
-    if profile is not None:
-        report_profile(profile, args.profile, args.profile_out)
+    if profile is not None or stage_profile is not None:
+        report_profile(profile or stage_profile, args.profile, args.profile_out)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
@@ -205,5 +225,18 @@ if __name__ == "__main__":
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
     parser.add_argument("--profile-mode", choices=PEERS, default="optimise")
+    parser.add_argument(
+        "--gc",
+        choices=("serve", "default"),
+        default="serve",
+        help="the cyclic collector as `promptcache serve` tunes it (serve: frozen start-up objects, "
+        "gen-0 threshold 50,000) or Python's defaults (default: what this bench measured before 2026-12-02)",
+    )
+    parser.add_argument(
+        "--profile-scope",
+        choices=("all", "stages"),
+        default="all",
+        help="profile the whole process (all) or only the request and response stages (stages)",
+    )
     parser.add_argument("--profile-out", default="", help="also write the raw cProfile stats to this file")
     uvloop.run(main(parser.parse_args()))

@@ -51,6 +51,7 @@ from gateway_bench import MARK, TURNS, _split, _turn, agent_body, small_request 
 
 from proxy.app import create_app  # noqa: E402
 from proxy.appkeys import SERVICES  # noqa: E402
+from proxy.cli import _tune_gc  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
 
 HEADERS = {"x-api-key": "bench-key", "anthropic-version": "2023-06-01", "content-type": "application/json"}
@@ -151,6 +152,8 @@ async def main(args: argparse.Namespace) -> None:
         )
         app = bare_app(up_url) if args.mode == "bare" else create_app(settings, CollectorRegistry())
         runner, url = await _serve(app)
+        if args.gc == "serve":
+            _tune_gc()  # as `promptcache serve` does once it listens (the gateway bench's peers)
         if args.workload == "small":
             async with aiohttp.ClientSession() as http:
                 await small(args, http, url)
@@ -224,5 +227,11 @@ if __name__ == "__main__":
     parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")
     parser.add_argument("--requests", type=int, default=2000, help="1 KB requests (--workload small)")
     parser.add_argument("--concurrency", type=int, default=8, help="1 KB requests in flight")
+    parser.add_argument(
+        "--gc",
+        choices=("serve", "default"),
+        default="serve",
+        help="the cyclic collector as `promptcache serve` tunes it (default) or Python's defaults",
+    )
     parser.add_argument("--profile-out", help="also write the cProfile stats to this file (pstats)")
     uvloop.run(main(parser.parse_args()))

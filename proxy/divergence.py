@@ -39,6 +39,7 @@ from typing import Any, Final, Protocol
 import orjson
 import xxhash
 
+from proxy.frozen import fast_init
 from proxy.prefix import PrefixChain, chain_blocks, estimate_tokens, shared_blocks
 from proxy.providers.base import Block, JSONObject, ProviderAdapter, Usage
 
@@ -75,6 +76,7 @@ class Reference:
     breakpoints: tuple[int, ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Divergence:
     """Where and why the current request stops sharing the previous request's prefix."""
@@ -95,6 +97,7 @@ class Divergence:
     """Leading blocks whose chain digests equal the previous request's."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadRules:
     """The provider's cache-read rules for one request (from its adapter: `read_rules`)."""
@@ -116,6 +119,7 @@ ReadPredictor = Callable[[int, PreviousRequest], "tuple[int | None, int] | None"
 rule, or `None` when the rule does not cover the body (the marker rule of `ReadRules` applies)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Prompt:
     """One request as the comparison reads it (the body as sent)."""
@@ -132,6 +136,7 @@ class Prompt:
     """`params_digest` of the body."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """Everything `compare` finds (module docstring)."""

@@ -32,6 +32,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.forensics import excerpt, first_difference
+from proxy.frozen import fast_init
 from proxy.prefix import MARKER_KEYS, PromptScan, estimate_tokens
 
 MAX_SESSIONS: Final = 512
@@ -69,6 +70,7 @@ class MapBlock:
     """Blocks merged into this one (only when a prompt has more than `MAX_MAP_BLOCKS`)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RequestRow:
     """One measured request of a session."""
@@ -189,6 +191,7 @@ def block_text(value: Any) -> str:
     return ""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PromptMap:
     """What the map of one request needs, kept compact: the request's own `ends` and `kinds`
@@ -234,8 +237,6 @@ def prompt_map(
     `proxy.pipeline.segments.Classifier` for the tier of system blocks (worst segment tier;
     `stable` without one), spending `budget` (`proxy.rules.Budget`, the request's: once it
     runs out the remaining blocks are `stable` and `is_budget_spent` is set)."""
-    from proxy.pipeline.segments import BudgetSpent
-
     is_spent = False
     runs = []
     tiers: dict[int, str] = {}
@@ -253,7 +254,7 @@ def prompt_map(
                     value = prompt.values[index + offset]
                     try:
                         segments = classifier.segments(block_text(value), budget)
-                    except BudgetSpent:
+                    except _budget_spent():
                         is_spent, segments = True, ()
                     found = [seg.tier for seg in segments if not seg.wrap]
                     tier = max(found, key=_TIER_RANK.__getitem__) if found else "stable"
@@ -267,6 +268,14 @@ def prompt_map(
     if n and top_marker_ttl is not None and (n - 1) not in ttls:
         ttls[n - 1] = top_marker_ttl
     return PromptMap(prompt.chain.ends, prompt.kinds, tuple(runs), ttls, tiers, is_spent)
+
+
+def _budget_spent() -> type[Exception]:
+    """`proxy.pipeline.segments.BudgetSpent` (imported when a classifier is used: the pipeline
+    imports this module)."""
+    from proxy.pipeline.segments import BudgetSpent
+
+    return BudgetSpent
 
 
 def map_blocks(prompt: PromptScan, top_marker_ttl: str | None = None, classifier: Any = None) -> tuple[MapBlock, ...]:

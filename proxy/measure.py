@@ -41,6 +41,7 @@ from proxy.divergence import (
     request_model,
 )
 from proxy.exchange import Exchange
+from proxy.frozen import fast_init
 from proxy.ledger import attribute_cost
 from proxy.metrics import UPSTREAM_MISS_REASONS
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, Reuse, resumes, scan_prompt
@@ -56,6 +57,7 @@ plus `LINE_SCAN_COST`); the rest reads as not volatile (the divergence is then r
 plain system change)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """Everything measured about one request (debug endpoint, logs, `Exchange.measurement`)."""
@@ -162,7 +164,8 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
     reuses those runs; a key the stages changed is laid out by `adapter.relayout` from the
     client's runs (the runs of its unchanged messages reused) when the adapter can. The runs it
     shares with the scan of the tenant's recent body (`proxy.pipeline.rawprefix.Kept.scan`: the
-    same run objects) are not walked again.
+    same run objects) are not walked again, nor (chained only) the blocks of the elements
+    `parse` took from a kept body around an edit (`RawMatch.around`).
     """
     found = exchange.sent_prompt
     if found is not None and found[0] is body:
@@ -190,7 +193,9 @@ def sent_prompt(exchange: Exchange, body: JSONObject) -> PromptScan:
     earlier = kept.scan if kept is not None else None
     # a scan resumed from the recent body's copies its runs: the record's sidecars are not needed
     reuse = reuse_for(exchange, body) if earlier is None or not resumes(earlier, runs) else None
-    prompt = scan_prompt(runs, reuse, earlier)
+    # the kept body `parse` took trailing elements from (`rawprefix.parse_around`): their blocks
+    around = match.around.scan if match is not None and match.around is not None else None
+    prompt = scan_prompt(runs, reuse, earlier, around)
     exchange.sent_prompt = (body, prompt)
     if match is not None and match.fresh is not None:
         match.fresh.scan = prompt  # the next request copies what its runs share with these
@@ -335,12 +340,10 @@ def measure(exchange: Exchange, services: Services) -> None:
     body = sent_body(exchange)
     if body is None:
         return
-    from proxy.pipeline.support import request_min_tokens  # the pipeline imports this module
-
     prompt = sent_prompt(exchange, body)
     exchange.sent_chain = prompt.chain
     adapter = exchange.adapter
-    min_tokens = request_min_tokens(services, exchange)
+    min_tokens = _request_min_tokens(services, exchange)
     rules = read_rules(adapter, body, min_tokens)
     counter = services.tokens
     usage = exchange.usage
@@ -396,6 +399,20 @@ def measure(exchange: Exchange, services: Services) -> None:
         divergence.tokens,
         predicted,
     )
+
+
+_MIN_TOKENS: list[Callable[[Services, Exchange], int]] = []
+"""`proxy.pipeline.support.request_min_tokens` once imported (the pipeline imports this module)."""
+
+
+def _request_min_tokens(services: Services, exchange: Exchange) -> int:
+    """`proxy.pipeline.support.request_min_tokens`, imported on first use and kept, so a request
+    does not pay for an import statement."""
+    if not _MIN_TOKENS:
+        from proxy.pipeline.support import request_min_tokens
+
+        _MIN_TOKENS.append(request_min_tokens)
+    return _MIN_TOKENS[0](services, exchange)
 
 
 def _count_cost(exchange: Exchange, services: Services) -> None:

@@ -61,6 +61,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from proxy.frozen import fast_init
+
 Ttl = Literal["5m", "1h"]
 
 FIVE_MINUTES: Final = 300.0
@@ -93,6 +95,7 @@ HUMAN: Final = "human"
 TOOL: Final = "tool"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Pacing:
     """Recent gaps by kind and turn-end counts of one session or tenant (bounded)."""
@@ -154,6 +157,7 @@ class Pacing:
         return cls(human, tool, ends, responses, min(max(returns, 0), ends))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Forecast:
     """What the next gap will be, as shares (0..1)."""

@@ -42,6 +42,7 @@ from typing import Any, Final
 import orjson
 import xxhash
 
+from proxy.frozen import fast_init
 from proxy.providers import MARKER_KEYS
 from proxy.providers.base import Block, Run, RunBlocks, dotted, run_kind  # noqa: F401 - re-exported
 
@@ -117,6 +118,7 @@ def value_bytes(value: Any) -> bytes:
     return data
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PrefixChain:
     """Chain digests and byte offsets of one request's prefix blocks."""
@@ -173,6 +175,7 @@ def shared_blocks(old: PrefixChain, new: PrefixChain) -> int:
     return lo
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PromptScan:
     """One request's blocks, digested once (`scan_prompt`)."""
@@ -190,6 +193,9 @@ class PromptScan:
     `prompt_cache_breakpoint`), in order."""
     tools: int
     """Blocks in the `tools` section (they come first)."""
+    digests: bytes = b""
+    """Each block's digest `d_i` (16 bytes each, joined) when the scan computed or copied all
+    of them, else empty (blocks copied from a record's chain: `Reuse`)."""
 
 
 def _has_marker(value: dict[str, Any]) -> bool:
@@ -278,21 +284,45 @@ def resumes(earlier: PromptScan, runs: Sequence[Run]) -> bool:
     return bool(runs) and bool(earlier.blocks.runs) and earlier.blocks.runs[0] is runs[0]
 
 
-def scan_prompt(runs: Sequence[Run], reuse: Reuse | None = None, earlier: PromptScan | None = None) -> PromptScan:
+def scan_prompt(
+    runs: Sequence[Run],
+    reuse: Reuse | None = None,
+    earlier: PromptScan | None = None,
+    around: PromptScan | None = None,
+) -> PromptScan:
     """Digest the blocks of `runs` (an adapter's `layout`) in one pass (see module docstring);
     with `reuse`, the blocks it vouches for are copied from the earlier chain (`Reuse`); with
     `earlier` (a scan of another body version whose runs may be these very objects: the session's
     recent request, `proxy.pipeline.rawprefix.Kept.scan`), the leading runs that are its own are
-    not walked at all: their digests, offsets, values, kinds and markers are copied. The result
-    is the same either way (property tests hold it)."""
+    not walked at all: their digests, offsets, values, kinds and markers are copied. With
+    `around` (a scan with `PromptScan.digests` of a body whose blocks may be these very objects
+    anywhere: the kept body `parse` reused elements of, `rawprefix.RawMatch.around`), a run whose
+    value is the object one of its runs holds, in the same section, role, kind and message
+    boundary, takes its block digests and sizes from there and is only chained (without
+    `reuse` or a resumed `earlier`). The result is the same either way (property tests hold it)."""
     resumed = _resume(earlier, runs) if earlier is not None else 0
     if resumed:
         assert earlier is not None
         return _scan_prompt(runs, None, earlier, resumed)
+    if reuse is None and around is not None and around.digests:
+        return _scan_prompt(runs, None, None, 0, around)
     return _scan_prompt(runs, reuse, None, 0)
 
 
-def _scan_prompt(runs: Sequence[Run], reuse: Reuse | None, base: PromptScan | None, resumed: int) -> PromptScan:
+def _is_boundary(runs: Sequence[Run], j: int) -> bool:
+    """Whether run `j`'s first block starts its message (as `_scan_prompt` decides it: the
+    message differs from that of the last run before it holding a block)."""
+    message = runs[j].message
+    for i in range(j - 1, -1, -1):
+        run = runs[i]
+        if not run.is_list or run.value:
+            return run.message != message
+    return message is not None
+
+
+def _scan_prompt(
+    runs: Sequence[Run], reuse: Reuse | None, base: PromptScan | None, resumed: int, around: PromptScan | None = None
+) -> PromptScan:
     dumps = orjson.dumps
     digest = xxhash.xxh3_128_digest
     out = bytearray()
@@ -312,6 +342,11 @@ def _scan_prompt(runs: Sequence[Run], reuse: Reuse | None, base: PromptScan | No
     array_key, same = (reuse.array_key, reuse.same) if reuse is not None else ("", 0)
     reused_from = reused_until = -1
     """Blocks `reused_from .. reused_until - 1` come from `reuse.previous`."""
+    block_digests = bytearray()
+    is_complete = reuse is None
+    """Every block's digest is in `block_digests` (none was copied from a record's chain)."""
+    around_runs: Sequence[Run] = around.blocks.runs if around is not None else ()
+    around_index = {id(r.value): j for j, r in enumerate(around_runs)} if around is not None else None
     if base is not None and resumed:
         index = base.blocks.starts[resumed] if resumed < len(base.blocks.runs) else base.blocks.size
         out += base.chain.chain[: index * DIGEST_SIZE]
@@ -321,6 +356,10 @@ def _scan_prompt(runs: Sequence[Run], reuse: Reuse | None, base: PromptScan | No
         kinds.extend(base.kinds[:index])
         marked.extend(base.marked[: bisect_left(base.marked, index)])
         tools = min(index, base.tools)  # the tools section comes first
+        if len(base.digests) >= index * DIGEST_SIZE:
+            block_digests += base.digests[: index * DIGEST_SIZE]
+        else:
+            is_complete = False
         total = ends[-1] if ends else 0
         previous = base.chain.chain[(index - 1) * DIGEST_SIZE : index * DIGEST_SIZE] if index else b""
         last_message = next(
@@ -359,12 +398,40 @@ def _scan_prompt(runs: Sequence[Run], reuse: Reuse | None, base: PromptScan | No
             if len(ends) < index:
                 # the stretch of copied blocks ends here: their digests and offsets, at once
                 out, ends, total, previous = _copy_stretch(reuse, reused_from, reused_until, out, ends)
+        is_boundary = message != last_message
+        if around_index is not None:
+            j = around_index.get(id(run.value), -1)
+            old = around_runs[j] if j >= 0 else None
+            if (
+                old is not None
+                and around is not None
+                and old.value is run.value
+                and (old.section, old.role, old.kind, old.is_list) == (section, role, fixed, run.is_list)
+                and _is_boundary(around_runs, j) == is_boundary
+            ):
+                # the very blocks `around` digested, with the same heads: chained, not dumped
+                first = around.blocks.starts[j]
+                found = around.digests[first * DIGEST_SIZE : (first + len(items)) * DIGEST_SIZE]
+                old_ends = around.chain.ends
+                before = old_ends[first - 1] if first else 0
+                for t in range(len(items)):
+                    previous = digest(previous + found[t * DIGEST_SIZE : (t + 1) * DIGEST_SIZE])
+                    out += previous
+                    total += old_ends[first + t] - before
+                    before = old_ends[first + t]
+                    ends.append(total)
+                block_digests += found
+                if section == "tools":
+                    tools += len(items)
+                _reuse_run(run, items, fixed, index, values, kinds, marked)
+                index += len(items)
+                last_message = message
+                continue
         if section == "tools":
             tools += len(items)
         values.extend(items)
         if fixed is not None:
             kinds.extend([fixed] * len(items))
-        is_boundary = message != last_message
         last_message = message
         head = heads.get((section, role, is_boundary))
         if head is None:
@@ -400,7 +467,9 @@ def _scan_prompt(runs: Sequence[Run], reuse: Reuse | None, base: PromptScan | No
                 if fixed is None:
                     kinds.append(run_kind(run, value))
                 keyed = data
-            previous = digest(previous + digest(head + keyed))
+            block = digest(head + keyed)
+            block_digests += block
+            previous = digest(previous + block)
             out += previous
             total += len(data)
             ends.append(total)
@@ -413,4 +482,5 @@ def _scan_prompt(runs: Sequence[Run], reuse: Reuse | None, base: PromptScan | No
     if len(ends) < index:  # the copied stretch ran to the end
         out, ends, total, previous = _copy_stretch(reuse, reused_from, reused_until, out, ends)
     chain = PrefixChain(bytes(out), tuple(ends))
-    return PromptScan(chain, RunBlocks(runs, starts), values, kinds, tuple(marked), tools)
+    known = bytes(block_digests) if is_complete and len(block_digests) == index * DIGEST_SIZE else b""
+    return PromptScan(chain, RunBlocks(runs, starts), values, kinds, tuple(marked), tools, known)

@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+from proxy.frozen import fast_init
+
 try:  # Python 3.11+ (as proxy.pipeline.prefilter)
     from re import _constants as _c
     from re import _parser as _sre
@@ -49,6 +51,7 @@ Chars = frozenset[int]
 """Indices into the sample alphabet a construct can consume."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _Info:
     nullable: bool

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import orjson
 import xxhash
 
+from proxy.frozen import fast_init
 from proxy.memory_budget import BOUNDARY_BYTES, INDEX_SESSION_BYTES, MemoryBudget
 from proxy.pacing import MAX_ARRIVALS, Pacing
 from proxy.providers.base import JSONObject, ProviderAdapter
@@ -91,6 +92,7 @@ def fork_id(parent: str, boundary: bytes) -> str:
     return hashed_id("f", parent.encode() + b"\x00" + boundary)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Inference:
     """How a request's session was decided."""

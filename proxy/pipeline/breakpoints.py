@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.exchange import Exchange
+from proxy.frozen import fast_init
 from proxy.pacing import Forecast
 from proxy.pipeline.blocks import (
     BlockView,
@@ -105,6 +106,7 @@ TAIL_MISSES_TO_SKIP: Final = 1
 """Consecutive rewritten newest messages after which the newest message gets no new marker."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PacingInput:
     """What the TTL rule needs besides the prompt (`proxy.pacing`)."""
@@ -119,6 +121,7 @@ class PacingInput:
     """The shared prefix was sent less than 5 minutes ago (its entry is alive)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PlanContext:
     """What the session knows for planning (`Exchange.plan_context`)."""
@@ -160,6 +163,7 @@ class PlannedMarker:
     `tools`."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Plan:
     markers: tuple[PlannedMarker, ...] = ()

@@ -47,6 +47,7 @@ from typing import Any, Final
 import orjson
 import xxhash
 
+from proxy.frozen import fast_init
 from proxy.pacing import HUMAN, TOOL, Pacing
 from proxy.store.base import Part
 
@@ -69,6 +70,7 @@ class RecordError(ValueError):
     """Stored bytes that are not a readable `SessionRecord`."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Sidecar:
     """The exact value sent for one earlier message."""
@@ -91,6 +93,7 @@ class Sidecar:
         return self.value_digest or xxhash.xxh3_128_digest(self.value)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
     """State of one session after its last successful (2xx) request."""
@@ -133,6 +136,7 @@ class SessionRecord:
     (`proxy.pipeline.delivered`: a note is not delivered again while its value is the same)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Layout:
     """A record encoded in parts (module docstring): `head` plus `parts`, in order."""
