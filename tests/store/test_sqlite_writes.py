@@ -112,7 +112,8 @@ async def test_writes_in_parts_go_in_a_few_statements_whatever_their_number(tmp_
         await store._call(conn.set_trace_callback, None)
         assert results == [True] * 110 + [False, True]
         assert await store.get_parts("t", "s7") == (b"one-turn 7", {})
-        assert await store.get_parts("t", "p5") == (b"next", {_key(5, 0): b"abc", _key(5, 2): b"abc", _key(5, 3): b"new"})
+        p5 = {_key(5, 0): b"abc", _key(5, 2): b"abc", _key(5, 3): b"new"}
+        assert await store.get_parts("t", "p5") == (b"next", p5)
         assert await store.get_parts("t", "p0") == (b"again", {_key(0, 3): b"new", _key(0, 4): b"more"})
         assert await store.get_parts("t", "p10") is None
         # the heads and parts held: the one-turn records, p1-p9 (head and three parts), p0
