@@ -4,7 +4,10 @@ The gateway bench's small workload (`bench/gateway_bench.py` `small_request()`):
 the first request of a new one-turn conversation with distinct bytes (about 1 KB). The fake
 upstream, the peers and an aiohttp client run in one process and one event loop:
 - `bare`: a bare aiohttp pass-through handler (as `bench/bare_passthrough.py`), no pipeline;
-- `observe` and `optimise`: `promptcache` (`create_app`, its default SQLite store in a temp dir).
+- `observe` and `optimise`: `promptcache` (`create_app`, its default SQLite store in a temp dir);
+- `transport`: promptcache in observe mode with its request and response stages replaced by
+  no-ops in this bench (no setting switches them off): the server, handler, admission, forward,
+  relay and the handler's own metrics only, so "over bare" is the cost outside the stages.
 
 The peers are measured in interleaved rounds (`--rounds` x `--requests` each) so that all three
 see the same machine load; it prints each peer's process CPU per request (`time.process_time`:
@@ -47,7 +50,7 @@ from proxy.response import RESPONSE_STAGES, run_response_stages  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
 
 HEADERS = {"x-api-key": "bench-key", "anthropic-version": "2023-06-01", "content-type": "application/json"}
-PEERS = ("bare", "observe", "optimise")
+PEERS = ("bare", "transport", "observe", "optimise")
 
 
 class _TimedStage:
@@ -110,9 +113,9 @@ async def main(args: argparse.Namespace) -> None:
         bare = make_app(up_url)
         runner, urls["bare"] = await _serve(bare)
         runners.append(runner)
-        for mode in ("observe", "optimise"):
+        for mode in ("transport", "observe", "optimise"):
             settings = Settings(
-                mode=mode,
+                mode="observe" if mode == "transport" else mode,
                 upstream=up_url,
                 state_dir=Path(tmp) / mode,
                 store=f"sqlite://{tmp}/{mode}.db",
@@ -130,6 +133,8 @@ async def main(args: argparse.Namespace) -> None:
 
         def response_side(exchange: Any, services: Any) -> None:
             mode = by_services[id(services)]
+            if mode == "transport":
+                return
             started = time.thread_time()
             timed[mode](exchange, services)
             pipeline_cpu[mode] += time.thread_time() - started
@@ -138,6 +143,8 @@ async def main(args: argparse.Namespace) -> None:
             # one request at a time: while this awaits (the store read) the loop is idle, so the
             # thread CPU between the two readings is the request stages' own
             mode = by_services[id(services)]
+            if mode == "transport":
+                return
             started = time.thread_time()
             await original_request(exchange, services)
             pipeline_cpu[mode] += time.thread_time() - started
@@ -179,7 +186,7 @@ async def main(args: argparse.Namespace) -> None:
     for peer in args.peers.split(","):
         value = statistics.median(cpu[peer])
         print(f"{peer:<10}{1000 * value:>36.3f}{1000 * (value - base):>14.3f}{value / base:>8.2f}")
-    for mode in (m for m in apps if stage_cpu[m]):
+    for mode in (m for m in apps if stage_cpu[m] and m != "transport"):
         values = stage_cpu[mode]
         print(
             f"{mode} pipeline thread CPU per request (request + response stages): median "
