@@ -6,9 +6,10 @@ connection cells only: the machine's ceiling for a second process, shared with w
 upstream on the same cores), nginx (`proxy_pass`, one worker process), `promptcache serve`
 in observe and optimise mode (default SQLite store in a temp dir), optimise with `--workers 2`,
 `transport` (promptcache with its stages switched off, `bench/transport_peer.py`: the cost outside
-the stages and the store; not in the default peers), and the LiteLLM proxy when `scripts/install-bench` put it in `.bench-venv/litellm`. The load
-generator is `wrk` (C, its own process; `bench/gateway.lua` builds each body), so no client
-code runs inside a measured process.
+the stages and the store; not in the default peers), and the LiteLLM proxy when
+`scripts/install-bench` put it in `.bench-venv/litellm`. The load generator is `wrk` (C, its
+own process; `bench/gateway.lua` builds each body), so no client code runs inside a measured
+process.
 
 Workloads (Anthropic Messages):
 - 1 KB: every request a new one-turn conversation (distinct bytes), 1 and 32 connections.
