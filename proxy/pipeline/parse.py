@@ -11,7 +11,9 @@ Incremental: when the raw body continues a recent body of its tenant byte for by
 (`Exchange.raw_match`, `proxy.pipeline.rawprefix`) whose parsed elements are still kept, only
 the bytes before the message array and after the unchanged elements are parsed, and those
 elements are the earlier objects (`reused_parse`): the same value as a full parse, at the cost
-of the new bytes. Anything else is parsed whole.
+of the new bytes. Likewise the trailing elements a body ends with byte for byte when its edit is
+before them (`rawprefix.parse_around`: a new session re-sending a recent conversation under
+another first message). Anything else is parsed whole.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Final
 import orjson
 
 from proxy.exchange import Exchange
-from proxy.pipeline.rawprefix import RawMatch, parse_tail, reusable
+from proxy.pipeline.rawprefix import RawMatch, parse_around, parse_tail, reusable, suffix_elements
 from proxy.providers.base import JSONObject
 from proxy.services import Services
 
@@ -45,12 +47,17 @@ def invalid_utf8_message(offset: int, byte: int) -> str:
 
 def reused_parse(raw: bytes, match: RawMatch) -> JSONObject | None:
     """`orjson.loads(raw)` from the matched recent body's parsed elements and the new bytes
-    (`rawprefix.parse_tail`), or `None` when that body's elements are no longer kept or `raw`
-    does not continue it (the caller parses it whole)."""
+    (`rawprefix.parse_tail`, or `rawprefix.parse_around` when `raw` ends with that body's
+    trailing elements too: `RawMatch.suffix`), or `None` when that body's elements are no
+    longer kept or `raw` shares none of them (the caller parses it whole)."""
     state, kept = match.state, match.kept
+    k = min(reusable(state, match.shared, raw, kept.array_key, True), len(kept.elements)) if state and kept else 0
+    if kept is None or k < len(kept.elements):  # an edit before the array's end: its last elements?
+        body = _parse_around(raw, match, k)
+        if body is not None:
+            return body
     if state is None or kept is None:
         return None
-    k = min(reusable(state, match.shared, raw, kept.array_key, True), len(kept.elements))
     if not k:
         return None
     parsed = parse_tail(raw, state, k, kept.elements, kept.array_key, kept.head)
@@ -59,6 +66,29 @@ def reused_parse(raw: bytes, match: RawMatch) -> JSONObject | None:
     body, kept.head = parsed
     match.head = kept.head
     match.reused = k
+    return body
+
+
+def _parse_around(raw: bytes, match: RawMatch, k: int) -> JSONObject | None:
+    """`reused_parse` by `rawprefix.parse_around`: the trailing elements of the kept body whose
+    array's end `raw` holds (`RawPrefixIndex.find_around`), with the `k` leading ones of the
+    prefix match when that is the same body; `None` when there is none."""
+    found = match.index.find_around(match.scope, raw)
+    if found is None:
+        return None
+    around, stop, shared = found
+    if around is not match.kept:
+        k = 0
+    suffix = suffix_elements(raw, around.state, stop, shared, k, around.elements)
+    if suffix is None:
+        return None
+    parsed = parse_around(raw, around.state, k, suffix, around.elements, around.array_key, around.head if k else None)
+    if parsed is None:
+        return None
+    body, head = parsed
+    if head is not None:
+        around.head = match.head = head
+    match.reused, match.around, match.suffix = k, around, suffix
     return body
 
 

@@ -7,7 +7,8 @@ their per-element results from the earlier request (digests, offsets) are reused
 serialising and digesting them again. The cost of a request then follows its new bytes.
 
 Pure core, no I/O:
-- `chunk_digests(raw)`: xxh3-128 of each full `CHUNK` bytes of `raw` (16 bytes each, joined).
+- `chunk_digests(raw)`: xxh3-128 of each full `CHUNK` bytes of `raw` (16 bytes each, joined);
+  `end_digests(raw, stop)` likewise for the chunks counted back from offset `stop`.
 - `shared_prefix(raw, state)`: how many leading bytes `raw` shares with the body `state` was
   built from: whole chunks by their digests, then byte-exact inside the earlier body's last
   partial chunk (`RawState.tail`) when every full chunk matched (the append case).
@@ -27,6 +28,12 @@ Pure core, no I/O:
   `k` array elements are the earlier body's `elements`: only the bytes after element `k - 1`
   are parsed; the earlier element objects and the values before the array are reused (shared
   between the two requests' bodies: stages are copy-on-write and never edit them).
+- `find_around` / `suffix_elements` / `parse_around`: the same for the trailing elements of
+  the array when the edit is before them (a new session re-sending a recent conversation under
+  another first message or system note, with its own session id after the array): a kept
+  body's array end is found in `raw` by its last bytes (`RawState.anchor`), the chunks counted
+  back from there are compared (`RawState.rdigests`), and its last elements lying in the shared
+  bytes are the earlier objects; only the bytes before and after them are parsed (`Suffix`).
 - `Kept`: what one of the newest bodies leaves in memory for the next request of its tenant:
   its parsed elements and head, its layout runs and its prompt scan (the next request lays out
   and scans only the runs that are not these objects: `proxy.prefix.scan_prompt`).
@@ -37,9 +44,15 @@ top-level array's element `i` with the same value), the earlier body's array sta
 to be the top-level key (`top_level_start`: its head parses as an object whose last key opens
 the array), the new bytes hold no second `"<array_key>"` (a duplicate key would replace
 the array) and the byte after element `i` is `,` or `]` (a number's bytes do not end it: `1`
-then `.5` is another value). The states keep digests, offsets and counts; content only as
-`RawState.tail` (at most one chunk of the earlier body, for the byte-exact comparison) and in
-`Kept` (the newest bodies within `MAX_PARSED_BYTES`, in memory only).
+then `.5` is another value). Around an edit (`parse_around`), element `i` from the end is reused
+only when the chunks before the array's `]` up to its start have the earlier body's digests (or,
+for the elements just before those chunks, its compact bytes equal the kept element's
+`orjson.dumps` at that place) and unguessable stand-ins parse there as elements of the top-level
+array (so the parser is where the earlier body's was: a duplicate or escaped array key, a number
+continued, anything else parses differently and the body is parsed whole). The states keep
+digests, offsets and counts; content only as `RawState.tail` (at most one chunk of the earlier
+body, for the byte-exact comparison), `RawState.anchor` (65 bytes) and in `Kept` (the newest
+bodies within `MAX_PARSED_BYTES`, in memory only).
 """
 
 from __future__ import annotations
@@ -78,6 +91,19 @@ def chunk_digests(raw: bytes) -> bytes:
     return b"".join([digest(view[i : i + CHUNK]) for i in range(0, len(raw) - CHUNK + 1, CHUNK)])
 
 
+def end_digests(raw: bytes, stop: int) -> bytes:
+    """xxh3-128 of each full `CHUNK` of `raw[:stop]` counted back from `stop`, joined, the
+    chunk ending at `stop` first (a partial first chunk is left out): two bodies whose bytes
+    before their `stop`s are alike share their first entries whatever their lengths."""
+    view = memoryview(raw)
+    digest = xxhash.xxh3_128_digest
+    return b"".join([digest(view[i - CHUNK : i]) for i in range(stop, CHUNK - 1, -CHUNK)])
+
+
+ANCHOR: Final = 64
+"""Bytes of an array's end (its last bytes and the `]`) looked for in a later body (`find_around`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RawState:
     """What one request's raw body leaves for the next: chunk digests, the element offsets and
@@ -97,6 +123,11 @@ class RawState:
     """`{` plus `[` in the body's bytes up to the end of each full chunk (cumulative)."""
     values: array[int] = field(default_factory=lambda: array("q"))
     """`,` plus `{` plus `[` likewise (`chunk_counts`)."""
+    rdigests: bytes = b""
+    """`end_digests(body, ends[-1])` when the located elements run to the array's end (the
+    chunks counted back from its `]`), else empty."""
+    anchor: bytes = b""
+    """The body's last `ANCHOR` bytes before the array's `]`, and the `]`, with `rdigests`."""
 
     @property
     def size(self) -> int:
@@ -135,6 +166,80 @@ def shared_prefix(raw: bytes, digests: bytes, state: RawState) -> int:
     if lo == len(old) // _DIGEST and state.tail:
         shared += _common(state.tail, raw[shared : shared + len(state.tail)])
     return shared
+
+
+def shared_suffix(rdigests: bytes, state: RawState) -> int:
+    """Trailing bytes (whole chunks) a body with `end_digests` `rdigests` shares with
+    `state`'s body."""
+    old = state.rdigests
+    n = min(len(old), len(rdigests)) // _DIGEST
+    lo, hi = 0, n
+    while lo < hi:  # the first lo chunks from the end are equal
+        mid = (lo + hi + 1) // 2
+        if old[: mid * _DIGEST] == rdigests[: mid * _DIGEST]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CHUNK
+
+
+@dataclass(frozen=True, slots=True)
+class Suffix:
+    """The trailing elements of a body that are a recent body's, byte for byte (`suffix_elements`)."""
+
+    first: int
+    """Index in the earlier body's array of the first reused element."""
+    start: int
+    """Offset in the new body of that element's first byte."""
+    stop: int
+    """Offset in the new body just past the last element (the array's closing `]`)."""
+    delta: int
+    """New offset minus earlier offset of the same bytes (the bodies' length difference)."""
+
+
+def suffix_elements(
+    raw: bytes, state: RawState, stop: int, suffix: int, after: int = 0, elements: Sequence[Any] = ()
+) -> Suffix | None:
+    """The earlier body's (`state`'s) trailing elements, from element `after` on, whose bytes
+    `raw` holds just before its offset `stop` (where `raw`'s `]` stands for the earlier array's:
+    `find_around`), wholly within the `suffix` bytes the two share there (`shared_suffix`),
+    and the elements just before those whose compact bytes (`elements`: that body's parsed
+    ones, located there) `raw` holds byte for byte before them (the shared bytes are whole
+    chunks: an element across the first one's start is compared so); `None` when none is."""
+    ends = state.ends
+    if not ends or state.start < 0 or suffix <= 0 or raw[stop : stop + 1] != b"]":
+        return None
+    low = ends[-1] - suffix  # the earliest earlier offset inside the shared bytes
+    lo, hi = after, len(ends)
+    while lo < hi:  # the first element starting at or after `low`
+        mid = (lo + hi) // 2
+        begin = ends[mid - 1] + 1 if mid else state.start
+        if begin >= low:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo >= len(ends):
+        return None
+    delta = stop - ends[-1]
+    begin = (ends[lo - 1] + 1 if lo else state.start) + delta
+    if raw[begin - 1 : begin] not in (b",", b"["):
+        return None
+    while lo > after and lo <= len(elements) and raw[begin - 1 : begin] == b",":
+        data = orjson.dumps(elements[lo - 1])
+        at = begin - 1 - len(data)
+        if at < 1 or not raw.startswith(data, at) or raw[at - 1 : at] not in (b",", b"["):
+            break
+        lo, begin = lo - 1, at
+    return Suffix(lo, begin, stop, delta)
+
+
+def array_end(raw: bytes, ends: Sequence[int]) -> tuple[bytes, bytes]:
+    """`(RawState.rdigests, RawState.anchor)` of a body whose array elements end at `ends`:
+    empty when they do not run to the array's `]`."""
+    if not ends or raw[ends[-1] : ends[-1] + 1] != b"]":
+        return b"", b""
+    stop = ends[-1]
+    return end_digests(raw, stop), raw[max(0, stop - ANCHOR) : stop + 1]
 
 
 def reusable(state: RawState, shared: int, raw: bytes, array_key: str, is_array_proven: bool = False) -> int:
@@ -263,6 +368,10 @@ class RawMatch:
     """Leading array elements `parse` took from `kept` (`reused_parse`: the very objects)."""
     counts: tuple[list[Any], array[int]] | None = None
     """`(the body's message array, its budget.block_counts)`, once the budget check made them."""
+    around: Kept | None = None
+    """The kept body whose trailing elements `parse` reused (`find_around`, `parse_around`)."""
+    suffix: Suffix | None = None
+    """Which of `around`'s elements, and where they are in this body."""
 
 
 def match_raw(index: RawPrefixIndex, scope: str, raw: bytes) -> RawMatch | None:
@@ -279,6 +388,9 @@ _SENTINEL: Final = secrets.token_hex(16)
 """Stands in for the reused elements in `parse_tail` (unguessable: a later duplicate of the
 array key, however its name is escaped, cannot hold it)."""
 _SENTINEL_BYTES: Final = orjson.dumps(_SENTINEL)
+_SUFFIX: Final = secrets.token_hex(16)
+"""Stands in for the reused trailing elements in `parse_around`."""
+_SUFFIX_BYTES: Final = orjson.dumps(_SUFFIX)
 
 
 def parse_head(raw: bytes, start: int, array_key: str) -> JSONObject | None:
@@ -332,6 +444,58 @@ def parse_tail(
     return body, head
 
 
+def parse_around(
+    raw: bytes,
+    state: RawState,
+    k: int,
+    suffix: Suffix,
+    elements: Sequence[Any],
+    array_key: str,
+    head: JSONObject | None,
+) -> tuple[JSONObject, JSONObject | None] | None:
+    """`(orjson.loads(raw), head)` given that the first `k` (possibly 0) and the trailing
+    elements from `suffix.first` of the top-level `array_key` array are `elements` (`state`'s
+    body's, as `parse_tail`) and `raw[suffix.start:suffix.stop]` holds the trailing ones' bytes
+    (`suffix_elements`). Only the bytes before the reused elements (after element `k - 1` when
+    `k`, with `head`) and after them are parsed, with unguessable strings standing in for them.
+    `None` when `raw` is not such a body (the caller parses it whole).
+
+    Sound because each stand-in parses as an element of the body's top-level array (found
+    there, once: nobody can write it) and the reused bytes are whole compact values separated
+    by `,` (where the earlier body held them, located), which parse to the same values in any
+    array position."""
+    if not 0 <= suffix.first < len(elements) <= len(state.ends) or k > suffix.first:
+        return None
+    end = state.ends[k - 1] if k else 0
+    if end > suffix.start - 1 or (k and raw[end : end + 1] not in _FOLLOW):
+        return None
+    if k and head is None:
+        head = parse_head(raw, state.start, array_key)
+        if head is None:
+            return None
+    opening = b'{"' + array_key.encode() + b'":[' + _SENTINEL_BYTES if k else b""
+    try:
+        parsed = orjson.loads(
+            b"".join((opening, raw[end : suffix.start], _SUFFIX_BYTES, raw[suffix.stop :]))
+        )
+    except orjson.JSONDecodeError:
+        return None
+    if type(parsed) is not dict:
+        return None
+    items = parsed.get(array_key)
+    if type(items) is not list or not items or items[-1] != _SUFFIX or (k and items[0] != _SENTINEL):
+        return None
+    middle = items[1:-1] if k else items[:-1]
+    if k:
+        assert head is not None
+        body = dict(head)
+        body.update(parsed)
+    else:
+        body = parsed
+    body[array_key] = [*elements[:k], *middle, *elements[suffix.first :]]
+    return body, head
+
+
 @dataclass(slots=True)
 class Kept:
     """What a recent body leaves in memory for the next request of its tenant (newest few)."""
@@ -351,6 +515,8 @@ class Kept:
     counts: array[int] | None = None
     """`budget.block_counts` of `elements` (the next request's budget check counts only its
     new elements)."""
+    scope: str = ""
+    """Whose body it was (`RawMatch.scope`): only requests of that scope reuse it."""
     boundaries: tuple[bytes, tuple[bytes, ...]] | None = None
     """`(head digest, MessageView.boundaries of elements)` when the body had no system-section
     elements: the next request's view chains only its new elements onto them when its head
@@ -380,18 +546,47 @@ class RawPrefixIndex:
         return entry
 
     def keep_parsed(
-        self, state: RawState, elements: tuple[Any, ...], array_key: str, head: JSONObject | None = None
+        self,
+        state: RawState,
+        elements: tuple[Any, ...],
+        array_key: str,
+        head: JSONObject | None = None,
+        scope: str = "",
     ) -> Kept | None:
-        """Keep `elements` (the parsed array of `state`'s body: never edited) for `parse_tail`,
-        the newest first out of `max_parsed_bytes` of raw body bytes."""
+        """Keep `elements` (the parsed array of `state`'s body of `scope`: never edited) for
+        `parse_tail` and `parse_around`, the newest first out of `max_parsed_bytes` of raw
+        body bytes."""
         if state.size > self.max_parsed_bytes:
             return None
-        kept = self._parsed[id(state)] = Kept(state, elements, array_key, head)
+        kept = self._parsed[id(state)] = Kept(state, elements, array_key, head, scope=scope)
         self._parsed_bytes += state.size
         while self._parsed_bytes > self.max_parsed_bytes:
             _, oldest = self._parsed.popitem(last=False)
             self._parsed_bytes -= oldest.state.size
         return kept if self._parsed.get(id(state)) is kept else None
+
+    def find_around(self, scope: str, raw: bytes) -> tuple[Kept, int, int] | None:
+        """`(kept, stop, shared)`: the kept body of `scope` whose array's end `raw` holds
+        (`RawState.anchor`, last occurrence) at offset `stop` (its `]`) with the most bytes
+        before it in common (`shared`, whole chunks: `shared_suffix`), newest first; `None`
+        when none."""
+        best: tuple[Kept, int, int] | None = None
+        digests: dict[int, bytes] = {}
+        for kept in reversed(self._parsed.values()):
+            state = kept.state
+            if kept.scope != scope or not state.anchor:
+                continue
+            at = raw.rfind(state.anchor)
+            if at < 0:
+                continue
+            stop = at + len(state.anchor) - 1
+            found = digests.get(stop)
+            if found is None:
+                found = digests[stop] = end_digests(raw, stop)
+            shared = shared_suffix(found, state)
+            if shared and (best is None or shared > best[2]):
+                best = (kept, stop, shared)
+        return best
 
     def drop_parsed(self, state: RawState) -> None:
         entry = self._parsed.pop(id(state), None)

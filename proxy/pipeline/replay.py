@@ -354,7 +354,7 @@ class Masker:
         optional: Mapping[str, frozenset[str]] | None = None,
         known: tuple[Sequence[bytes], Sequence[bytes], Sequence[bytes]] | None = None,
         dumped: list[bytes] | None = None,
-        stripped_out: list[bytes] | None = None,
+        stripped_out: list[bytes | None] | None = None,
     ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
         """`examine` of each of `values`, as three tuples (exact, masked, key); one loop,
         since a long conversation has hundreds of messages. `optional` (role -> keys:
@@ -580,7 +580,7 @@ def _view_messages(
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
     optional = adapter.identity_optional
-    stripped: list[bytes] = []
+    stripped: list[bytes | None] = []
     reused, match = 0, None
     if raw is not None and is_list and array_key is not None and elements and len(raw.data) >= rawprefix.MIN_BYTES:
         exact, digests, keys, reused, match = _examine_known(masker, raw, array_key, elements, optional, stripped)
@@ -642,7 +642,7 @@ def _examine_known(
     array_key: str,
     elements: list[Any],
     optional: Mapping[str, frozenset[str]] | None,
-    stripped: list[bytes],
+    stripped: list[bytes | None],
 ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...], int, rawprefix.RawMatch | None]:
     """`masker.examine_all(elements, optional, stripped_out=stripped)`, reusing the results of the leading elements a
     recent body of the scope held byte for byte (`rawprefix`), and leaving this body's state
@@ -662,17 +662,35 @@ def _examine_known(
     if state is not None and k:
         exact_known, masked_known, keys_known = state.columns
         known = (exact_known[:k], masked_known[:k], keys_known[:k])
+    suffix, walked = _reused_suffix(match, elements, k), elements
+    if suffix is not None:
+        walked = elements[: len(elements) - (len(suffix[0].ends) - suffix[1].first)]
     dumped: list[bytes] = []
-    exact, digests, keys = masker.examine_all(elements, optional, known, dumped, stripped)
+    exact, digests, keys = masker.examine_all(walked, optional, known, dumped, stripped)
+    if suffix is not None:  # the trailing elements `parse` took from the recent body: its results
+        old_ends, found = suffix[0].ends, suffix[1]
+        first, delta = found.first, found.delta
+        columns = suffix[0].columns
+        exact, digests, keys = exact + columns[0][first:], digests + columns[1][first:], keys + columns[2][first:]
+        begin = found.start
+        for end in old_ends[first:]:
+            part = data[begin : end + delta]  # its compact bytes (`rawprefix.locate` found them there)
+            stripped.append(None if may_hold_marker(part) else part)
+            begin = end + delta + 1
     if masker.budget is not None and masker.budget.is_spent:
         return exact, digests, keys, len(known[0]) if known else 0, match  # partly masked: never remembered
     start: int | None
     if state is not None and k:
         start = state.start
         ends = rawprefix.locate(data, dumped, 0, state.ends[:k])
-    else:
+    elif dumped:
         start = rawprefix.top_level_start(data, array_key, dumped[0])
         ends = rawprefix.locate(data, dumped, start) if start is not None else []
+    else:  # every element is the recent body's (`parse` found where the array starts)
+        start = suffix[1].start if suffix is not None else None
+        ends = []
+    if suffix is not None and len(ends) == len(walked) and (not ends or ends[-1] + 1 == suffix[1].start):
+        ends.extend(end + suffix[1].delta for end in suffix[0].ends[suffix[1].first :])
     if ends:
         m = len(ends)
         tail = data[len(chunks) // 16 * rawprefix.CHUNK :]
@@ -686,14 +704,34 @@ def _examine_known(
             start if start is not None else -1,
             match.nodes,
             match.values,
+            *rawprefix.array_end(data, ends),
         )
         covers = state is not None and k == len(state.ends)
         index.remember(raw.scope, fresh, state if covers else None)
-        match.fresh = index.keep_parsed(fresh, tuple(elements[:m]), array_key, match.head)
+        match.fresh = index.keep_parsed(fresh, tuple(elements[:m]), array_key, match.head, raw.scope)
         counted = match.counts  # the budget check's, of this very array
         if match.fresh is not None and counted is not None and counted[0] is elements and len(counted[1]) >= m:
             match.fresh.counts = counted[1][:m]
     return exact, digests, keys, len(known[0]) if known else 0, match
+
+
+def _reused_suffix(
+    match: rawprefix.RawMatch, elements: Sequence[Any], k: int
+) -> tuple[rawprefix.RawState, rawprefix.Suffix] | None:
+    """`(the kept body's state, RawMatch.suffix)` when the trailing elements of `elements` are
+    that body's very objects from `suffix.first` on (`parse` reused them:
+    `rawprefix.parse_around`), after the `k` leading ones reused by prefix; else `None`."""
+    found, kept = match.suffix, match.around
+    if found is None or kept is None:
+        return None
+    state = kept.state
+    old = kept.elements[found.first :]
+    n = len(old)
+    if not n or len(elements) - n < k or len(state.ends) != len(kept.elements):
+        return None
+    if not all(map(is_, elements[len(elements) - n :], old)):
+        return None
+    return state, found
 
 
 @dataclass(frozen=True, slots=True)

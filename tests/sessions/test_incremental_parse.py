@@ -85,6 +85,19 @@ def _full(raw: bytes) -> Any:
         return None
 
 
+def _checked(got: Any, expected: Any) -> Any:
+    """The body a request goes on with: `got` (a reused parse, `None` when none was made) must
+    be `expected` (the full parse, `None` for no JSON) in value and key order at every depth;
+    `None` when the bytes are not a JSON object (then nothing was reused)."""
+    if not isinstance(expected, dict):
+        assert got is None
+        return None
+    if got is not None:
+        assert got == expected
+        assert orjson.dumps(got) == orjson.dumps(expected)  # key order, at every depth
+    return got if got is not None else expected
+
+
 @SLOW
 @given(st.lists(st.tuples(EDITS, st.integers(0, 10_000)), min_size=1, max_size=7), st.integers(30, 40))
 def test_reused_parse_is_the_full_parse(edits: list[tuple[str, int]], turns: int) -> None:
@@ -102,14 +115,8 @@ def test_reused_parse_is_the_full_parse(edits: list[tuple[str, int]], turns: int
         got = reused_parse(raw, match)
         if kept is not None:
             assert list(kept.elements) == before  # the earlier elements are not edited
-        if not isinstance(expected, dict):
-            assert got is None
-            continue
-        if got is not None:
-            assert got == expected
-            assert orjson.dumps(got) == orjson.dumps(expected)  # key order, at every depth
-        body = got if got is not None else expected
-        if isinstance(body.get("messages"), list):
+        body = _checked(got, expected)
+        if body is not None and isinstance(body.get("messages"), list):
             view_messages(ANTHROPIC, body, masker, raw=RawBody(raw, SCOPE, match))
 
 
@@ -160,6 +167,16 @@ def _without_reuse(services: Services) -> Services:
     return services
 
 
+def _paired(mode: str) -> tuple[Services, Services]:
+    """`(incremental, full)`: services of `mode` reusing recent bodies and reusing nothing, on
+    one fixed clock (arrivals and pacing are recorded)."""
+    incremental, full = _services(mode), _without_reuse(_services(mode))
+    for services in (incremental, full):
+        assert services.sessions is not None
+        services.sessions.clock = lambda: 1_800_000_000.0
+    return incremental, full
+
+
 def _counters(services: Services) -> list[str]:
     """The metrics exposition without timings (which differ between any two runs)."""
     text = generate_latest(services.metrics.registry).decode()
@@ -203,10 +220,7 @@ CONVERSATION = st.lists(
 async def test_incremental_path_sends_and_records_what_the_full_path_does(
     edits: list[tuple[str, int]], turns: int, mode: str
 ) -> None:
-    incremental, full = _services(mode), _without_reuse(_services(mode))
-    for services in (incremental, full):  # one clock: arrivals and pacing are recorded
-        assert services.sessions is not None
-        services.sessions.clock = lambda: 1_800_000_000.0
+    incremental, full = _paired(mode)
     raw = orjson.dumps(_body(turns))
     for edit, at in [("same", 0), *edits]:
         raw = _edited(raw, edit, at) if edit != "same" else raw

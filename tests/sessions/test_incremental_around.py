@@ -1,0 +1,171 @@
+"""The incremental parse around an edit (`proxy.pipeline.rawprefix.parse_around`): a body whose
+message array ends with a recent body's last elements byte for byte, after an edit before them
+(a new session re-sending a recent conversation under another first message, system note or
+session id), is parsed from the bytes before and after those elements only; they are the
+earlier objects, their digests the earlier ones, and the request is the same as with a full
+parse: the same value and key order, the same view, bytes upstream, record and metrics."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.pipeline.parse import reused_parse
+from proxy.pipeline.rawprefix import MIN_BYTES, match_raw
+from proxy.pipeline.replay import RawBody, view_messages
+from proxy.providers import ANTHROPIC
+from tests.sessions.test_incremental_parse import _checked, _counters, _full, _paired, _same, _send_raw
+from tests.sessions.test_rawprefix import _body, _masker, _turn, _view_fields
+
+SCOPE = "tenant\x00/v1/messages"
+SLOW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _with_session(body: dict[str, Any], session: str) -> dict[str, Any]:
+    """`body` with a session id after its message array (as Claude Code's `metadata.user_id`)."""
+    out = {k: v for k, v in body.items() if k != "metadata"}
+    out["metadata"] = {"user_id": session}
+    return out
+
+
+EDITS = st.sampled_from(
+    [
+        "first",
+        "system",
+        "session",
+        "middle",
+        "append",
+        "first",
+        "duplicate_after",
+        "escaped_duplicate_after",
+        "number_end",
+        "reformat",
+        "cut",
+        "same",
+    ]
+)
+
+
+def _edited(raw: bytes, edit: str, at: int) -> bytes:
+    """The next raw body after `edit` of `raw` (a body of `_body` shape, or anything)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or len(body["messages"]) < 10:
+        body = _with_session(_body(30), "s-0")  # a replaced array (a duplicate key): start again
+    messages = list(body["messages"])
+    if edit == "first":
+        messages[0] = {"role": "user", "content": f"Start again ({at})."}
+    elif edit == "middle":
+        i = at % len(messages)
+        messages[i] = {"role": messages[i].get("role", "user") if isinstance(messages[i], dict) else "user",
+                       "content": f"changed {at}"}
+    elif edit == "append":
+        messages.extend(_turn(len(messages)))
+    new = {**body, "messages": messages}
+    if edit == "system":
+        new["system"] = [{"type": "text", "text": f"You are agent {at}. " * 40}]
+    if edit == "session":
+        new = _with_session(new, f"s-{at}")
+    dumped = orjson.dumps(new)
+    if edit == "duplicate_after":
+        return dumped[:-1] + b',"messages":[{"role":"user","content":"other"}]}'
+    if edit == "escaped_duplicate_after":
+        return dumped[:-1] + b',"m\\u0065ssages":[{"role":"user","content":"other"}]}'
+    if edit == "number_end":
+        at_end = dumped.rfind(b"]")
+        return dumped[:at_end] + b",7" + dumped[at_end:] if at_end > 0 else dumped
+    if edit == "reformat":
+        return orjson.dumps(new, option=orjson.OPT_INDENT_2)
+    if edit == "cut":
+        return dumped[: len(dumped) - 1 - at % 50]
+    return dumped
+
+
+def test_a_new_session_resending_a_conversation_reuses_all_but_its_first_message() -> None:
+    """Session b re-sends session a's 61 messages under another first message and session id:
+    messages 1..60 are a's objects, only message 0 and the bytes after the array are parsed,
+    and the view is the one a full parse gives."""
+    masker, plain = _masker(), _masker()
+    first_body = _with_session(_body(30), "session-a")
+    first = orjson.dumps(first_body)
+    parsed_first = orjson.loads(first)
+    match_a = match_raw(masker.raw_index, SCOPE, first)
+    view_messages(ANTHROPIC, parsed_first, masker, raw=RawBody(first, SCOPE, match_a))
+    messages = [{"role": "user", "content": "Start again."}, *first_body["messages"][1:]]
+    second = orjson.dumps({**_with_session({**first_body, "messages": messages}, "session-b")})
+    assert second[:100] == first[:100] and len(second) == len(first) + 6
+    match = match_raw(masker.raw_index, SCOPE, second)
+    assert match is not None and match.state is None  # no shared first chunk: the prefix path has nothing
+    got = reused_parse(second, match)
+    assert got is not None and orjson.dumps(got) == second
+    assert match.suffix is not None and (match.suffix.first, match.suffix.delta) == (1, 6)
+    assert all(a is b for a, b in zip(got["messages"][1:], parsed_first["messages"][1:], strict=True))
+    assert got["messages"][0] is not parsed_first["messages"][0]
+    view = view_messages(ANTHROPIC, got, masker, raw=RawBody(second, SCOPE, match))
+    assert _view_fields(view) == _view_fields(view_messages(ANTHROPIC, orjson.loads(second), plain))
+    # what the view keeps for the record builder: each reused message's own bytes, from the body
+    assert view.stripped[1:] == tuple(orjson.dumps(m) for m in messages[1:])
+
+
+def test_a_body_of_another_scope_reuses_nothing() -> None:
+    """The same bytes from another tenant (scope) find no kept body: parsed whole."""
+    masker = _masker()
+    first = orjson.dumps(_with_session(_body(30), "session-a"))
+    match_a = match_raw(masker.raw_index, SCOPE, first)
+    view_messages(ANTHROPIC, orjson.loads(first), masker, raw=RawBody(first, SCOPE, match_a))
+    second = _edited(first, "first", 1)
+    match = match_raw(masker.raw_index, "other\x00/v1/messages", second)
+    assert match is not None
+    assert reused_parse(second, match) is None and match.suffix is None and match.around is None
+
+
+@SLOW
+@given(st.lists(st.tuples(EDITS, st.integers(0, 10_000)), min_size=1, max_size=7), st.integers(30, 40))
+def test_parse_and_view_around_an_edit_are_the_full_ones(edits: list[tuple[str, int]], turns: int) -> None:
+    masker = _masker()
+    raw = orjson.dumps(_with_session(_body(turns), "s-0"))
+    for edit, at in [("same", 0), *edits]:
+        raw = _edited(raw, edit, at) if edit != "same" else raw
+        expected = _full(raw)
+        match = match_raw(masker.raw_index, SCOPE, raw)
+        if match is None:  # under MIN_BYTES (a cut body of one message): not indexed
+            assert len(raw) < MIN_BYTES
+            continue
+        kept = [copy.deepcopy(list(k.elements)) for k in masker.raw_index._parsed.values()]
+        got = reused_parse(raw, match)
+        assert [list(k.elements) for k in masker.raw_index._parsed.values()] == kept  # never edited
+        body = _checked(got, expected)
+        if body is not None and isinstance(body.get("messages"), list):
+            view = view_messages(ANTHROPIC, body, masker, raw=RawBody(raw, SCOPE, match))
+            assert _view_fields(view) == _view_fields(view_messages(ANTHROPIC, orjson.loads(raw), _masker()))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(EDITS, st.integers(0, 10_000)), min_size=2, max_size=5),
+    st.integers(30, 34),
+    st.sampled_from(["observe", "optimise"]),
+)
+async def test_requests_around_an_edit_send_and_record_what_the_full_path_does(
+    edits: list[tuple[str, int]], turns: int, mode: str
+) -> None:
+    incremental, full = _paired(mode)
+    raw = orjson.dumps(_with_session(_body(turns), "s-0"))
+    for edit, at in [("same", 0), *edits]:
+        raw = _edited(raw, edit, at) if edit != "same" else raw
+        if not isinstance(_full(raw), dict):
+            continue
+        a = await _send_raw(incremental, raw)
+        b = await _send_raw(full, raw)
+        _same(a, b)
+        assert a.session_id == b.session_id and a.tenant == b.tenant
+        assert incremental.store is not None and full.store is not None
+        if a.tenant is not None and a.session_id is not None:
+            assert await incremental.store.load(a.tenant, a.session_id) == await full.store.load(b.tenant, b.session_id)
+    assert _counters(incremental) == _counters(full)
