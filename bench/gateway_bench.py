@@ -5,9 +5,11 @@ Peers: calling the fake upstream directly (the zero line), a bare aiohttp pass-t
 connection cells only: the machine's ceiling for a second process, shared with wrk and the fake
 upstream on the same cores), nginx (`proxy_pass`, one worker process), `promptcache serve`
 in observe and optimise mode (default SQLite store in a temp dir), optimise with `--workers 2`,
-and the LiteLLM proxy when `scripts/install-bench` put it in `.bench-venv/litellm`. The load
-generator is `wrk` (C, its own process; `bench/gateway.lua` builds each body), so no client
-code runs inside a measured process.
+`transport` (promptcache with its stages switched off, `bench/transport_peer.py`: the cost outside
+the stages and the store; not in the default peers), and the LiteLLM proxy when
+`scripts/install-bench` put it in `.bench-venv/litellm`. The load generator is `wrk` (C, its
+own process; `bench/gateway.lua` builds each body), so no client code runs inside a measured
+process.
 
 Workloads (Anthropic Messages):
 - 1 KB: every request a new one-turn conversation (distinct bytes), 1 and 32 connections.
@@ -250,14 +252,16 @@ def start_peer(name: str, up: str, tmp: Path, env: dict[str, str]) -> Peer | Non
         conf = tmp / f"nginx-{port}.conf"
         conf.write_text(NGINX_CONF.format(tmp=tmp, up=up.rsplit(":", 1)[1], port=port))
         return Peer(name, url, [subprocess.Popen([nginx, "-c", str(conf), "-g", "daemon off;"], **quiet)])
-    if name.startswith(("observe", "optimise")):
+    if name.startswith(("observe", "optimise", "transport")):
         mode, _, workers = name.partition("-w")
         state = tmp / name
         state.mkdir()
+        # `transport`: promptcache with its stages switched off (bench/transport_peer.py)
+        launch = [str(ROOT / "bench" / "transport_peer.py")] if mode == "transport" else ["-m", "proxy"]
+        mode = "observe" if mode == "transport" else mode
         cmd = [
             sys.executable,
-            "-m",
-            "proxy",
+            *launch,
             "serve",
             "--port",
             str(port),

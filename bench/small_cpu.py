@@ -4,12 +4,16 @@ The gateway bench's small workload (`bench/gateway_bench.py` `small_request()`):
 the first request of a new one-turn conversation with distinct bytes (about 1 KB). The fake
 upstream, the peers and an aiohttp client run in one process and one event loop:
 - `bare`: a bare aiohttp pass-through handler (as `bench/bare_passthrough.py`), no pipeline;
-- `observe` and `optimise`: `promptcache` (`create_app`, its default SQLite store in a temp dir).
+- `observe` and `optimise`: `promptcache` (`create_app`, its default SQLite store in a temp dir);
+- `transport`: promptcache in observe mode with its request and response stages replaced by
+  no-ops in this bench (no setting switches them off): the server, handler, admission, forward,
+  relay and the handler's own metrics only, so "over bare" is the cost outside the stages.
 
 The peers are measured in interleaved rounds (`--rounds` x `--requests` each) so that all three
 see the same machine load; it prints each peer's process CPU per request (`time.process_time`:
 the client's and the upstream's share are included and the same for every peer, so the column
-"over bare" is promptcache's own cost), the p50 of each request stage's and response stage's wall
+"over bare" is promptcache's own cost; "off-loop" is the part spent in other threads than the
+event loop's: the SQLite store's), the p50 of each request stage's and response stage's wall
 time, and with `--profile N` a cProfile of the `--profile-mode` peer's requests (top N functions
 by cumulative and own time; `--profile-scope stages`: only inside the request and response
 stages). The cyclic garbage collector is tuned as `promptcache serve` tunes it (`--gc default`:
@@ -27,6 +31,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +56,7 @@ from proxy.response import RESPONSE_STAGES, run_response_stages  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
 
 HEADERS = {"x-api-key": "bench-key", "anthropic-version": "2023-06-01", "content-type": "application/json"}
-PEERS = ("bare", "observe", "optimise")
+PEERS = ("bare", "transport", "observe", "optimise")
 
 
 class _TimedStage:
@@ -87,21 +92,37 @@ def small_bodies(count: int, salt: str) -> list[bytes]:
     return [head_a + f"{salt}-{i}".encode() + head_b for i in range(count)]
 
 
+def _other_threads_cpu() -> float:
+    """CPU seconds so far of every Python thread but this one (the store's threads: the event
+    loop and everything on it run in this one)."""
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.ident is None:
+            continue
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return total
+
+
 async def _round(
     http: aiohttp.ClientSession, url: str, bodies: list[bytes], profile: cProfile.Profile | None
-) -> float:
-    """Send `bodies` one after another; the process CPU seconds per request."""
+) -> tuple[float, float]:
+    """Send `bodies` one after another; the process CPU seconds per request and the part of
+    it spent outside the loop's thread (a thread that ended during the round is not in the
+    second figure)."""
     if profile is not None:
         profile.enable()
-    started = time.process_time()
+    started, others = time.process_time(), _other_threads_cpu()
     for body in bodies:
         async with http.post(url + "/v1/messages", data=body, headers=HEADERS) as r:
             await r.read()
             assert r.status == 200, r.status
-    spent = time.process_time() - started
+    spent, others = time.process_time() - started, _other_threads_cpu() - others
     if profile is not None:
         profile.disable()
-    return spent / len(bodies)
+    return spent / len(bodies), max(0.0, others) / len(bodies)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -114,9 +135,9 @@ async def main(args: argparse.Namespace) -> None:
         bare = make_app(up_url)
         runner, urls["bare"] = await _serve(bare)
         runners.append(runner)
-        for mode in ("observe", "optimise"):
+        for mode in ("transport", "observe", "optimise"):
             settings = Settings(
-                mode=mode,
+                mode="observe" if mode == "transport" else mode,
                 upstream=up_url,
                 state_dir=Path(tmp) / mode,
                 store=f"sqlite://{tmp}/{mode}.db",
@@ -136,6 +157,8 @@ async def main(args: argparse.Namespace) -> None:
 
         def response_side(exchange: Any, services: Any) -> None:
             mode = by_services[id(services)]
+            if mode == "transport":
+                return
             inner = stage_profile if mode == profiling[0] else None
             if inner is not None:
                 inner.enable()
@@ -149,6 +172,8 @@ async def main(args: argparse.Namespace) -> None:
             # one request at a time: while this awaits (the store read) the loop is idle, so the
             # thread CPU between the two readings is the request stages' own
             mode = by_services[id(services)]
+            if mode == "transport":
+                return
             inner = stage_profile if mode == profiling[0] else None
             if inner is not None:
                 inner.enable()
@@ -161,6 +186,8 @@ async def main(args: argparse.Namespace) -> None:
         proxy.handlers.run_response_stages = response_side  # type: ignore[assignment]
         proxy.handlers.run_request_stages = request_side  # type: ignore[assignment]
         cpu: dict[str, list[float]] = {peer: [] for peer in PEERS}
+        thread_cpu: dict[str, list[float]] = {peer: [] for peer in PEERS}
+        """CPU per request outside the loop's thread (the SQLite store's threads), per round."""
         stage_cpu: dict[str, list[float]] = {mode: [] for mode in apps}
         stage_ms: dict[str, dict[str, list[float]]] = {mode: {} for mode in apps}
         profile = cProfile.Profile() if args.profile and args.profile_scope == "all" else None
@@ -180,7 +207,9 @@ async def main(args: argparse.Namespace) -> None:
                     cpu_before = pipeline_cpu.get(peer, 0.0)
                     use = profile if peer == args.profile_mode else None
                     profiling[0] = peer if peer == args.profile_mode else ""
-                    cpu[peer].append(await _round(http, urls[peer], bodies, use))
+                    spent, off_loop = await _round(http, urls[peer], bodies, use)
+                    cpu[peer].append(spent)
+                    thread_cpu[peer].append(off_loop)
                     if peer in apps:  # the mean per request of each stage over this round
                         stage_cpu[peer].append((pipeline_cpu[peer] - cpu_before) / len(bodies))
                         for name, (n, total) in _stage_totals(apps[peer]).items():
@@ -195,11 +224,13 @@ async def main(args: argparse.Namespace) -> None:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"1 KB first requests: {args.rounds} rounds x {args.requests} requests per peer, load average {load}")
     base = statistics.median(cpu["bare"]) if cpu["bare"] else float("nan")
-    print(f"{'peer':<10}{'CPU/request ms (median of rounds)':>36}{'over bare ms':>14}{'x bare':>8}")
+    print(f"{'peer':<10}{'CPU/request ms (median of rounds)':>36}{'over bare ms':>14}{'x bare':>8}{'off-loop ms':>13}")
     for peer in args.peers.split(","):
-        value = statistics.median(cpu[peer])
-        print(f"{peer:<10}{1000 * value:>36.3f}{1000 * (value - base):>14.3f}{value / base:>8.2f}")
-    for mode in (m for m in apps if stage_cpu[m]):
+        value, off_loop = statistics.median(cpu[peer]), statistics.median(thread_cpu[peer])
+        print(
+            f"{peer:<10}{1000 * value:>36.3f}{1000 * (value - base):>14.3f}{value / base:>8.2f}{1000 * off_loop:>13.3f}"
+        )
+    for mode in (m for m in apps if stage_cpu[m] and m != "transport"):
         values = stage_cpu[mode]
         print(
             f"{mode} pipeline thread CPU per request (request + response stages): median "

@@ -202,14 +202,16 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def begin(self, payload: bytes) -> asyncio.Future[None]:
-        """Send one request's bytes; the future resolves when the response head is in."""
+    def begin(self, head: bytes, body: bytes) -> asyncio.Future[None]:
+        """Send one request (its head, then its body); the future resolves when the response
+        head is in. The two go as two buffers of one write (uvloop: one `writev`), so the body
+        is never copied behind its head."""
         self._reset()
         self._parser = httptools.HttpResponseParser(self)
         self._until_close = False
         self._head = asyncio.get_running_loop().create_future()
         assert self.transport is not None
-        self.transport.write(payload)
+        self.transport.writelines((head, body))
         return self._head
 
     async def arrival(self) -> None:
@@ -323,19 +325,19 @@ class UpstreamPool:
                 raise aiohttp.InvalidURL(f"header {key!r} holds a line break")  # never splits a request
             # the bytes the client sent (aiohttp's server decodes them as UTF-8, surrogateescape)
             lines += [key.encode("utf-8", "surrogateescape"), b": ", value.encode("utf-8", "surrogateescape"), b"\r\n"]
-        lines += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body]
+        lines += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n"]
         conn = await self._acquire(origin)
         # No second attempt when the upstream closes without answering, even on a reused
         # connection: a POST it may have begun would be billed twice (aiohttp's client retries
         # only idempotent methods).
-        await self._begin(conn, b"".join(lines))
+        await self._begin(conn, b"".join(lines), body)
         return UpstreamResponse(self, origin, conn, self.read_timeout)
 
     @staticmethod
-    async def _begin(conn: _Connection, payload: bytes) -> None:
+    async def _begin(conn: _Connection, head: bytes, body: bytes) -> None:
         """Send on `conn` and wait for the response head; `conn` is closed on any failure."""
         try:
-            await conn.begin(payload)
+            await conn.begin(head, body)
         except BaseException:
             conn._close()
             raise

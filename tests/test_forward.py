@@ -12,7 +12,11 @@ import anthropic
 import orjson
 import pytest
 import yarl
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.streams import StreamReader
+from aiohttp.test_utils import make_mocked_request
 
+from proxy.handlers import read_body
 from tests.fakes.upstream import ANTHROPIC_MESSAGE, FakeUpstream
 
 BODY = {"model": "claude-sonnet-4-6", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -193,6 +197,61 @@ async def test_record_writes_a_workload_trace_without_credentials(
     ]
     assert lines[0]["gap"] == 0.0 and lines[1]["gap"] >= 0.0
     assert b"sk-ant-secret-value-123" not in trace.read_bytes()
+
+
+async def test_a_chunked_upload_in_many_pieces_reaches_the_upstream_byte_identical(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url, mode="observe")
+    raw = orjson.dumps({**BODY, "messages": [{"role": "user", "content": "y" * 300_000}]})
+    pieces = [raw[i : i + 7_000] for i in range(0, len(raw), 7_000)]
+
+    async def chunked():  # one HTTP chunk per piece (no Content-Length)
+        for piece in pieces:
+            yield piece
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/messages", data=chunked(), headers=HEADERS) as r:
+            assert r.status == 200
+            await r.read()
+    assert len(pieces) == 43
+    assert [x.body == raw for x in fake_upstream.received] == [True]
+
+
+async def test_a_chunked_upload_over_the_limit_gives_413_and_one_at_the_limit_passes(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    proxy = await make_proxy(upstream=fake_upstream.url, mode="observe", max_body_bytes=4096)
+    head = orjson.dumps({**BODY, "messages": [{"role": "user", "content": ""}]})
+    at_limit = head.replace(b'"content":""', b'"content":"' + b"z" * (4096 - len(head)) + b'"')
+    assert len(at_limit) == 4096
+
+    def chunked(raw: bytes):  # no Content-Length: the limit is met while reading
+        async def pieces():
+            for i in range(0, len(raw), 1000):
+                yield raw[i : i + 1000]
+
+        return pieces()
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/messages", data=chunked(at_limit + b" "), headers=HEADERS) as r:
+            assert r.status == 413
+            assert (await r.json())["error"]["message"] == "request body exceeds the limit of 4096 bytes"
+        async with http.post(proxy.url + "/v1/messages", data=chunked(at_limit), headers=HEADERS) as r:
+            assert r.status == 200
+            await r.read()
+    assert [x.body == at_limit for x in fake_upstream.received] == [True]
+
+
+async def test_read_body_returns_a_body_that_arrived_in_one_chunk_without_a_copy() -> None:
+    loop = asyncio.get_running_loop()
+    protocol = BaseProtocol(loop)
+    payload = StreamReader(protocol, 2**16, loop=loop)
+    raw = orjson.dumps(BODY)
+    payload.feed_data(raw)
+    payload.feed_eof()
+    request = make_mocked_request("POST", "/v1/messages", payload=payload)
+    assert await read_body(request, 1 << 20) is raw
 
 
 async def test_gzip_request_body_is_forwarded_inflated(fake_upstream: FakeUpstream, make_proxy) -> None:
