@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from proxy.store import sqlite as sqlite_store
 from proxy.store.base import Part
@@ -21,22 +22,32 @@ def test_a_run_of_writes_is_cut_into_the_statement_sizes() -> None:
     assert sum(_statement_sizes(255)) == 255
 
 
+async def _traced_put_many(store: SqliteStore, writes: list[Any]) -> tuple[list[bool], list[str]]:
+    """`writes` in one `_put_many` transaction on the writer thread (the store open), with
+    every statement SQLite runs meanwhile (its trace: expanded, so each statement's text is
+    unique; repeated for each row its triggers fire on)."""
+    conn = store._conn
+    assert conn is not None
+    statements: list[str] = []
+    await store._call(conn.set_trace_callback, statements.append)
+    try:
+        results: list[bool] = await store._call(store._put_many, writes)
+    finally:
+        await store._call(conn.set_trace_callback, None)
+    return results, statements
+
+
 async def test_one_batch_of_stores_and_removals_keeps_call_order(tmp_path: Path) -> None:
     """150 stores, then removals of every third key, then rewrites of some of those keys and
     of others, one key written twice in one statement: one transaction, exact results."""
     store = SqliteStore(tmp_path / "s.db")
-    statements: list[str] = []
     try:
         await store.open()
-        conn = store._conn
-        assert conn is not None
-        await store._call(conn.set_trace_callback, statements.append)  # on the writer thread
         writes: list[tuple[str, str, bytes, float]] = [("t", f"s{i}", f"v{i}".encode(), TTL) for i in range(150)]
         writes += [("t", f"s{i}", b"", 0.0) for i in range(0, 150, 3)]
         writes += [("t", "s3", b"again", TTL), ("t", "s4", b"first", TTL), ("t", "s4", b"second", TTL)]
         writes += [("u", "s0", b"other tenant", TTL)]
-        await store._call(store._put_many, [(*w, None) for w in writes])
-        await store._call(conn.set_trace_callback, None)
+        _, statements = await _traced_put_many(store, [(*w, None) for w in writes])
         expected = {f"s{i}": f"v{i}".encode() for i in range(150) if i % 3}
         expected |= {"s3": b"again", "s4": b"second"}
         got = {f"s{i}": await store.get("t", f"s{i}") for i in range(150)}
@@ -92,11 +103,8 @@ async def test_writes_in_parts_go_in_a_few_statements_whatever_their_number(tmp_
     second write of one session go in one transaction of 26 statements, exactly as before
     one by one."""
     store = SqliteStore(tmp_path / "s.db")
-    statements: list[str] = []
     try:
         await store.open()
-        conn = store._conn
-        assert conn is not None
         held = [("t", f"p{s}", b"head", TTL, tuple(Part(_key(s, n), 3, b"abc") for n in range(3))) for s in range(10)]
         await store._call(store._put_many, held)
         writes: list[tuple[str, str, bytes, float, tuple[Part, ...]]] = [
@@ -107,9 +115,7 @@ async def test_writes_in_parts_go_in_a_few_statements_whatever_their_number(tmp_
         writes += [("t", f"p{s}", b"next", TTL, kept[s]) for s in range(10)]
         writes += [("t", "p10", b"gone", TTL, (Part(_key(10, 0), 3),))]  # a part not held: not written
         writes += [("t", "p0", b"again", TTL, (Part(_key(0, 3), 3), Part(_key(0, 4), 4, b"more")))]
-        await store._call(conn.set_trace_callback, statements.append)  # on the writer thread
-        results = await store._call(store._put_many, writes)
-        await store._call(conn.set_trace_callback, None)
+        results, statements = await _traced_put_many(store, writes)
         assert results == [True] * 110 + [False, True]
         assert await store.get_parts("t", "s7") == (b"one-turn 7", {})
         p5 = {_key(5, 0): b"abc", _key(5, 2): b"abc", _key(5, 3): b"new"}
