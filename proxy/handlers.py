@@ -66,6 +66,11 @@ def _is_openai_shaped(request: web.Request) -> bool:
     return is_openai_credential_shape(request.headers)  # case-insensitive names
 
 
+UNDECODABLE_BODY: Final = "request body could not be decoded as its Content-Encoding says"
+"""The 400's message when aiohttp cannot decode the request body (`web.RequestPayloadError`
+while reading it: a corrupt gzip or deflate body)."""
+
+
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     """Every client request to an upstream goes through here."""
     services = request.app[SERVICES]
@@ -94,6 +99,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             except ClientBodyTimeout as exc:
                 status = CLIENT_TIMEOUT.status
                 return closing(local_error(adapter, CLIENT_TIMEOUT, str(exc)))
+            except web.RequestPayloadError:  # aiohttp could not decode it (a corrupt gzip/deflate body)
+                status = BAD_REQUEST.status
+                return closing(local_error(adapter, BAD_REQUEST, UNDECODABLE_BODY))
             if services.recorder is not None:
                 services.recorder.record(redact_path(path, credential_of(request.headers)), request.headers, raw)
             exchange = Exchange(adapter, path, request.raw_path.partition("?")[2], request.headers, raw, started)

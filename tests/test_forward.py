@@ -310,3 +310,23 @@ async def test_an_upstream_url_with_credentials_sends_them_as_basic_auth(
             assert r.status == 200
             await r.read()
     assert [got.headers.get("Authorization") for got in fake_upstream.received] == ["Basic dXNlcjpwYXNz"]
+
+
+async def test_a_corrupt_gzip_request_body_gets_400_in_the_provider_shape(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    """aiohttp fails the body read (`RequestPayloadError`); it was a plain-text 500."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    corrupt = gzip.compress(orjson.dumps(BODY))[:10] + b"\xff" * 40  # the header, then no deflate stream
+    headers = {**HEADERS, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/messages", data=corrupt, headers=headers) as r:
+            assert r.status == 400
+            assert await r.json() == {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "request body could not be decoded as its Content-Encoding says",
+                },
+            }
+    assert fake_upstream.received == []
