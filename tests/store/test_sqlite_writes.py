@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,33 @@ async def test_a_write_over_the_caps_evicts_in_one_statement(tmp_path: Path) -> 
     finally:
         await store.close()
     assert len({s for s in statements if s.startswith("DELETE FROM sessions WHERE rowid IN")}) == 1
+
+
+async def test_writes_within_the_interval_wait_and_share_one_transaction(tmp_path: Path) -> None:
+    """Pacing (`write_interval`): a write after a quiet spell starts its transaction at once;
+    the two queued within the interval of it wait and go in one transaction together, which
+    `close()` starts rather than waiting the interval out. Exactly two write transactions."""
+    store = SqliteStore(tmp_path / "s.db", write_interval=3600.0)
+    await store.open()
+    conn = store._conn
+    assert conn is not None
+    statements: list[str] = []
+    await store._call(conn.set_trace_callback, statements.append)
+    await store.put("t", "a", b"first", TTL)  # at once: an hour's wait would fail the test run
+    later = [
+        asyncio.ensure_future(store.put("t", "b", b"second", TTL)),  # noqa: TID251
+        asyncio.ensure_future(store.put("t", "c", b"third", TTL)),  # noqa: TID251
+    ]
+    for _ in range(10):  # each put queues its write at its first step
+        if len(store._batch) == 2:
+            break
+        await asyncio.sleep(0)
+    assert len(store._batch) == 2  # waiting for the interval, not taken by the writer
+    await store.close()
+    assert [await put for put in later] == [None, None]
+    assert sum(s == "BEGIN IMMEDIATE" for s in statements) == 2
+    reopened = SqliteStore(tmp_path / "s.db")
+    try:
+        assert [await reopened.get("t", k) for k in "abc"] == [b"first", b"second", b"third"]
+    finally:
+        await reopened.close()
