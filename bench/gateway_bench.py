@@ -28,8 +28,13 @@ Workloads (Anthropic Messages):
 
 Prints one table of ratios (added p50 = peer's p50 minus the direct p50 of the same workload;
 req/s relative to the bare pass-through), the peak RSS of each peer (largest process of its
-tree; the peak is started afresh at each cell, so the per-cell line shows which cell sets it)
-and the load average before and after (the 2 cores may be shared). Not a test.
+tree; the peak is started afresh at each cell, so the per-cell line shows which cell sets it,
+beside the resident set the cells before left, which a cell's peak cannot go below) and the load
+average before and after (the 2 cores may be shared). For `--workers 2` it also prints the
+CPU-bound ceiling: from the one-process cell's CPU per request of the peer and of the rest of
+the rig (wrk and the fake upstream, on the same cores), the most one and two processes could
+serve (`cpu_ceiling`) and their ratio: what `--workers 2` can reach on this machine at best. Not
+a test.
 
     scripts/install-bench            # wrk, nginx (apt) and LiteLLM (own venv), once
     .venv/bin/python bench/gateway_bench.py [--seconds 5] [--peers bare,nginx,observe,...]
@@ -40,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -183,13 +189,14 @@ def reset_peak_rss(pids: list[int]) -> None:
             continue
 
 
-def peak_rss_mb(pids: list[int]) -> float:
-    """The largest VmHWM (peak resident set) among `pids`, MB."""
+def peak_rss_mb(pids: list[int], key: str = "VmHWM") -> float:
+    """The largest VmHWM (peak resident set) among `pids`, MB (`key="VmRSS"`: the largest
+    resident set now)."""
     best = 0.0
     for pid in pids:
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     best = max(best, int(line.split()[1]) / 1024)
         except OSError:
             continue
@@ -321,12 +328,20 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def wrk(peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt: str) -> dict[str, float]:
-    """One wrk run; returns requests, rps, p50/p99 (ms), errors, and the peer's CPU ms per request
+def wrk(
+    peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt: str, upstream_pid: int = 0
+) -> dict[str, float]:
+    """One wrk run; returns requests, rps, p50/p99 (ms), errors, the peer's CPU ms per request
     (`cpu`: user + system time of its processes over the run, divided by the requests served;
-    less sensitive to other jobs on the cores than latency)."""
+    less sensitive to other jobs on the cores than latency), the CPU ms per request of the rest
+    of the rig (`rig_cpu`: wrk itself and the fake upstream `upstream_pid`, which share the cores
+    with the peer), and the peer's resident set when the run started (`rss_start`, MB: what the
+    cells before left resident; `rss` is the peak from there)."""
     pids = peer.pids()
     cpu_before = cpu_seconds(pids)
+    rig_before = cpu_seconds([upstream_pid]) if upstream_pid else 0.0
+    wrk_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rss_start = peak_rss_mb(pids, "VmRSS")
     reset_peak_rss(pids)
     turns = TURNS if workload.name == "agent" else 0
     threads = 1 if conns == 1 else 2
@@ -356,9 +371,15 @@ def wrk(peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt:
     line = next(x for x in out.splitlines() if x.startswith("WRKJSON "))
     data = orjson.loads(line.split(" ", 1)[1])
     cpu = cpu_seconds(pids) - cpu_before
+    wrk_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # wrk: the one child reaped meanwhile
+    rig = wrk_after.ru_utime + wrk_after.ru_stime - wrk_before.ru_utime - wrk_before.ru_stime
+    if upstream_pid:
+        rig += cpu_seconds([upstream_pid]) - rig_before
     return {
         "rss": peak_rss_mb(pids),
+        "rss_start": rss_start,
         "cpu": 1000 * cpu / max(1, data["requests"]),
+        "rig_cpu": 1000 * rig / max(1, data["requests"]),
         "requests": data["requests"],
         "rps": data["requests"] / (data["duration_us"] / 1e6),
         "p50": data["p50_us"] / 1000,
@@ -381,6 +402,16 @@ CELLS = (
 WIDE_ONLY = {"small64", "grow64"}  # run for bare, bare-w2, optimise and optimise-w2 only
 WIDE_PEERS = ("direct", "bare", "bare-w2", "optimise", "optimise-w2")
 CEILING_PEERS = ("bare-w2",)  # the 64-connection cells only: two processes against one
+
+
+def cpu_ceiling(peer_ms: float, rig_ms: float, workers: int, cores: int) -> float:
+    """The most requests/s `workers` processes of a peer can serve on `cores` cores shared with
+    the rig (wrk and the fake upstream), from CPU ms per request: each process uses at most one
+    core (`workers / peer_ms`) and all of them with the rig at most every core
+    (`cores / (peer_ms + rig_ms)`). 0 when a figure is missing."""
+    if peer_ms <= 0:
+        return 0.0
+    return 1000 * min(workers / peer_ms, cores / (peer_ms + max(0.0, rig_ms)))
 
 
 def loadavg() -> str:
@@ -429,7 +460,9 @@ async def main() -> None:
                         continue
                     if name in CEILING_PEERS and key not in WIDE_ONLY:
                         continue
-                    results[name][key] = wrk(peer, workloads[workload], mode, conns, args.seconds, f"{name}{key}")
+                    results[name][key] = wrk(
+                        peer, workloads[workload], mode, conns, args.seconds, f"{name}{key}", upstream_proc.pid
+                    )
                 rss[name] = max((cell["rss"] for cell in results[name].values()), default=0.0)
             finally:
                 for proc in peer.procs:
@@ -519,10 +552,24 @@ def report(
                 one, two = rps(one_name, key), rps(two_name, key)
                 if one and two:
                     print(f"{label}, {key}: {two / one:.2f}x ({two:.0f} vs {one:.0f} req/s)")
+                cell, cell_two = results[one_name].get(key), results[two_name].get(key)
+                cores = os.cpu_count() or 1
+                if one and cell and cell_two:
+                    bound_one = cpu_ceiling(cell["cpu"], cell["rig_cpu"], 1, cores)
+                    bound_two = cpu_ceiling(cell["cpu"], cell["rig_cpu"], 2, cores)
+                    print(
+                        f"  CPU bound, {key}: 2 processes at most {bound_two / bound_one:.2f}x 1 "
+                        f"({bound_two:.0f} vs {bound_one:.0f} req/s: one core each at most, {cores} cores for "
+                        f"{cell['cpu']:.2f} ms {one_name} + {cell['rig_cpu']:.2f} ms wrk and fake upstream per "
+                        f"request); 1 process served {one / bound_one:.2f} of its bound; "
+                        f"{two_name} used {cell_two['cpu']:.2f} ms per request"
+                    )
     print(
-        "peak RSS per cell (MB, largest process; each cell's peak counted from its start): "
+        "peak RSS per cell (MB, largest process; each cell's peak counted from its start, "
+        "from: the resident set the cells before left): "
         + "; ".join(
-            f"{p} " + " ".join(f"{k} {c['rss']:.0f}" for k, c in results[p].items()) for p in peers
+            f"{p} " + " ".join(f"{k} {c['rss']:.0f} (from {c['rss_start']:.0f})" for k, c in results[p].items())
+            for p in peers
         )
     )
     print("direct (no gateway): " + ", ".join(f"{k} p50 {v['p50']:.2f} ms {v['rps']:.0f}/s" for k, v in direct.items()))
