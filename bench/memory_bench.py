@@ -7,7 +7,9 @@ at 32 and 64 connections), and prints the process's RSS after start and after ea
 its peak (VmHWM). With `--trace N` it runs `tracemalloc` (N frames) and, at the highest traced
 memory seen (sampled every 50 ms), prints the top allocation sites: what the Python heap holds at
 peak, per cause, and the exact highest traced memory of each phase. Each phase also prints
-glibc's arenas one by one (the event loop's main heap and the threads'). Tracing slows the proxy
+glibc's arenas one by one (the event loop's main heap and the threads'), and the most the
+request path held back in it (records waiting for their background write, requests inside and
+waiting at the admission gate: `Backlog`). Tracing slows the proxy
 (fewer requests in flight), so its peak is lower than an untraced run's; read the sites, not the
 total. Not a test.
 
@@ -131,6 +133,41 @@ async def run_wrk(url: str, workload: Path, mode: str, conns: int, seconds: floa
     return line.split(" ", 1)[1]
 
 
+class Backlog:
+    """The most the request path held back during a phase, sampled every 50 ms: records waiting
+    for their background write (`RecordStore.pending_writes` / `pending_bytes`, counted as twice
+    their encoded size, bounded by `proxy.store.MAX_PENDING_BYTES`), and requests inside the
+    admission gate and waiting at it (`proxy.admission.BodyGate`, their raw bytes held)."""
+
+    def __init__(self, services: object) -> None:
+        self.services = services
+        self.reset()
+
+    def reset(self) -> None:
+        self.records = self.record_bytes = self.inside = self.waiting = 0
+
+    def sample(self) -> None:
+        store = getattr(self.services, "store", None)
+        if store is not None:
+            self.records = max(self.records, store.pending_writes)
+            self.record_bytes = max(self.record_bytes, store.pending_bytes)
+        gate = getattr(self.services, "gate", None)
+        if gate is not None:
+            self.inside = max(self.inside, gate.inside)
+            self.waiting = max(self.waiting, gate.waiting)
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            self.sample()
+
+    def line(self) -> str:
+        return (
+            f"most held back: {self.records} records waiting for their write ({self.record_bytes / 1e6:.0f} MB "
+            f"counted), {self.inside} requests inside the admission gate, {self.waiting} waiting at it"
+        )
+
+
 class Peak:
     """The snapshot at the highest traced memory seen (sampled)."""
 
@@ -211,6 +248,8 @@ async def main() -> None:
     phase = ["start"]
     peak = Peak(args.trace)
     watcher = asyncio.ensure_future(peak.watch(phase))
+    backlog = Backlog(runner.app[SERVICES])
+    backlog_watcher = asyncio.ensure_future(backlog.watch())
     trimming = trimmer.running()
     await trimming.__aenter__()
     try:
@@ -220,12 +259,14 @@ async def main() -> None:
             phase[0] = name
             if args.trace:
                 tracemalloc.reset_peak()
+            backlog.reset()
             started = time.perf_counter()
             result = await run_wrk(url, workloads[workload], mode, conns, args.seconds, f"mem{name}")
             print(
                 f"after {name} ({time.perf_counter() - started:.1f} s): RSS {status_mb('VmRSS'):.0f} MB, "
                 f"peak {status_mb('VmHWM'):.0f} MB; {malloc_mb()}; {pymalloc_mb()}; {arenas_mb()}; wrk {result}"
             )
+            print(f"  {backlog.line()}")
             if args.trace:
                 now, top = tracemalloc.get_traced_memory()
                 print(f"  traced Python memory: now {now / 1e6:.0f} MB, highest in the phase {top / 1e6:.0f} MB")
@@ -245,6 +286,7 @@ async def main() -> None:
         await trimming.__aexit__(None, None, None)
         print(f"trims: {trimmer.trims}, {trimmer.released / 1e6:.0f} MB of RSS given back")
         watcher.cancel()
+        backlog_watcher.cancel()
         await runner.cleanup()
         upstream.terminate()
         upstream.wait(timeout=10)
