@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -67,6 +68,17 @@ def session_bodies(session: int) -> list[bytes]:
         tail += _turn(k)
         out.append(head_a + ident + head_b + tail + b"]}")
     return out
+
+
+def interleaved(sessions: int, turns: int) -> Iterator[tuple[int, bytes]]:
+    """`(k, body)`: turn `k` (0-based) of each of `sessions` growing sessions, then turn `k + 1`
+    of each (bodies as `session_bodies`, built one at a time: 32 sessions' would not fit)."""
+    head_a, head_b = _split(agent_body())
+    pieces = [_turn(k) for k in range(1, turns + 1)]
+    for k in range(turns):
+        tail = b"".join(pieces[: k + 1])
+        for s in range(sessions):
+            yield k, head_a + f"turncpu-{s}".encode() + head_b + tail + b"]}"
 
 
 def first_bodies(count: int, is_cold: bool = False) -> list[bytes]:
@@ -162,6 +174,8 @@ async def main(args: argparse.Namespace) -> None:
             return
         if args.first:  # one session of `sessions + 1` distinct first requests; the first is warm-up
             sessions = [first_bodies(args.sessions + 1, args.cold)]
+        elif args.interleave:
+            sessions = []
         else:
             sessions = [session_bodies(s) for s in range(args.sessions)]
         cpu: list[float] = []
@@ -169,30 +183,35 @@ async def main(args: argparse.Namespace) -> None:
         stage_ms: dict[str, list[float]] = {}
         before = _stage_totals(app)
         profile = cProfile.Profile() if args.profile else None
+        order: Iterable[tuple[int, bytes]]
+        if args.interleave:  # turn k of every session before turn k + 1 of any (as wrk's round robin)
+            order = interleaved(args.sessions, args.turns)
+        else:
+            cut = None if args.first else args.turns
+            order = [(k, body) for bodies in sessions for k, body in enumerate(bodies[:cut])]
         async with aiohttp.ClientSession() as http:
-            for bodies in sessions:
-                for k, body in enumerate(bodies):
-                    is_measured = k > 0
-                    if profile is not None and is_measured:
-                        profile.enable()
-                    started = time.process_time()
-                    started_loop = time.thread_time()
-                    async with http.post(url + "/v1/messages", data=body, headers=HEADERS) as r:
-                        await r.read()
-                        assert r.status == 200, r.status
-                    spent = time.process_time() - started
-                    spent_loop = time.thread_time() - started_loop
-                    if profile is not None and is_measured:
-                        profile.disable()
-                    if is_measured:
-                        cpu.append(spent)
-                        loop_cpu.append(spent_loop)
-                        after = _stage_totals(app)
-                        for name, (n, total) in after.items():
-                            n0, total0 = before.get(name, (0.0, 0.0))
-                            if n > n0:
-                                stage_ms.setdefault(name, []).append(1000 * (total - total0))
-                    before = _stage_totals(app)
+            for k, body in order:
+                is_measured = k > 0
+                if profile is not None and is_measured:
+                    profile.enable()
+                started = time.process_time()
+                started_loop = time.thread_time()
+                async with http.post(url + "/v1/messages", data=body, headers=HEADERS) as r:
+                    await r.read()
+                    assert r.status == 200, r.status
+                spent = time.process_time() - started
+                spent_loop = time.thread_time() - started_loop
+                if profile is not None and is_measured:
+                    profile.disable()
+                if is_measured:
+                    cpu.append(spent)
+                    loop_cpu.append(spent_loop)
+                    after = _stage_totals(app)
+                    for name, (n, total) in after.items():
+                        n0, total0 = before.get(name, (0.0, 0.0))
+                        if n > n0:
+                            stage_ms.setdefault(name, []).append(1000 * (total - total0))
+                before = _stage_totals(app)
         await runner.cleanup()
     await up_runner.cleanup()
     what = "first requests" if args.first else "appended turns"
@@ -227,6 +246,13 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--first", action="store_true", help="first requests of new sessions (600 KB each)")
     parser.add_argument("--cold", action="store_true", help="with --first: no message seen before")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="send the sessions' turns round robin (turn k of each, then turn k + 1): with --sessions 32 "
+        "the recent bodies the process keeps parsed no longer hold the previous turn (the grow32 cell)",
+    )
+    parser.add_argument("--turns", type=int, default=TURNS, help=f"turns per session (default {TURNS})")
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
     parser.add_argument("--workload", choices=("grow", "small"), default="grow")
     parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")

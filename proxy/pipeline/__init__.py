@@ -126,17 +126,19 @@ def _skip_over_budget(exchange: Exchange, services: Services, kind: str, reason:
     _log.info("request over the pipeline budget (%s): forwarded as sent, not optimised", kind)
 
 
-def _count_blocks(body: JSONObject, match: rawprefix.RawMatch | None) -> int | None:
+def _count_blocks(raw: bytes, body: JSONObject, match: rawprefix.RawMatch | None) -> int | None:
     """`budget.count_blocks(body)` for an indexed body (`None` otherwise: counted the plain way),
-    leaving the message array's counts on `match` for the next request; the elements `parse`
-    reused from a recent body (`RawMatch.reused`) are counted from that body's counts."""
+    leaving the message array's counts on `match` for the next request; the leading elements
+    whose bytes the matched recent body held (`rawprefix.known_counts`) are counted from that
+    body's counts, whether or not its parsed elements are still kept."""
     if match is None:
         return None
-    kept = match.kept
-    if kept is not None and kept.counts is not None and match.reused:
-        array_key: str | None = kept.array_key
-        blocks, counts = counted_blocks(body, array_key, kept.counts, match.reused)
+    array_key: str | None
+    array_key, known = rawprefix.known_counts(raw, match.state, match.shared, match.head is not None)
+    if known:
+        blocks, counts = counted_blocks(body, array_key, known, len(known))
     else:
+        kept = match.kept
         array_key = (kept.array_key if kept is not None else None) or _array_key(body)
         blocks, counts = counted_blocks(body, array_key)
     items = body.get(array_key) if array_key is not None else None
@@ -183,7 +185,7 @@ async def _run(
         if not is_budget_checked and stage is not parse.STAGE and exchange.body is not None:
             # once, on the parsed client body: counting its blocks walks every message
             is_budget_checked = True
-            blocks = _count_blocks(exchange.body, match)
+            blocks = _count_blocks(exchange.raw, exchange.body, match)
             found = blocks_over_budget(exchange.body, settings.pipeline_budget_blocks, blocks)
             if found is not None:
                 _skip_over_budget(exchange, services, *found)

@@ -23,7 +23,10 @@ Pure core, no I/O:
   and read by the budget check (`chunk_counts`), the parse (`parse_tail`) and the session
   stage's message view.
 - `chunk_counts(raw, match)`: the `{`+`[` and `,`+`{`+`[` counts of `raw` (the pipeline
-  budget's nodes and values), the shared full chunks' taken from the matched state.
+  budget's nodes and values), the shared full chunks' taken from the matched state;
+  `known_counts(raw, match)`: the pipeline budget's block counts of the leading elements the
+  matched state vouches for (`RawState.counts`: kept with the state, so a session whose parsed
+  body is no longer kept still counts only its new elements).
 - `parse_tail(raw, state, k, elements, array_key, head)`: `orjson.loads(raw)` when its first
   `k` array elements are the earlier body's `elements`: only the bytes after element `k - 1`
   are parsed; the earlier element objects and the values before the array are reused (shared
@@ -128,6 +131,12 @@ class RawState:
     chunks counted back from its `]`), else empty."""
     anchor: bytes = b""
     """The body's last `ANCHOR` bytes before the array's `]`, and the `]`, with `rdigests`."""
+    counts: array[int] = field(default_factory=lambda: array("q"))
+    """`budget.block_counts` of the located elements (cumulative, one entry per element of
+    `ends` or fewer; empty when not counted): a later body sharing the first `k` elements
+    (`reusable`) counts only the rest, whether or not its parsed elements are still kept."""
+    array_key: str = ""
+    """The body key of the array `ends` locates (`messages`, `input`); empty when not known."""
 
     @property
     def size(self) -> int:
@@ -339,6 +348,19 @@ def chunk_counts(raw: bytes, state: RawState | None, shared: int) -> tuple[array
     return nodes, values, n + brackets, v + brackets + commas
 
 
+def known_counts(
+    raw: bytes, state: RawState | None, shared: int, is_array_proven: bool = False
+) -> tuple[str, array[int]]:
+    """`(array key, block counts)`: `state.counts` of the leading elements of `state`'s array
+    that `raw` (sharing its first `shared` bytes with `state`'s body) holds unchanged
+    (`reusable`), so the budget check walks only the elements after them; `("", empty)` when
+    none is known."""
+    if state is None or not state.counts or not state.array_key:
+        return "", array("q")
+    k = min(reusable(state, shared, raw, state.array_key, is_array_proven), len(state.counts))
+    return (state.array_key, state.counts[:k]) if k else ("", array("q"))
+
+
 @dataclass(slots=True)
 class RawMatch:
     """One request's raw body against the index (`match_raw`): made once, before parsing."""
@@ -512,9 +534,6 @@ class Kept:
     """The prompt scan of the body as sent (`proxy.measure.sent_prompt`)."""
     scans: Any = None
     """The rewriting stages' layout scans of the client's body (`LayoutCache.snapshot`)."""
-    counts: array[int] | None = None
-    """`budget.block_counts` of `elements` (the next request's budget check counts only its
-    new elements)."""
     scope: str = ""
     """Whose body it was (`RawMatch.scope`): only requests of that scope reuse it."""
     boundaries: tuple[bytes, tuple[bytes, ...]] | None = None

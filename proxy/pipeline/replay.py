@@ -53,6 +53,7 @@ would not line up).
 from __future__ import annotations
 
 import re
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -699,6 +700,8 @@ def _examine_known(
         tail = data[len(chunks) // 16 * rawprefix.CHUNK :]
         if match.nodes is None or match.values is None:
             match.nodes, match.values, _, _ = rawprefix.chunk_counts(data, state, shared)
+        counted = match.counts  # the budget check's, of this very array
+        counts = counted[1][:m] if counted is not None and counted[0] is elements else array("q")
         fresh = rawprefix.RawState(
             chunks,
             tail,
@@ -708,13 +711,12 @@ def _examine_known(
             match.nodes,
             match.values,
             *rawprefix.array_end(data, ends),
+            counts,
+            array_key,
         )
         covers = state is not None and k == len(state.ends)
         index.remember(raw.scope, fresh, state if covers else None)
         match.fresh = index.keep_parsed(fresh, tuple(elements[:m]), array_key, match.head, raw.scope)
-        counted = match.counts  # the budget check's, of this very array
-        if match.fresh is not None and counted is not None and counted[0] is elements and len(counted[1]) >= m:
-            match.fresh.counts = counted[1][:m]
     return exact, digests, keys, len(known[0]) if known else 0, match
 
 

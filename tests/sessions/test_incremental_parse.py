@@ -7,6 +7,7 @@ record, measurement and metrics."""
 from __future__ import annotations
 
 import copy
+from array import array
 from typing import Any
 
 import orjson
@@ -292,6 +293,45 @@ def _budget_services(mode: str, max_blocks: int) -> Services:
     services.store = RecordStore(MemoryStore(), services.metrics)
     services.sessions = SessionState(b"k" * 32, (), upstream_hosts(s))
     return services
+
+
+async def test_blocks_are_counted_from_the_state_when_the_earlier_body_is_no_longer_kept() -> None:
+    """With the parsed bodies no longer kept (many sessions of a tenant interleaved: the
+    `Kept` entries are gone, the states are not), the budget check still takes the counts of
+    the leading elements from the matched state (`rawprefix.known_counts`: 61 of them for an
+    appended turn, 3 before an edit of message 3, none when the new bytes name the array key
+    again) and the counts are the full ones (156, 154)."""
+    from proxy.pipeline.budget import block_counts
+    from proxy.pipeline.rawprefix import known_counts
+
+    first = orjson.dumps(_body(30))
+    second_body = {**orjson.loads(first), "messages": [*orjson.loads(first)["messages"], *_turn(30)]}
+    second = orjson.dumps(second_body)
+    edited = [*second_body["messages"]]
+    edited[3] = {"role": edited[3]["role"], "content": "changed"}
+    third = orjson.dumps({**second_body, "messages": edited})
+    for mode in ("observe", "optimise"):
+        services = _budget_services(mode, 10_000)
+        assert services.sessions is not None
+        masker_for(services.sessions, services).raw_index.max_parsed_bytes = 0  # nothing kept parsed
+        a = await _send_raw(services, first)
+        b = await _send_raw(services, second)
+        c = await _send_raw(services, third)
+        got = []
+        for ex, raw in ((b, second), (c, third)):
+            match = ex.raw_match
+            assert match is not None and match.kept is None and match.state is not None
+            key, known = known_counts(raw, match.state, match.shared)
+            assert match.counts is not None
+            assert list(match.counts[1]) == list(block_counts(orjson.loads(raw)["messages"]))
+            assert list(known) == list(match.state.counts[: len(known)])
+            got.append((key, len(known), match.counts[1][-1]))
+        assert (mode, got) == (mode, [("messages", 61, 156), ("messages", 3, 154)])
+        assert a.raw_match is not None and a.raw_match.state is None
+        assert b.raw_match is not None and b.raw_match.state is not None
+        duplicate = second[:-1] + b',"messages":[]}'
+        assert known_counts(duplicate, b.raw_match.state, b.raw_match.shared) == ("", array("q"))
+        assert known_counts(second, None, 0) == ("", array("q"))
 
 
 async def test_blocks_of_an_appended_turn_are_counted_from_the_earlier_counts() -> None:
