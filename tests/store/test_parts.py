@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import xxhash
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
@@ -79,6 +80,20 @@ def test_a_long_record_is_cut_into_parts_and_read_back_exactly() -> None:
     assert read == layout.without_data() and read.size == layout.size
     with pytest.raises(RecordError):
         decode_record(layout.head)  # a head without its parts is no record
+
+
+def test_a_record_read_from_buffers_holds_bytes_of_its_own() -> None:
+    """A head and parts handed over as other buffers (a `bytearray`, `memoryview`s) decode to
+    the same record, every sidecar field a `bytes` object (sidecars are sliced from the bytes
+    read), with the value digests of their values."""
+    long = record(100)
+    layout = encode_layout(long)
+    parts = {p.key: memoryview(bytearray(p.data)) for p in layout.parts if p.data is not None}
+    decoded, _ = decode_layout(bytearray(layout.head), parts)
+    assert decoded == long
+    fields = [(s.digest, s.exact, s.value, s.value_digest) for s in decoded.sidecars]
+    assert {type(x) for row in fields for x in row} == {bytes}
+    assert [s.value_digest for s in decoded.sidecars] == [xxhash.xxh3_128_digest(s.value) for s in long.sidecars]
 
 
 def test_an_appended_turn_encodes_only_its_open_tail_and_new_parts() -> None:
