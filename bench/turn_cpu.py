@@ -70,15 +70,21 @@ def session_bodies(session: int) -> list[bytes]:
     return out
 
 
-def interleaved(sessions: int, turns: int) -> Iterator[tuple[int, bytes]]:
+def interleaved(sessions: int, turns: int, is_distinct: bool = False) -> Iterator[tuple[int, bytes]]:
     """`(k, body)`: turn `k` (0-based) of each of `sessions` growing sessions, then turn `k + 1`
-    of each (bodies as `session_bodies`, built one at a time: 32 sessions' would not fit)."""
+    of each (bodies as `session_bodies`, built one at a time: 32 sessions' would not fit).
+    `is_distinct`: each session's tool results carry its own salt (as `--cold` salts them), so
+    no two sessions share a message after the system prompt and tools (the gateway bench's
+    sessions share their history: a new session's request reuses another's parsed messages)."""
     head_a, head_b = _split(agent_body())
     pieces = [_turn(k) for k in range(1, turns + 1)]
     for k in range(turns):
         tail = b"".join(pieces[: k + 1])
         for s in range(sessions):
-            yield k, head_a + f"turncpu-{s}".encode() + head_b + tail + b"]}"
+            body = head_a + f"turncpu-{s}".encode() + head_b + tail + b"]}"
+            if is_distinct:
+                body = body.replace(b"line ", b"line%d " % s).replace(b"return x", b"return x%d" % s)
+            yield k, body
 
 
 def first_bodies(count: int, is_cold: bool = False) -> list[bytes]:
@@ -185,7 +191,7 @@ async def main(args: argparse.Namespace) -> None:
         profile = cProfile.Profile() if args.profile else None
         order: Iterable[tuple[int, bytes]]
         if args.interleave:  # turn k of every session before turn k + 1 of any (as wrk's round robin)
-            order = interleaved(args.sessions, args.turns)
+            order = interleaved(args.sessions, args.turns, args.distinct)
         else:
             cut = None if args.first else args.turns
             order = [(k, body) for bodies in sessions for k, body in enumerate(bodies[:cut])]
@@ -251,6 +257,9 @@ if __name__ == "__main__":
         action="store_true",
         help="send the sessions' turns round robin (turn k of each, then turn k + 1): with --sessions 32 "
         "the recent bodies the process keeps parsed no longer hold the previous turn (the grow32 cell)",
+    )
+    parser.add_argument(
+        "--distinct", action="store_true", help="with --interleave: no message shared between sessions"
     )
     parser.add_argument("--turns", type=int, default=TURNS, help=f"turns per session (default {TURNS})")
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
