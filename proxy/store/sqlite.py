@@ -7,8 +7,12 @@
   requests costs one thread wake-up and one commit per interval, not per request; reads run on a
   second thread with its own read-only connection, so a read never queues behind a write,
   a purge or a WAL checkpoint (WAL readers and the writer do not block each other). The
-  event loop only awaits futures. `get_within` bounds a read by the store's time (the call to
-  the reader thread's answer), not by when the busy event loop gets round to looking.
+  event loop only awaits futures. Reads queued while the reader thread is busy are answered
+  together, up to `READ_ROWS[0]` reads and about `READ_STATEMENT_BYTES` per statement, each
+  statement ONE step of SQLite (heads and parts as one row: `_read_statement`). `get_within`
+  bounds a read by the store's own time (its statement's, or the reader stuck that long in the
+  statement ahead), not by its place in the queue nor by when the busy event loop gets round
+  to looking.
 - New files get `page_size=PAGE_SIZE` (4 KiB: every page a transaction changes is written whole
   to the WAL, and a small record's write changes the table's and each index's leaf page, so
   the page size is most of its cost: measured here, one 1.7 KB record per transaction 85 us of
@@ -25,8 +29,8 @@
   `False`), deletes the ones no longer named, inserts the new ones and upserts the head, in the
   batch's transaction: a crash leaves the old value or the new one, never a mix. Triggers
   delete a row's parts when the row goes (delete, expiry purge, eviction) or is overwritten by
-  a plain value. `get_parts` reads the head and its parts in one read transaction (one
-  snapshot of the WAL).
+  a plain value. `get_parts` reads the head and its parts in one statement (one snapshot of
+  the WAL).
 - Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
   invisible to `get` and purged at most once a minute during `put`.
 - Bounded in bytes: at most `max_bytes` of values in the file and `max_tenant_bytes` per tenant
@@ -60,6 +64,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import errno
 import functools
 import logging
@@ -171,9 +177,6 @@ _MIGRATIONS: Final = {
     2: _SCHEMA_V3,
 }
 """The statements that bring a file of each older version to `SCHEMA_VERSION`."""
-_GET: Final = "SELECT value FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
-_GET_HEAD: Final = "SELECT value, parts FROM sessions WHERE tenant = ? AND session = ? AND expires > ?"
-_GET_PARTS: Final = "SELECT key, value FROM parts WHERE tenant = ? AND session = ?"
 _PUT_ROW: Final = "(?, ?, ?, ?, ?, ?, ?)"
 _PUT_HEAD: Final = "INSERT INTO sessions (tenant, session, expires, value, size, parts, written) VALUES "
 _PUT_TAIL: Final = (
@@ -200,15 +203,106 @@ def _statement_sizes(rows: int) -> list[int]:
     return sizes
 
 
-def _padded_sizes(rows: int) -> list[int]:
-    """`rows` covered by as few `STATEMENT_ROWS` sizes as possible, the last padded up
+def _padded_sizes(rows: int, allowed: Sequence[int] = STATEMENT_ROWS) -> list[int]:
+    """`rows` covered by as few `allowed` sizes (largest first) as possible, the last padded up
     (`2 -> [4]`, `70 -> [64, 16]`): for lookups, where a padding row matches nothing."""
     sizes = []
     while rows > 0:
-        size = next(s for s in reversed(STATEMENT_ROWS) if s >= min(rows, STATEMENT_ROWS[0]))
+        size = next(s for s in reversed(allowed) if s >= min(rows, allowed[0]))
         sizes.append(size)
         rows -= size
     return sizes
+
+
+READ_ROWS: Final = (16, 4, 1)
+"""Reads one read statement takes at most (`_read_statement`): the reads queued while the
+reader thread was busy are cut into these sizes, the last padded up. Each statement is ONE
+step, so ONE release of the GIL, whatever its records and parts (session 7: a 600 KB record
+read as a head and ~37 part rows, one step each, took up to 5 ms per step from a busy loop,
+and after a restart 97 of 140 reads timed out)."""
+READ_STATEMENT_BYTES: Final = 1024 * 1024
+"""Bytes one read statement answers with, about: its reads are taken in order while the bytes
+of those before stay below this (the first always), the others wait for the next statement.
+So a statement's time stays short whatever the records (measured here, loaded machine, 4 x 600
+KB in one statement 10-30 ms, 16 x 600 KB 40-150 ms: past `GET_TIMEOUT` for the reads in it
+and behind it), and the moment its answer is held twice (SQLite's copy and Python's) is small."""
+
+
+@functools.cache
+def _read_statement(rows: int) -> str:
+    """The heads of `rows` keys (and, for a read in parts, their parts) as ONE row: an index
+    `'<i> <part key hex, or - for the head, or + for a read left for later> <bytes>,...'` (`i`
+    the read's position) and every value back to back in the index's order (both aggregates
+    see the rows in one pass, so in the same order). A read is left for later when the bytes
+    of the reads found before it (`sessions.size`, head and parts; a plain read counts its
+    value) reach `READ_STATEMENT_BYTES`. Arguments: `(i, tenant, session, is_parted)` per read
+    (a padding row `(-1, '', '', 0)` matches nothing), the clock, then the byte bound three
+    times. One statement reads one snapshot."""
+    return (
+        "WITH w(i, t, s, p) AS (VALUES " + ", ".join(["(?, ?, ?, ?)"] * rows) + "),"
+        " f AS (SELECT w.i AS i, w.t AS t, w.s AS s, w.p AS p, se.value AS v, se.parts AS n,"
+        " CASE WHEN w.p = 1 THEN se.size ELSE length(se.value) END AS z"
+        " FROM w JOIN sessions AS se ON se.tenant = w.t AND se.session = w.s WHERE se.expires > ?),"
+        " h AS (SELECT *, sum(z) OVER (ORDER BY i ROWS UNBOUNDED PRECEDING) - z AS before FROM f)"
+        " SELECT group_concat(r.i || ' ' || r.k || ' ' || length(r.v)), CAST(group_concat(r.v, '') AS BLOB)"
+        " FROM (SELECT i, '-' AS k, v FROM h WHERE before < ?"
+        " UNION ALL SELECT i, '+', x'' FROM h WHERE before >= ?"
+        " UNION ALL SELECT h.i, hex(pa.key), pa.value FROM h JOIN parts AS pa ON pa.tenant = h.t AND pa.session = h.s"
+        " WHERE h.p = 1 AND h.n > 0 AND h.before < ?) AS r"
+    )
+
+
+READER_STUCK: Final = 0.25
+"""Seconds without the reader thread beginning or ending a statement after which the reads
+queued behind it give up (`get_within`; at least its `timeout`): a statement that slow means a
+frozen or locked file, not a busy one (a statement takes 2-30 ms here, loaded machine). While
+the thread is in one statement that long, a new read gives up at once."""
+
+
+_Found = tuple[bytes, dict[bytes, bytes]]
+"""A read's answer: the value (a head, for a read in parts) and the parts (empty for `get`)."""
+
+
+def _read_rows(
+    conn: sqlite3.Connection,
+    reads: Sequence[tuple[str, str, bool]],
+    size: int,
+    now: float,
+    max_bytes: int = READ_STATEMENT_BYTES,
+) -> tuple[list[_Found | None], list[int]]:
+    """`(tenant, session, is_parted)` reads (at most `size`) in ONE statement of `size` rows
+    (`_read_statement`, padded): per read its answer (`None` for a key absent or expired),
+    and the positions of the reads left for a later statement (`max_bytes` reached before
+    them; never the first one found)."""
+    args: list[Any] = []
+    for i in range(size):
+        if i < len(reads):
+            tenant, session, is_parted = reads[i]
+            args.extend((i, tenant, session, int(is_parted)))
+        else:
+            args.extend((-1, "", "", 0))
+    args.extend((now, max_bytes, max_bytes, max_bytes))
+    listing, blob = conn.execute(_read_statement(size), args).fetchone()
+    found: list[_Found | None] = [None] * len(reads)
+    later: list[int] = []
+    if listing is None:
+        return found, later
+    parts: dict[int, dict[bytes, bytes]] = {}
+    heads: dict[int, bytes] = {}
+    at = 0
+    for item in listing.split(","):
+        i, key, length = item.split(" ")
+        end = at + int(length)
+        if key == "-":
+            heads[int(i)] = blob[at:end]
+        elif key == "+":
+            later.append(int(i))
+        else:
+            parts.setdefault(int(i), {})[bytes.fromhex(key)] = blob[at:end]
+        at = end
+    for i, head in heads.items():
+        found[i] = (head, parts.get(i, {}))
+    return found, sorted(later)
 
 
 @functools.cache
@@ -342,6 +436,38 @@ def _settle(
                 future.set_exception(error)
 
 
+class _Reading:
+    """One read waiting for, or taken by, the reader thread (`SqliteStore._read`)."""
+
+    __slots__ = ("read", "done", "queued", "taken", "finished", "is_dropped")
+
+    def __init__(self, read: tuple[str, str, bool], done: asyncio.Future[_Found | None]) -> None:
+        self.read = read
+        """`(tenant, session, is_parted)`."""
+        self.done = done
+        """Settled on the event loop with the answer."""
+        self.queued = time.perf_counter()
+        self.taken: float | None = None
+        """`time.perf_counter()` when the reader thread began the read's statement."""
+        self.finished: float | None = None
+        """`time.perf_counter()` when that statement was over (answered or failed)."""
+        self.is_dropped = False
+        """Set on the loop when the caller stopped waiting: the reader skips it if not begun."""
+
+
+def _settle_reads(
+    futures: list[asyncio.Future[_Found | None]], error: BaseException | None, found: list[_Found | None]
+) -> None:
+    """On the event loop: finish the futures of one read statement (those whose caller stopped
+    waiting are already done and left alone)."""
+    for i, future in enumerate(futures):
+        if not future.done():
+            if error is None:
+                future.set_result(found[i])
+            else:
+                future.set_exception(error)
+
+
 class SqliteStore:
     """See the module docstring. `path` may be `:memory:` (benchmarks)."""
 
@@ -376,6 +502,15 @@ class SqliteStore:
         self._batch_timer: asyncio.TimerHandle | None = None
         """The pending start of the next write transaction (`write_interval` not yet over)."""
         self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="promptcache-sqlite-read")
+        self._read_queue: list[_Reading] = []
+        """Reads waiting for the reader thread (`_read`), in call order."""
+        self._read_lock = threading.Lock()
+        self._is_read_queued = False
+        self._reader_moved = 0.0
+        """`time.perf_counter()` when the reader thread last began or ended a read statement
+        (a queued read waits while it moves: `_read`)."""
+        self._reader_began: float | None = None
+        """When the statement the reader thread is in began; `None` between statements."""
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         """The read-only connection (reader thread only)."""
@@ -393,54 +528,77 @@ class SqliteStore:
         await self._call(self._connection)
 
     async def get(self, tenant: str, session: str) -> bytes | None:
-        check_key(tenant, session)
-        if self.path == ":memory:":  # one connection holds the whole database
-            return await self._call(self._get, tenant, session)
-        await self._ready_to_read()
-        return await asyncio.get_running_loop().run_in_executor(self._reads, self._read, tenant, session)
+        found = await self._read((tenant, session, False), None)
+        return None if found is None else found[0]
 
     async def get_parts(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
-        check_key(tenant, session)
-        if self.path == ":memory:":
-            return await self._call(self._get_parted, tenant, session)
-        await self._ready_to_read()
-        return await asyncio.get_running_loop().run_in_executor(self._reads, self._read_parted, tenant, session)
+        return await self._read((tenant, session, True), None)
 
     async def get_parts_within(
         self, tenant: str, session: str, timeout: float
     ) -> tuple[bytes, dict[bytes, bytes]] | None:
         """`get_parts` bounded by the store's own time, as `get_within` bounds `get`."""
-        return await self._within(self._get_parted, self._read_parted, tenant, session, timeout)
+        return await self._read((tenant, session, True), timeout)
 
     async def get_within(self, tenant: str, session: str, timeout: float) -> bytes | None:
-        """`get` bounded by the store's own time: raises `TimeoutError` unless the reader
-        thread has the answer within `timeout` seconds of the call (time waiting for the reader
-        thread counts; time the event loop then takes to resume this coroutine does not: a busy
-        loop is not a slow store). A frozen or locked file still costs at most `timeout` plus
-        the loop's own delay in looking."""
-        return await self._within(self._get, self._read, tenant, session, timeout)
+        """`get` bounded by the store's own time: raises `TimeoutError` when the read's
+        statement ran more than `timeout` seconds, or the read waited `READER_STUCK` seconds
+        (at least `timeout`) while the reader thread began and ended nothing (stuck in the
+        statement ahead: a frozen or locked file; while it stays stuck, a read gives up at once).
+        Time queued behind reads the thread is working through does not count, nor does the
+        time the event loop then takes to resume this coroutine (a busy loop is not a slow
+        store). Reads queued meanwhile go in few statements (`_read_batch`)."""
+        found = await self._read((tenant, session, False), timeout)
+        return None if found is None else found[0]
 
-    async def _within(self, on_writer: Any, on_reader: Any, tenant: str, session: str, timeout: float) -> Any:
-        check_key(tenant, session)
-        started = time.perf_counter()
+    async def _read(self, read: tuple[str, str, bool], timeout: float | None) -> _Found | None:
+        """Queue `read` for the reader thread (`:memory:`: run it on the writer thread, which
+        holds the only connection) and wait for its answer (`get_within`'s bound)."""
+        check_key(read[0], read[1])
         if self.path == ":memory:":
-            read = asyncio.ensure_future(self._call(on_writer, tenant, session))  # noqa: TID251
-            done, _ = await asyncio.wait((read,), timeout=timeout)
+            call = asyncio.ensure_future(self._call(self._get_rows, [read]))  # noqa: TID251
+            done, _ = await asyncio.wait((call,), timeout=timeout)
             if not done:
-                read.cancel()
+                call.cancel()
                 raise TimeoutError(f"no answer within {timeout:g} s")
-            return read.result()
+            return call.result()[0]
         await self._ready_to_read()
-        job = self._reads.submit(self._read_timed, on_reader, tenant, session)
-        answer = asyncio.wrap_future(job)
-        await asyncio.wait((answer,), timeout=max(0.0, started + timeout - time.perf_counter()))
-        answer.cancel()  # a no-op when done; else the job is dropped if it has not started yet
-        if not job.done():
-            raise TimeoutError(f"no answer within {timeout:g} s")
-        value, finished = job.result()
-        if finished - started > timeout:
-            raise TimeoutError(f"answered after {finished - started:.3f} s, bound {timeout:g} s")
-        return value
+        stuck = None if timeout is None else max(timeout, READER_STUCK)
+        began = self._reader_began
+        if stuck is not None and began is not None and time.perf_counter() - began >= stuck:
+            raise TimeoutError(f"the reader thread has been in one statement over {stuck:g} s")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_Found | None] = loop.create_future()
+        reading = _Reading(read, future)
+        with self._read_lock:
+            self._read_queue.append(reading)
+            is_queued, self._is_read_queued = self._is_read_queued, True
+        if not is_queued:
+            try:
+                loop.run_in_executor(self._reads, self._read_batch, loop)
+            except RuntimeError:  # the executor shut down meanwhile (close)
+                with self._read_lock:
+                    dropped, self._read_queue, self._is_read_queued = self._read_queue, [], False
+                _settle_reads([r.done for r in dropped], RuntimeError("store closed"), [])
+        if timeout is None or stuck is None:
+            return await future
+        try:
+            while reading.finished is None and not future.done():
+                taken = reading.taken
+                if taken is None:  # queued: bounded by the reader's progress
+                    left = max(reading.queued, self._reader_moved) + stuck - time.perf_counter()
+                else:  # in its statement: bounded by the statement's time
+                    left = taken + timeout - time.perf_counter()
+                if left <= 0:
+                    raise TimeoutError(f"no answer within {timeout:g} s")
+                await asyncio.wait((future,), timeout=left)
+            taken, finished = reading.taken, reading.finished
+            if taken is not None and finished is not None and finished - taken > timeout:
+                raise TimeoutError(f"answered after {finished - taken:.3f} s, bound {timeout:g} s")
+            return await future  # over: the answer is on its way to the loop
+        finally:
+            reading.is_dropped = True
+            future.cancel()  # a no-op when settled; else the reader leaves it alone
 
     async def _ready_to_read(self) -> None:
         if self._conn is None:  # opened (created, schema, a corrupt file moved aside) by the writer
@@ -532,8 +690,13 @@ class SqliteStore:
 
     async def check(self) -> None:
         """Raise what the next write would: the file gone and not recreatable, less than
-        `MIN_FREE_BYTES` free (`StoreFault("disk_full")`), a read-only file or mount."""
+        `MIN_FREE_BYTES` free (`StoreFault("disk_full")`), a read-only file or mount. Then the
+        reader thread opens its connection, if it has none, so that the first reads after a
+        start do not pay for it (a connect and its pragmas are several GIL handoffs)."""
         await self._call(self._check)
+        if self.path != ":memory:" and self._reader is None:
+            with contextlib.suppress(sqlite3.Error, OSError):  # a read opens it again, or fails then
+                await asyncio.get_running_loop().run_in_executor(self._reads, self._read_connection)
 
     @staticmethod
     def fault_kind(exc: BaseException) -> str:
@@ -685,40 +848,55 @@ class SqliteStore:
 
     # The reader thread.
 
-    def _read(self, tenant: str, session: str) -> bytes | None:
-        try:
-            conn = self._read_connection()
-            row = conn.execute(_GET, (tenant, session, self._clock())).fetchone()
-        except sqlite3.Error:
-            self._close_reader()
-            raise
-        return None if row is None else bytes(row[0])
-
-    def _read_parted(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
-        try:
-            return self._parted(self._read_connection(), tenant, session)
-        except sqlite3.Error:
-            self._close_reader()
-            raise
-
-    def _parted(self, conn: sqlite3.Connection, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
-        """The head and parts of a key, read in one transaction (one snapshot)."""
-        conn.execute("BEGIN")
-        try:
-            row = conn.execute(_GET_HEAD, (tenant, session, self._clock())).fetchone()
-            if row is None:
-                return None
-            parts = {}
-            if row[1] > 0:
-                parts = {bytes(k): bytes(v) for k, v in conn.execute(_GET_PARTS, (tenant, session))}
-            return bytes(row[0]), parts
-        finally:
-            conn.execute("COMMIT")
-
-    def _read_timed(self, read: Any, tenant: str, session: str) -> tuple[Any, float]:
-        """`read(tenant, session)` and the `time.perf_counter()` it finished at."""
-        value = read(tenant, session)
-        return value, time.perf_counter()
+    def _read_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take every queued read (but those whose caller stopped waiting) and answer them in
+        statements of at most `READ_ROWS[0]` reads and about `READ_STATEMENT_BYTES`
+        (`_read_rows`: one step each; the reads a statement leaves for later go first in the
+        next); settle each statement's futures on the event loop as soon as it is over."""
+        with self._read_lock:
+            queued, self._read_queue = self._read_queue, []
+            self._is_read_queued = False
+        waiting = collections.deque(queued)
+        conn: sqlite3.Connection | None = None
+        """Opened (or its file's identity checked: three `stat` calls, each a GIL handoff)
+        once per batch, not per statement."""
+        while waiting:
+            chunk: list[_Reading] = []
+            while waiting and len(chunk) < READ_ROWS[0]:
+                reading = waiting.popleft()
+                if not reading.is_dropped:  # its caller stopped waiting: not read
+                    chunk.append(reading)
+            if not chunk:
+                return
+            (size,) = _padded_sizes(len(chunk), READ_ROWS)
+            taken = self._reader_moved = time.perf_counter()
+            self._reader_began = taken
+            for reading in chunk:
+                reading.taken = taken
+            error: BaseException | None = None
+            found: list[_Found | None] = []
+            later: list[int] = []
+            try:
+                conn = conn or self._read_connection()
+                found, later = _read_rows(conn, [r.read for r in chunk], size, self._clock())
+            except Exception as exc:  # noqa: BLE001 - handed to every caller of the statement
+                error = exc
+                if isinstance(exc, sqlite3.Error):
+                    conn = None
+                    self._close_reader()
+            finished = self._reader_moved = time.perf_counter()
+            self._reader_began = None
+            if later:
+                waiting.extendleft(chunk[i] for i in reversed(later))
+                is_later = set(later)
+                found = [f for i, f in enumerate(found) if i not in is_later]
+                chunk = [r for i, r in enumerate(chunk) if i not in is_later]
+            for reading in chunk:
+                reading.finished = finished
+            try:
+                loop.call_soon_threadsafe(_settle_reads, [r.done for r in chunk], error, found)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                return
 
     def _read_connection(self) -> sqlite3.Connection:
         """The read-only connection, reopened when the path names another file than the one it
@@ -745,12 +923,11 @@ class SqliteStore:
 
     # Back on the writer thread.
 
-    def _get(self, tenant: str, session: str) -> bytes | None:
-        row = self._connection().execute(_GET, (tenant, session, self._clock())).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def _get_parted(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
-        return self._parted(self._connection(), tenant, session)
+    def _get_rows(self, reads: list[tuple[str, str, bool]]) -> list[_Found | None]:
+        """`reads` on the read-write connection (`:memory:`, whose one connection holds it all)."""
+        found, later = _read_rows(self._connection(), reads, len(reads), self._clock(), max_bytes=2**62)
+        assert not later
+        return found
 
     def _keys(self) -> list[tuple[str, str]]:
         return self._connection().execute(_KEYS, (self._clock(),)).fetchall()
