@@ -279,6 +279,9 @@ def limited_runner(app: web.Application) -> LimitedRunner:
         limits=limits_for(settings, services.metrics, services.router),
         handler_cancellation=True,
         access_log=None,
+        # request bodies are decoded by `read_body` (`proxy.body_encoding`), which refuses a
+        # truncated stream; aiohttp's decoder forwards what it inflated of one (finding F2)
+        auto_decompress=False,
         keepalive_timeout=settings.client_idle_timeout,
         # aiohttp's per-line limits at ours, so the whole-head limit answers first (431)
         max_line_size=settings.max_header_bytes,

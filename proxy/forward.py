@@ -58,11 +58,12 @@ HOP_BY_HOP: Final = frozenset(
     }
 )
 _DROP_REQUEST: Final = HOP_BY_HOP | {"host", "content-length", "content-encoding", "expect"}
-"""`Content-Encoding` goes too: aiohttp's server inflates a gzip/deflate request body before we
-read it, so the bytes forwarded are identity-encoded. `Expect` is hop-by-hop here: aiohttp's
-server answers `100 Continue` itself, so forwarding `Expect: 100-continue` would make the
-upstream request wait for a second 100 that an upstream may never send (RFC 9110 10.1.1: a
-proxy that answered 100 does not forward the expectation)."""
+"""`Content-Encoding` goes too: a gzip/deflate request body is inflated before it is forwarded
+(`proxy.handlers.read_body`, `proxy.body_encoding`), so the bytes forwarded are identity-encoded
+(a streamed body of another coding gets its coding back through `Exchange.header_overrides`).
+`Expect` is hop-by-hop here: aiohttp's server answers `100 Continue` itself, so forwarding
+`Expect: 100-continue` would make the upstream request wait for a second 100 that an upstream
+may never send (RFC 9110 10.1.1: a proxy that answered 100 does not forward the expectation)."""
 _DROP_RESPONSE: Final = HOP_BY_HOP
 WHOLE_JSON_BYTES: Final = 1024 * 1024
 """A JSON response up to this size is parsed whole for its usage; a larger one is read from its

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Final
 
 from aiohttp import web
@@ -23,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from proxy.affinity import is_failure
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAM_POOLS, UPSTREAMS
+from proxy.body_encoding import BodyTooLarge, UndecodableBody, inflate, inflating, streamable
 from proxy.connections import ClientBodyTimeout
 from proxy.exchange import Exchange
 from proxy.forward import closing, forward, local_error
@@ -67,8 +69,9 @@ def _is_openai_shaped(request: web.Request) -> bool:
 
 
 UNDECODABLE_BODY: Final = "request body could not be decoded as its Content-Encoding says"
-"""The 400's message when aiohttp cannot decode the request body (`web.RequestPayloadError`
-while reading it: a corrupt gzip or deflate body)."""
+"""The 400's message when the request body does not decode (`proxy.body_encoding`: a corrupt
+or truncated gzip or deflate stream, bytes after it, an unknown coding; or aiohttp's
+`web.RequestPayloadError` where aiohttp inflates bodies itself)."""
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
@@ -99,7 +102,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             except ClientBodyTimeout as exc:
                 status = CLIENT_TIMEOUT.status
                 return closing(local_error(adapter, CLIENT_TIMEOUT, str(exc)))
-            except web.RequestPayloadError:  # aiohttp could not decode it (a corrupt gzip/deflate body)
+            except (UndecodableBody, web.RequestPayloadError):  # (aiohttp's, when it inflates: tests' runners)
                 status = BAD_REQUEST.status
                 return closing(local_error(adapter, BAD_REQUEST, UNDECODABLE_BODY))
             if services.recorder is not None:
@@ -143,7 +146,15 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         exchange = Exchange(adapter, path, request.raw_path.partition("?")[2], request.headers, b"", started)
         if where.upstream_path != path:
             exchange.upstream_path = where.upstream_path
-        body = request.content.iter_any() if request.method in _BODY_METHODS and request.body_exists else None
+        body: AsyncIterator[bytes] | None = None
+        if request.method in _BODY_METHODS and request.body_exists:
+            body = request.content.iter_any()
+        encoding = request.headers.get("Content-Encoding", "")
+        if body is not None and encoding and not is_inflated(request):
+            if streamable(encoding):  # inflated as it streams (as aiohttp did), sent identity-encoded
+                body = inflating(body, encoding)
+            else:  # a coding we do not decode: the client's bytes go with their coding
+                exchange.header_overrides["Content-Encoding"] = encoding
         response = await forward(request, exchange, session, upstream_base, pm, read_timeout, body)
         status = exchange.status
         return response
@@ -176,7 +187,10 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     it into `bytes` (two to three copies of a 600 KB body). `limit` is bytes (`max_body_bytes`);
     over it raises `web.HTTPRequestEntityTooLarge` as `read()` does, with the buffer limits
     raised to it as `read()` does (no pause-reading below it). A stalled body raises what the
-    payload was failed with (`proxy.connections.ClientBodyTimeout`)."""
+    payload was failed with (`proxy.connections.ClientBodyTimeout`). A body sent with a
+    `Content-Encoding` that aiohttp did not inflate (`proxy.app.limited_runner` turns that off)
+    is decoded whole here (`proxy.body_encoding.inflate`: `UndecodableBody` for a truncated or
+    corrupt stream; inflating past `limit` is too large)."""
     payload = request.content
     payload.set_read_chunk_size(limit)
     chunks: list[bytes] = []
@@ -193,7 +207,21 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         if size > limit:
             raise web.HTTPRequestEntityTooLarge(limit, size)
         chunks.append(chunk)
-    return b"".join(chunks)  # one exact bytes chunk is returned as is (no copy)
+    body = b"".join(chunks)  # one exact bytes chunk is returned as is (no copy)
+    encoding = request.headers.get("Content-Encoding")
+    if encoding is None or is_inflated(request):
+        return body
+    try:
+        return inflate(body, encoding, limit)
+    except BodyTooLarge:
+        raise web.HTTPRequestEntityTooLarge(limit, limit + 1) from None
+
+
+def is_inflated(request: web.Request) -> bool:
+    """Whether aiohttp inflated the request body as it arrived (its server's `auto_decompress`,
+    on in plain `web.AppRunner`s; `limited_runner` turns it off): then the body read is
+    identity-encoded whatever `Content-Encoding` said."""
+    return request.content.total_compressed_bytes is not None
 
 
 async def not_found(request: web.Request) -> web.Response:

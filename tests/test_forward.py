@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import logging
 import socket
+import zlib
 
 import aiohttp
 import anthropic
@@ -330,3 +331,72 @@ async def test_a_corrupt_gzip_request_body_gets_400_in_the_provider_shape(
                 },
             }
     assert fake_upstream.received == []
+
+
+async def _post_encoded(proxy_url: str, data: bytes, encoding: str) -> tuple[int, object]:
+    headers = {**HEADERS, "Content-Encoding": encoding, "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(proxy_url + "/v1/messages", data=data, headers=headers) as r:
+            return r.status, await r.json()
+
+
+UNDECODABLE = {
+    "type": "error",
+    "error": {
+        "type": "invalid_request_error",
+        "message": "request body could not be decoded as its Content-Encoding says",
+    },
+}
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    compressor = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush()
+
+
+@pytest.mark.parametrize(
+    "encoding,data",
+    [
+        ("gzip", gzip.compress(orjson.dumps(BODY))[:-12]),  # truncated: the end of the stream is missing
+        ("gzip", gzip.compress(orjson.dumps(BODY))[:-4]),  # truncated: its length trailer is missing
+        ("deflate", zlib.compress(orjson.dumps(BODY))[:-6]),  # a zlib stream cut short
+        ("deflate", _raw_deflate(orjson.dumps(BODY))),  # raw deflate: no zlib header
+        ("deflate", zlib.compress(orjson.dumps(BODY)) + b"{}"),  # bytes after the stream's end
+        ("gzip", gzip.compress(orjson.dumps(BODY)) + b"\x1f\x8b junk"),  # a second gzip member, corrupt
+        ("br", orjson.dumps(BODY)),  # a coding the proxy cannot decode
+    ],
+    ids=["gzip-truncated", "gzip-no-trailer", "deflate-truncated", "raw-deflate", "deflate-then-bytes",
+         "gzip-corrupt-member", "br"],
+)
+async def test_a_request_body_that_does_not_decode_whole_gets_400_and_nothing_goes_upstream(
+    fake_upstream: FakeUpstream, make_proxy, encoding: str, data: bytes
+) -> None:
+    """Attack finding F2: aiohttp's decoder forwarded a truncated gzip body's inflated part, and
+    a raw deflate body, and both got the upstream's 200 (aiohttp checks the end of the stream
+    for `deflate` only)."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    assert await _post_encoded(proxy.url, data, encoding) == (400, UNDECODABLE)
+    assert fake_upstream.received == []
+
+
+async def test_encoded_request_bodies_that_decode_whole_are_forwarded_inflated(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    """gzip (one member, two members), x-gzip and zlib deflate: the upstream gets the exact
+    inflated bytes, identity-encoded; an inflated body over `max_body_bytes` is 413."""
+    proxy = await make_proxy(upstream=fake_upstream.url, max_body_bytes=4096)
+    raw = orjson.dumps(BODY)
+    half = len(raw) // 2
+    bodies = [
+        ("gzip", gzip.compress(raw)),
+        ("gzip", gzip.compress(raw[:half]) + gzip.compress(raw[half:])),
+        ("x-gzip", gzip.compress(raw)),
+        ("Deflate", zlib.compress(raw)),
+    ]
+    for encoding, data in bodies:
+        status, _ = await _post_encoded(proxy.url, data, encoding)
+        assert status == 200
+    assert [(x.body, "content-encoding" in x.headers) for x in fake_upstream.received] == [(raw, False)] * 4
+    padded = orjson.dumps({**BODY, "metadata": {"user_id": "x" * 5000}})
+    status, answer = await _post_encoded(proxy.url, gzip.compress(padded), "gzip")
+    assert (status, len(fake_upstream.received)) == (413, 4)
