@@ -4,11 +4,13 @@ sorts keys), so these tests do not depend on the rule files."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 
 from proxy.pipeline.session import masker_for
@@ -236,3 +238,67 @@ async def test_inferred_session_survives_a_restart(
     second = await start_proxy(**settings)
     await client.messages(second, turn(FIRST_REORDERED, REPLY, {"role": "user", "content": "and?"}))
     assert sent_messages(fake_upstream, 1)[0] == orjson.dumps(FIRST)  # same root id, record found
+
+
+async def test_a_restart_replays_once_the_sole_writer_has_listed_the_file_s_keys(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client, tmp_path: Path
+) -> None:
+    """After a restart the single `serve` process lists the file's keys (`learn_keys`) and skips
+    the read of any key not listed; the session written before the restart is listed, so its
+    next turn is read and replayed with the bytes sent before the restart. (Replay counts a
+    message only when the client's bytes differ from the stored ones: a client re-sending the
+    very bytes has nothing spliced, and `promptcache_replayed_messages_total` stays 0.)"""
+    settings = {"upstream": fake_upstream.url, "store": "", "state_dir": tmp_path / "state"}
+    first = await start_proxy(**settings)
+    await client.messages(first, turn(FIRST), headers=SESSION)
+    await first.stop()
+    second = await start_proxy(**settings)
+    store = second.services.store
+    assert store is not None and store.is_sole_writer
+    await store.learn_keys()  # the listing `store_ctx` started, done (or done again)
+    assert store._keys is not None
+    await client.messages(second, turn(FIRST, REPLY, {"role": "user", "content": "same bytes"}), headers=SESSION)
+    await client.settle(second)
+    # read from the file: the record written before the restart (and the tenant's pacing)
+    assert second.sample("promptcache_session_store_local_reads_total", backend="sqlite") == 0
+    await client.messages(
+        second, turn(FIRST_REORDERED, REPLY, {"role": "user", "content": "reordered"}), headers=SESSION
+    )
+    assert [sent_messages(fake_upstream, i)[0] for i in (1, 2)] == [orjson.dumps(FIRST)] * 2
+    assert replayed(second) == 1  # the reordered turn only
+    # the third turn's previous record is the one this process wrote: no read
+    assert second.sample("promptcache_session_store_local_reads_total", backend="sqlite") == 1
+
+
+async def test_a_client_hanging_up_mid_response_keeps_the_session_s_record_and_replay(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client, tmp_path: Path
+) -> None:
+    """Turn 2's client closes after the first SSE event. Its response never ended, so it writes
+    no record; turn 3 (the client retrying) is replayed from turn 1's record, and its own
+    record is written: two turns."""
+    proxy = await start_proxy(upstream=fake_upstream.url, store="", state_dir=tmp_path / "state")
+    await client.messages(proxy, turn(FIRST), headers=SESSION)
+    await client.settle(proxy)
+    fake_upstream.mode = "hang_stream"
+    headers = {**SESSION, "anthropic-version": "2023-06-01", "x-api-key": "key-a"}
+    body = {**turn(FIRST_REORDERED, REPLY, {"role": "user", "content": "streamed"}), "stream": True}
+    async with aiohttp.ClientSession() as http:
+        response = await http.post(proxy.url + "/v1/messages", json=body, headers=headers)
+        assert (await response.content.readuntil(b"\n\n")).startswith(b"event: message_start")
+        response.close()
+    await fake_upstream.client_gone.wait()
+    for _ in range(1000):  # the handler's own unwinding runs on this loop: yield to it
+        if proxy.sample("promptcache_requests_in_flight", provider="anthropic") == 0:
+            break
+        await asyncio.sleep(0)
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="client_error") == 1
+    fake_upstream.mode = "normal"
+    await client.messages(proxy, turn(FIRST_REORDERED, REPLY, {"role": "user", "content": "again"}), headers=SESSION)
+    await client.settle(proxy)
+    assert [sent_messages(fake_upstream, i)[0] for i in (1, 2)] == [orjson.dumps(FIRST)] * 2
+    assert replayed(proxy) == 2
+    store = proxy.services.store
+    assert store is not None
+    (key,) = [k for k in await store.backend.keys() if k[1] == explicit_id("conversation-1")]
+    record = await store.load(*key)
+    assert record is not None and record.turns == 2
