@@ -20,7 +20,14 @@ from prometheus_client import CollectorRegistry
 from proxy.metrics import Metrics
 from proxy.store import RecordStore
 from proxy.store.codec import PART_BYTES, SessionRecord, Sidecar, encode_layout
-from proxy.store.sqlite import READ_ROWS, READ_STATEMENT_BYTES, READER_STUCK, SqliteStore, _padded_sizes
+from proxy.store.sqlite import (
+    KEYS_PER_STATEMENT,
+    READ_ROWS,
+    READ_STATEMENT_BYTES,
+    READER_STUCK,
+    SqliteStore,
+    _padded_sizes,
+)
 
 TTL = 3600.0
 
@@ -209,3 +216,24 @@ async def test_a_statement_answers_about_its_byte_bound_and_leaves_the_rest_for_
         gate.set()
         await backend.close()
     assert len([s for s in statements if s.startswith("WITH w(i, t, s, p)")]) == 2
+
+
+async def test_the_keys_are_listed_in_a_few_statements_on_the_reader_thread(tmp_path: Path) -> None:
+    """A restarted `serve` lists the file's keys for its filter (`RecordStore.learn_keys`):
+    20,000 keys in 3 statements of at most 8,192 (one step each: it was one step per key, on
+    the writer thread, in front of every record write); expired keys are not listed."""
+    now = [1_000_000.0]
+    backend = SqliteStore(tmp_path / "sessions.db", clock=lambda: now[0])
+    try:
+        writes = [("t", f"s{i}", b"v", TTL, None) for i in range(20_000)]
+        writes += [("u", f"gone{i}", b"v", 1.0, None) for i in range(5)]
+        await backend._call(backend._put_many, writes)
+        now[0] += 2.0  # the five short-lived keys expire
+        await backend.open()
+        statements = await _traced(backend)
+        listed = await backend.keys()
+    finally:
+        await backend.close()
+    assert sorted(listed) == sorted(("t", f"s{i}") for i in range(20_000))
+    assert len([s for s in statements if s.startswith("SELECT max(id)")]) == 3
+    assert KEYS_PER_STATEMENT == 8192
