@@ -33,8 +33,10 @@ beside the resident set the cells before left, which a cell's peak cannot go bel
 average before and after (the 2 cores may be shared). For `--workers 2` it also prints the
 CPU-bound ceiling: from the one-process cell's CPU per request of the peer and of the rest of
 the rig (wrk and the fake upstream, on the same cores), the most one and two processes could
-serve (`cpu_ceiling`) and their ratio: what `--workers 2` can reach on this machine at best. Not
-a test.
+serve (`cpu_ceiling`) and their ratio: what `--workers 2` can reach on this machine at best. For
+each promptcache peer it prints what its session store lost during the cells (its `/metrics`:
+failed reads, i.e. turns without replay, failed writes, timeouts among them, records dropped
+before their write). Not a test.
 
     scripts/install-bench            # wrk, nginx (apt) and LiteLLM (own venv), once
     .venv/bin/python bench/gateway_bench.py [--seconds 5] [--peers bare,nginx,observe,...]
@@ -51,8 +53,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import orjson
 
@@ -315,6 +319,38 @@ async def ready(peer: Peer) -> None:
     raise RuntimeError(f"{peer.name} did not start")
 
 
+STORE_LOSSES: Final = (
+    ("get errors", "promptcache_session_store_errors_total", {"operation": "get"}),
+    ("put errors", "promptcache_session_store_errors_total", {"operation": "put"}),
+    ("timeouts", "promptcache_session_store_faults_total", {"kind": "timeout"}),
+    ("dropped", "promptcache_session_store_writes_dropped_total", {}),
+)
+"""What a promptcache peer's `/metrics` says its session store lost: reads and writes that failed
+(a failed read is a turn without replay), of them the timeouts, and records dropped before
+their write (too many pending)."""
+
+
+def store_losses(peer: Peer) -> dict[str, float] | None:
+    """The `STORE_LOSSES` counters of a promptcache peer now (summed over backends and workers),
+    `None` for other peers or when `/metrics` does not answer."""
+    if not peer.name.startswith(("observe", "optimise", "transport")):
+        return None
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(peer.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    found = dict.fromkeys((label for label, _, _ in STORE_LOSSES), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for label, name, labels in STORE_LOSSES:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    found[label] += sample.value
+    return found
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds used so far by `pids` (their threads included)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -367,6 +403,7 @@ def wrk(
     ]
     if peer.bearer:
         cmd.append(peer.bearer)
+    losses_before = store_losses(peer)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     line = next(x for x in out.splitlines() if x.startswith("WRKJSON "))
     data = orjson.loads(line.split(" ", 1)[1])
@@ -375,7 +412,12 @@ def wrk(
     rig = wrk_after.ru_utime + wrk_after.ru_stime - wrk_before.ru_utime - wrk_before.ru_stime
     if upstream_pid:
         rig += cpu_seconds([upstream_pid]) - rig_before
+    losses_after = store_losses(peer)
+    lost = {}
+    if losses_before is not None and losses_after is not None:
+        lost = {f"store {k}": losses_after[k] - losses_before[k] for k in losses_after}
     return {
+        **lost,
         "rss": peak_rss_mb(pids),
         "rss_start": rss_start,
         "cpu": 1000 * cpu / max(1, data["requests"]),
@@ -575,6 +617,18 @@ def report(
     print("direct (no gateway): " + ", ".join(f"{k} p50 {v['p50']:.2f} ms {v['rps']:.0f}/s" for k, v in direct.items()))
     errors = {p: int(sum(c["errors"] for c in results[p].values())) for p in results}
     print("errors (socket + non-2xx): " + ", ".join(f"{p} {n}" for p, n in errors.items()))
+    for p in peers:  # the session store's losses during the cells (the peer's /metrics)
+        cells = results[p]
+        keys = [f"store {label}" for label, _, _ in STORE_LOSSES]
+        if not any(k in c for c in cells.values() for k in keys):
+            continue
+        total = ", ".join(f"{k[6:]} {sum(c.get(k, 0) for c in cells.values()):.0f}" for k in keys)
+        per_cell = "; ".join(
+            f"{cell} " + " ".join(f"{k[6:]} {c[k]:.0f}" for k in keys if c.get(k))
+            for cell, c in cells.items()
+            if any(c.get(k) for k in keys)
+        )
+        print(f"{p} session store during the run: {total}" + (f" ({per_cell})" if per_cell else ""))
     if skipped:
         print("not run (not installed: scripts/install-bench): " + ", ".join(skipped))
 
