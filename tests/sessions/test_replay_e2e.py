@@ -139,16 +139,21 @@ async def test_redis_stopped_mid_conversation_fails_no_request(
     conversation = [FIRST]
     status, _ = await client.messages(proxy, turn(*conversation), headers=SESSION)
     assert status == 200
+    # the first turn's background writes (its record, the tenant's pacing after its first
+    # response) land before Redis stops; left racing the stop, the pacing write failed or not,
+    # and the record write too on a slow machine (4 or 5 put errors)
+    await client.settle(proxy)
     redis_server.stop()
     for n in range(3):
         conversation += [REPLY, {"role": "user", "content": f"turn {n}"}]
         status, body = await client.messages(proxy, turn(*conversation), headers=SESSION)
         assert status == 200 and body["id"] == "msg_fake_1"
         assert fake_upstream.received[-1].body == client.sent[-1]  # forwarded as sent, no replay
-    await client.settle(proxy)
+        # each turn's writes fail before the next turn: none is superseded while pending
+        await client.settle(proxy)
     assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="get") == 3
-    # three session records and the tenant's pacing after its first response (proxy.session_identity)
-    assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="put") == 4
+    # the three session records written with Redis stopped
+    assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="put") == 3
     assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="ok") == 4
     assert proxy.sample("promptcache_stage_errors_total", stage="session") == 0
 
