@@ -539,6 +539,8 @@ class SqliteStore:
         self._reader_identity: _Identity | None = None
         self._next_purge = 0.0
         self._closed = False
+        self._has_opened = False
+        """Whether the writer has opened the file once (`_ready_to_read`)."""
         self._identity: _Identity | None = None
         """`(st_dev, st_ino)` of the files the connection has open (`_stat`)."""
         self.on_fault: Callable[[str, str], None] | None = None
@@ -623,10 +625,13 @@ class SqliteStore:
             future.cancel()  # a no-op when settled; else the reader leaves it alone
 
     async def _ready_to_read(self) -> None:
-        if self._conn is None:  # opened (created, schema, a corrupt file moved aside) by the writer
-            await self._call(self._connection)
-        elif self._closed:
+        """The file opened once by the writer (created, its schema, a corrupt file moved aside)
+        before the first read; after that a read never waits for the writer thread (one that
+        failed and dropped its connection reopens it with its next write)."""
+        if self._closed:
             raise RuntimeError("store closed")
+        if not self._has_opened:
+            await self._call(self._connection)
 
     async def keys(self) -> list[tuple[str, str]]:
         """Every unexpired `(tenant, session)` key (`RecordStore.learn_keys`): listed on the
@@ -786,6 +791,7 @@ class SqliteStore:
             self._move_aside()
             self._conn = self._connect()
         self._identity = self._stat()
+        self._has_opened = True
         return self._conn
 
     def _stat(self) -> _Identity | None:
@@ -895,15 +901,16 @@ class SqliteStore:
             if not chunk:
                 return
             (size,) = _padded_sizes(len(chunk), READ_ROWS)
-            taken = self._reader_moved = time.perf_counter()
-            self._reader_began = taken
-            for reading in chunk:
-                reading.taken = taken
             error: BaseException | None = None
             found: list[_Found | None] = []
             later: list[int] = []
             try:
+                # opening the connection is not the reads' own time: READER_STUCK bounds it
                 conn = conn or self._read_connection()
+                taken = self._reader_moved = time.perf_counter()
+                self._reader_began = taken
+                for reading in chunk:
+                    reading.taken = taken
                 found, later = _read_rows(conn, [r.read for r in chunk], size, self._clock())
             except Exception as exc:  # noqa: BLE001 - handed to every caller of the statement
                 error = exc

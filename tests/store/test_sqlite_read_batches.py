@@ -11,6 +11,7 @@ event loop costs up to 5 ms, and `GET_TIMEOUT` (50 ms) counted from when the rea
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -237,3 +238,31 @@ async def test_the_keys_are_listed_in_a_few_statements_on_the_reader_thread(tmp_
     assert sorted(listed) == sorted(("t", f"s{i}") for i in range(20_000))
     assert len([s for s in statements if s.startswith("SELECT max(id)")]) == 3
     assert KEYS_PER_STATEMENT == 8192
+
+
+async def test_a_read_after_a_failed_write_does_not_wait_for_the_writer_thread(tmp_path: Path) -> None:
+    """A locked file fails a write, which drops the writer's connection. The next read used to
+    wait for the writer thread to reopen it (behind whatever the writer was doing: here a
+    batch held up), with the read's bound running; the reader has its own connection and the
+    file exists, so the read is answered with the writer still busy."""
+    path = tmp_path / "sessions.db"
+    backend = SqliteStore(path)
+    gate = threading.Event()
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        await backend.put("t", "s", b"v", TTL)
+        assert await backend.get("t", "s") == b"v"
+        holder.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            await backend.put("t", "s", b"w", TTL)
+        holder.execute("ROLLBACK")
+        assert backend._conn is None  # the failed write dropped it
+        busy = asyncio.get_running_loop().run_in_executor(backend._executor, gate.wait)
+        assert await asyncio.wait_for(backend.get_within("t", "s", 0.05), 10) == b"v"
+        assert not busy.done()  # answered while the writer thread was still held
+        gate.set()
+        await busy
+    finally:
+        gate.set()
+        holder.close()
+        await backend.close()
