@@ -1,8 +1,9 @@
 -- wrk script for bench/gateway_bench.py: builds each request's body from pieces on disk.
 -- Arguments (after `--`): DIR MODE SESSIONS TURNS SALT [BEARER]
 --   DIR holds head_0..head_N and turn_1..turn_TURNS (written by gateway_bench.py);
---   MODE "grow": SESSIONS conversations in round robin, each request one turn longer than that
---        session's previous one (head_0 .. id .. head_1 [.. id .. head_N] .. turn_1 .. turn_k
+--   MODE "grow": SESSIONS conversations per wrk thread in round robin (the thread id is part
+--        of each session's id: T threads hold T x SESSIONS sessions), each request one turn
+--        longer than that session's previous one (head_0 .. id .. head_1 [.. id .. head_N] .. turn_1 .. turn_k
 --        .. "]}"), a new session after TURNS turns;
 --   MODE "first": every request is the first (full-length) request of a new session.
 -- done() prints one line "WRKJSON {...}" with requests, duration, p50/p99 (microseconds), errors.

@@ -364,6 +364,34 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def wrk_command(url: str, workload: Path, mode: str, conns: int, seconds: float, turns: int, salt: str) -> list[str]:
+    """The `wrk` command line for one cell: one thread for one connection, else two, each
+    running `conns / threads` sessions in round robin on its `conns / threads` connections
+    (`gateway.lua`'s SESSIONS is per thread), so a cell of `conns` connections holds `conns`
+    sessions at once."""
+    threads = 1 if conns == 1 else 2
+    return [
+        "wrk",
+        "-t",
+        str(threads),
+        "-c",
+        str(conns),
+        "-d",
+        f"{max(1, round(seconds))}s",
+        "--timeout",
+        "30s",
+        "-s",
+        str(LUA),
+        url,
+        "--",
+        str(workload),
+        mode,
+        str(max(1, conns // threads)),
+        str(turns),
+        salt,
+    ]
+
+
 def wrk(
     peer: Peer, workload: Path, mode: str, conns: int, seconds: float, salt: str, upstream_pid: int = 0
 ) -> dict[str, float]:
@@ -380,27 +408,7 @@ def wrk(
     rss_start = peak_rss_mb(pids, "VmRSS")
     reset_peak_rss(pids)
     turns = TURNS if workload.name == "agent" else 0
-    threads = 1 if conns == 1 else 2
-    cmd = [
-        "wrk",
-        "-t",
-        str(threads),
-        "-c",
-        str(conns),
-        "-d",
-        f"{max(1, round(seconds))}s",
-        "--timeout",
-        "30s",
-        "-s",
-        str(LUA),
-        peer.url,
-        "--",
-        str(workload),
-        mode,
-        str(conns),
-        str(turns),
-        salt,
-    ]
+    cmd = wrk_command(peer.url, workload, mode, conns, seconds, turns, salt)
     if peer.bearer:
         cmd.append(peer.bearer)
     losses_before = store_losses(peer)

@@ -33,7 +33,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_bench import LUA, TURNS, write_workloads  # noqa: E402
+from gateway_bench import TURNS, write_workloads, wrk_command  # noqa: E402
 from proxy_bench import free_port, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,8 +125,7 @@ def status_mb(key: str) -> float:
 
 async def run_wrk(url: str, workload: Path, mode: str, conns: int, seconds: float, salt: str) -> str:
     turns = TURNS if workload.name == "agent" else 0
-    cmd = ["wrk", "-t", "1" if conns == 1 else "2", "-c", str(conns), "-d", f"{max(1, round(seconds))}s"]
-    cmd += ["--timeout", "30s", "-s", str(LUA), url, "--", str(workload), mode, str(conns), str(turns), salt]
+    cmd = wrk_command(url, workload, mode, conns, seconds, turns, salt)
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     out, _ = await proc.communicate()
     line = next((x for x in out.decode().splitlines() if x.startswith("WRKJSON ")), "WRKJSON {}")
