@@ -67,7 +67,7 @@ from proxy.exchange import Exchange
 from proxy.frozen import fast_init
 from proxy.malformed import skipped
 from proxy.pipeline import rawprefix
-from proxy.pipeline.prefilter import Needs, ScannedText, needs
+from proxy.pipeline.prefilter import LiteralGate, Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value, may_hold_marker
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
 from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget
@@ -286,6 +286,60 @@ def _strings_of(value: Any, out: list[str]) -> None:
                 _strings_of(v, out)
 
 
+def _count_strings(value: Any) -> int:
+    """How many strings `_strings_of(value, out)` appends (exact types tested first: the
+    values of a parsed body)."""
+    kind = type(value)
+    if kind is str:
+        return 1
+    if kind is dict:
+        items: Any = value.values()
+    elif kind is list:
+        items = value
+    else:
+        return _count_any(value)
+    count = 0
+    for v in items:
+        kind = type(v)
+        if kind is str:
+            count += 1
+        elif kind is dict or kind is list:
+            count += _count_strings(v)
+        elif isinstance(v, str | dict | list):
+            count += _count_any(v)
+    return count
+
+
+def _count_any(value: Any) -> int:
+    """`_count_strings` for any type (subclasses of `str`, `dict`, `list` included)."""
+    if isinstance(value, str):
+        return 1
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, list):
+        return 0
+    count = 0
+    for v in value:
+        if isinstance(v, str):
+            count += 1
+        elif isinstance(v, dict | list):
+            count += _count_any(v)
+    return count
+
+
+def _charge_looks(budget: Budget, strings: int) -> None:
+    """Charge `LINE_SCAN_COST` for each of `strings` strings looked at, stopping at the first
+    the budget does not cover (as `mask_filtered`'s walk does when no pattern runs)."""
+    if budget.is_spent:
+        return
+    affordable = budget.left // LINE_SCAN_COST
+    if strings <= affordable:
+        budget.left -= strings * LINE_SCAN_COST
+    else:
+        budget.take(LINE_SCAN_COST * (affordable + 1))  # sets `is_spent`
+        budget.left -= affordable * LINE_SCAN_COST
+
+
 def may_mask(filters: Sequence[tuple[re.Pattern[str], Needs | None]], strings: Sequence[str]) -> bool:
     """False only when `mask_filtered` with `filters` changes none of `strings` (a value's string
     values): no filter's `Needs` admit the strings joined by newlines, checked once for the
@@ -331,6 +385,8 @@ class Masker:
         """The current request's segment classification budget (`Exchange.scan_budget`, set
         by the session stage around `view_messages`); `None`: unlimited."""
         self.filters = tuple((span, needs(span)) for span in self.spans)
+        self.gate = LiteralGate([need for _, need in self.filters])
+        """All filters' literals looked for in one pass over the values a request masks."""
         self.memo_size = memo_size
         self.budget: Budget | None = None
         """The current request's scan budget (`begin`); `None`: unlimited."""
@@ -377,6 +433,9 @@ class Masker:
             maskeds.extend(known[1])
             keys.extend(known[2])
             values = values[len(known[0]) :]
+        # masked digests are worked out after the loop, in order (the budget is charged in
+        # element order), with one `LiteralGate` pass over the bytes of the values to mask
+        pending: list[tuple[int, bytes, Any, bytes | None]] = []
         for value in values:
             data = dumps(value)
             if dumped is not None:
@@ -407,17 +466,31 @@ class Masker:
                     skipped("role")
                     dropped = None
                 if dropped and not dropped.isdisjoint(stripped):
-                    maskeds.append(self._projected(exact, {k: v for k, v in stripped.items() if k not in dropped}))
+                    pending.append((len(maskeds), exact, {k: v for k, v in stripped.items() if k not in dropped}, None))
+                    maskeds.append(exact)  # placeholder
                     continue
             if not spans:
                 maskeds.append(exact)
                 continue
-            masked = masked_memo.get(exact)
-            if masked is None:
-                masked = self._masked(exact, stripped)
-            else:
-                masked_memo.move_to_end(exact)
-            maskeds.append(masked)
+            pending.append((len(maskeds), exact, stripped, data))
+            maskeds.append(exact)  # placeholder
+        if pending:
+            gate = self.gate
+            gated = [(p[0], p[3]) for p in pending if p[3] is not None and p[1] not in masked_memo]
+            rejected: set[int] = set()
+            if gated and gate.is_active:
+                verdicts = gate.rejects([bytes_ for _, bytes_ in gated])
+                rejected = {position for (position, _), no in zip(gated, verdicts, strict=True) if no}
+            for position, of, value, bytes_or_none in pending:
+                if bytes_or_none is None:  # a projection (identity-optional keys left out)
+                    maskeds[position] = self._projected(of, value)
+                    continue
+                known_mask = masked_memo.get(of)
+                if known_mask is None:
+                    known_mask = self._masked(of, value, is_rejected=position in rejected)
+                else:
+                    masked_memo.move_to_end(of)
+                maskeds[position] = known_mask
         return tuple(exacts), tuple(maskeds), tuple(keys)
 
     def _projected(self, exact: bytes, projection: JSONObject) -> bytes:
@@ -432,26 +505,31 @@ class Masker:
         self.budget = Budget(chars) if chars is not None else None
         return self.budget
 
-    def _masked(self, exact: bytes, stripped: Any, is_exact_digest: bool = True) -> bytes:
+    def _masked(self, exact: bytes, stripped: Any, is_exact_digest: bool = True, is_rejected: bool = False) -> bytes:
         """The masked digest of `stripped`; `exact` is its memo key, and (`is_exact_digest`)
         the digest of its own canonical bytes: when no pattern changes a string, the masked
-        bytes are those very bytes, so the masked digest is `exact` (no second sorted dump)."""
+        bytes are those very bytes, so the masked digest is `exact` (no second sorted dump).
+        `is_rejected`: the `LiteralGate` found that no filter admits its strings (`may_mask`
+        would say False): only the budget is charged for looking at them."""
         masked = self._memo.get(exact)
         if masked is not None:
             self._memo.move_to_end(exact)
             return masked
         budget = self.budget
         canonical = canonical_value(stripped)
-        strings: list[str] = []
-        _strings_of(canonical, strings)
-        if may_mask(self.filters, strings):
-            value = mask_filtered(canonical, self.filters, budget)
-        else:  # nothing can change: charge what `mask_filtered` charges for looking at each string
+        if is_rejected:  # nothing can change (`LiteralGate`): charge what looking costs
             value = canonical
             if budget is not None:
-                for _ in strings:
-                    if budget.is_spent or not budget.take(LINE_SCAN_COST):
-                        break
+                _charge_looks(budget, _count_strings(canonical))
+        else:
+            strings: list[str] = []
+            _strings_of(canonical, strings)
+            if may_mask(self.filters, strings):
+                value = mask_filtered(canonical, self.filters, budget)
+            else:  # nothing can change: charge what `mask_filtered` charges for looking at each string
+                value = canonical
+                if budget is not None:
+                    _charge_looks(budget, len(strings))
         if value is canonical and is_exact_digest:
             masked = exact
         else:

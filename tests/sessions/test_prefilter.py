@@ -176,3 +176,78 @@ def test_an_unmasked_message_digests_as_its_exact_bytes_and_a_masked_one_does_no
 
 def _sorted_digest(value: object) -> bytes:
     return xxhash.xxh3_128_digest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+
+
+GATE_WORDS = st.sampled_from(
+    ["trace", "epoch", "tracepoch", "unix time", "timestamp", "session", "token", "request", "span", "id",
+     "x-anthropic-billing-header:", "cost", "budget", "total", "context", "local", "current", "system", "time",
+     "TOKEN", "Epoch", '"', "\\", "\t", "\u00e9", "text", "ex", "7", "-", ":"]
+)
+gate_texts = st.lists(st.one_of(GATE_WORDS, st.text(ALPHABET, max_size=6)), max_size=6).map("".join)
+gate_values = st.one_of(
+    gate_texts,
+    st.builds(
+        lambda role, parts, extra: {"role": role, "content": parts, **extra},
+        gate_texts,
+        st.one_of(gate_texts, st.lists(st.builds(lambda t: {"type": "text", "text": t}, gate_texts), max_size=3)),
+        st.dictionaries(
+            gate_texts,
+            st.one_of(gate_texts, st.integers(-(2**31), 2**31), st.lists(gate_texts, max_size=2)),
+            max_size=2,
+        ),
+    ),
+)
+
+
+@FAST
+@given(st.lists(gate_values, min_size=1, max_size=5))
+def test_a_value_the_literal_gate_rejects_is_one_may_mask_rejects_and_masking_leaves(values: list[object]) -> None:
+    """`LiteralGate` (one pass over a batch of values' bytes) rejects a value only when
+    `may_mask` on its strings says no, so masking it changes nothing."""
+    from proxy.pipeline.prefilter import LiteralGate
+    from proxy.pipeline.replay import _strings_of, may_mask
+
+    filters = tuple((p, needs(p)) for p in RULE_SPANS)
+    gate = LiteralGate([n for _, n in filters])
+    assert gate.is_active
+    verdicts = gate.rejects([orjson.dumps(v) for v in values])
+    for value, is_rejected in zip(values, verdicts, strict=True):
+        if is_rejected:
+            canonical = canonical_value(value)
+            strings: list[str] = []
+            _strings_of(canonical, strings)
+            assert not may_mask(filters, strings), value
+            assert mask_filtered(canonical, filters) is canonical
+
+
+def test_the_literal_gate_sees_a_literal_a_leftmost_match_overlaps() -> None:
+    """`tracepoch`: the pass reports `trace` and resumes after it, yet `epoch` (which starts
+    inside it) still counts as present, so the epoch rule's value is not rejected."""
+    from proxy.pipeline.prefilter import LiteralGate
+
+    gate = LiteralGate([needs(p) for p in RULE_SPANS])
+    values = ["tracepoch 1234567890", "trace only", "calm words only", "epoch 7", "Epoch", "caf\u00e9 epoch 7"]
+    assert gate.rejects([orjson.dumps(v) for v in values]) == [False, True, True, False, True, False]
+    # a filter without conditions (a lookahead alone) may admit anything: nothing is rejected
+    unconditioned = LiteralGate([needs(RULE_SPANS[0]), needs(re.compile(r"(?=abc)"))])
+    assert not unconditioned.is_active
+    assert unconditioned.rejects([b'"calm"']) == [False]
+
+
+@FAST
+@given(st.lists(st.lists(gate_values, min_size=1, max_size=3), min_size=1, max_size=3), st.integers(0, 3_000))
+def test_gated_masker_digests_and_budget_equal_the_ungated_ones(requests: list[list[object]], chars: int) -> None:
+    """The masker with its gate and one without it (`LiteralGate` inactive) give the same
+    digests and leave the request's budget in the same state, request after request (memo hits)."""
+    from proxy.pipeline.prefilter import LiteralGate
+
+    gated, plain = Masker(volatile_patterns(load_rules())), Masker(volatile_patterns(load_rules()))
+    plain.gate = LiteralGate([])
+    assert gated.gate.is_active and not plain.gate.is_active
+    for values in requests:
+        results = []
+        for masker in (gated, plain):
+            budget = masker.begin(chars)
+            assert budget is not None
+            results.append((masker.examine_all(values), budget.left, budget.is_spent))
+        assert results[0] == results[1]
