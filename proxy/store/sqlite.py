@@ -1,10 +1,11 @@
 """`SqliteStore`: the embedded default `SessionStore`, one file, survives restarts.
 
 - Writes (put, delete, purge, checkpoints, health checks) run on ONE dedicated writer thread
-  that owns the read-write connection (measured: aiosqlite was no faster). Record writes are
-  paced: a write transaction starts at most once per `WRITE_INTERVAL` (a write after a quiet
-  spell starts at once), and the writes queued meanwhile go in it, so a steady stream of
-  requests costs one thread wake-up and one commit per interval, not per request; reads run on a
+  that owns the read-write connection (measured: aiosqlite was no faster). Small record writes
+  are paced: a write transaction starts at most once per `WRITE_INTERVAL` (a write after a quiet
+  spell, or one of `PACED_BYTES` or more, starts at once), and the writes queued meanwhile go
+  in it, so a steady stream of requests costs one thread wake-up and one commit per interval,
+  not per request; reads run on a
   second thread with its own read-only connection, so a read never queues behind a write,
   a purge or a WAL checkpoint (WAL readers and the writer do not block each other). The
   event loop only awaits futures. Reads queued while the reader thread is busy are answered
@@ -131,6 +132,11 @@ about 0.5 ms of CPU and of added p50 per request (a wake-up of the writer thread
 at each of its statements, a wake-up of the loop), against a `memory://` store; paced, one in
 about ten requests pays it. The record of a request is written at most this much later (the
 writing process reads its own pending writes at once: `proxy.store.RecordStore`)."""
+PACED_BYTES: Final = 64 * 1024
+"""A write sending this many bytes or more (value, or head and the parts' data) is not paced: it
+starts its transaction at once, with the writes queued before it. Its cost is its bytes, not the
+transaction's, and waiting would hold its memory longer (a new 600 KB session's first record is
+counted twice against `proxy.store.MAX_PENDING_BYTES` while it waits)."""
 MAX_EVICTIONS_PER_PUT: Final = 1024
 """Rows one write may evict (keeps a write's time bounded whatever the caps were before)."""
 TOTAL: Final = ""
@@ -643,11 +649,11 @@ class SqliteStore:
 
     async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
         """Store `value` for `ttl` seconds (`ttl <= 0` removes the key). Writes arriving while
-        the writer thread is busy, or within `write_interval` of the last transaction's start,
-        are queued and then written together in one transaction (at most `MAX_BATCH`), in call
-        order: one thread wake-up and one commit for many requests (a wake-up costs the event
-        loop and the thread a GIL handoff each; one per write fell behind at ~600 writes/s). A
-        failed transaction fails every write in it."""
+        the writer thread is busy, or within `write_interval` of the last transaction's start
+        (unless one of `PACED_BYTES` or more arrives), are queued and then written together in
+        one transaction (at most `MAX_BATCH`), in call order: one thread wake-up and one commit
+        for many requests (a wake-up costs the event loop and the thread a GIL handoff each; one
+        per write fell behind at ~600 writes/s). A failed transaction fails every write in it."""
         await self._queue((tenant, session, value, ttl, None))
 
     async def put_within(self, tenant: str, session: str, value: bytes, ttl: float, timeout: float) -> None:
@@ -677,15 +683,21 @@ class SqliteStore:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
         queued = _Queued(write, done)
+        parts = write[4]
+        sent = len(write[2]) + (sum(len(p.data) for p in parts if p.data is not None) if parts else 0)
+        is_large = sent >= PACED_BYTES
         with self._batch_lock:
             self._batch.append(queued)
             is_queued, self._is_batch_queued = self._is_batch_queued, True
         if not is_queued:
             wait = min(self.write_interval, self._batch_started + self.write_interval - loop.time())
-            if wait > 0:
+            if wait > 0 and not is_large:
                 self._batch_timer = loop.call_later(wait, self._start_batch, loop)
             else:
                 self._start_batch(loop)
+        elif is_large and self._batch_timer is not None:  # the paced writes go with it, now
+            self._batch_timer.cancel()
+            self._start_batch(loop)
         if timeout is None:
             return await done
         try:

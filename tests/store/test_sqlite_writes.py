@@ -190,3 +190,31 @@ async def test_writes_within_the_interval_wait_and_share_one_transaction(tmp_pat
         assert [await reopened.get("t", k) for k in "abc"] == [b"first", b"second", b"third"]
     finally:
         await reopened.close()
+
+
+async def test_a_large_write_starts_the_paced_transaction_at_once(tmp_path: Path) -> None:
+    """A write of `PACED_BYTES` or more is not paced: queued after a small one that waits for
+    the interval, it starts their shared transaction at once (no `close()` needed)."""
+    store = SqliteStore(tmp_path / "s.db", write_interval=3600.0)
+    try:
+        await store.open()
+        conn = store._conn
+        assert conn is not None
+        statements: list[str] = []
+        await store._call(conn.set_trace_callback, statements.append)
+        await store.put("t", "a", b"first", TTL)
+        small = asyncio.ensure_future(store.put("t", "b", b"small", TTL))  # noqa: TID251
+        for _ in range(10):
+            if len(store._batch) == 1:
+                break
+            await asyncio.sleep(0)
+        assert len(store._batch) == 1  # waiting for the interval
+        big = b"x" * sqlite_store.PACED_BYTES
+        async with asyncio.timeout(30):  # paced, it would wait the hour: a failure, not a hang
+            await store.put_parts("t", "c", b"head", [Part(b"k" * 16, len(big), big)], TTL)
+            await small
+        assert sum(s == "BEGIN IMMEDIATE" for s in statements) == 2
+        assert await store.get("t", "b") == b"small"
+        assert await store.get_parts("t", "c") == (b"head", {b"k" * 16: big})
+    finally:
+        await store.close()
