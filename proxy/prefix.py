@@ -423,7 +423,14 @@ def _scan_prompt(
                 block_digests += found
                 if section == "tools":
                     tools += len(items)
-                _reuse_run(run, items, fixed, index, values, kinds, marked)
+                # the same values in a run of the same kind: its kinds and markers, copied
+                values.extend(items)
+                kinds.extend(around.kinds[first : first + len(items)])
+                old_marked = around.marked
+                low = bisect_left(old_marked, first)
+                if low < len(old_marked) and old_marked[low] < first + len(items):
+                    shift = index - first
+                    marked.extend(m + shift for m in old_marked[low : bisect_left(old_marked, first + len(items))])
                 index += len(items)
                 last_message = message
                 continue

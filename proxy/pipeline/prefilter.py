@@ -240,8 +240,9 @@ class LiteralGate:
                     atoms.append(checked)
             if not atoms:  # every value may be admitted by this filter: nothing to gate
                 return
-            # the cheapest checks first: literals of the one pass, then bytes, then a digit
-            atoms.sort(key=lambda a: (a[0] == 0, len(a[1]), a[2]))
+            # the cheapest checks first: literals of the one pass, then bytes, a digit last (most
+            # values hold one: ids, line numbers)
+            atoms.sort(key=lambda a: (a[0] == 0, a[2], len(a[1])))
             filters.append(tuple(atoms))
         self._filters = tuple(filters)
         self._unanchored = tuple(f for f in filters if not any(a[1] == () and not a[2] for a in f))

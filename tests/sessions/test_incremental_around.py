@@ -202,3 +202,32 @@ def test_a_scan_around_a_kept_body_chains_its_block_digests() -> None:
     blocks = range(len(got.values))
     differing = [i for i in blocks if altered.digests[16 * i : 16 * i + 16] != got.digests[16 * i : 16 * i + 16]]
     assert differing == list(range(3, 93))
+
+
+def test_a_scan_around_copies_the_markers_and_kinds_of_the_blocks_it_takes() -> None:
+    """Marked blocks among the kept body's objects keep their marks at their new positions
+    (b's first message has one block more than a's), as the full scan has them."""
+    a = _body(6)
+    marked_at = []
+    for position in (3, 8):
+        message = a["messages"][position]
+        if isinstance(message["content"], list):
+            message["content"][-1] = {**message["content"][-1], "cache_control": {"type": "ephemeral"}}
+            marked_at.append(position)
+    assert marked_at
+    b = {
+        **a,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a new start"}, {"type": "text", "text": "two"}]},
+            *a["messages"][1:],
+        ],
+    }
+    around = scan_prompt(ANTHROPIC.layout(a))
+    assert around.marked
+    got = scan_prompt(ANTHROPIC.layout(b), around=around)
+    full = scan_prompt(ANTHROPIC.layout(orjson.loads(orjson.dumps(b))))
+    assert _scan_fields(got) == _scan_fields(full)
+    assert got.marked == tuple(m + 1 for m in around.marked if m >= 3)  # a's first message held no mark
+    # the blocks were taken from `around` (its digests zeroed: the chain changes)
+    zeroed = scan_prompt(ANTHROPIC.layout(b), around=replace(around, digests=bytes(len(around.digests))))
+    assert zeroed.chain != full.chain and zeroed.marked == full.marked and zeroed.kinds == full.kinds
