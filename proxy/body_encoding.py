@@ -30,6 +30,13 @@ GZIP: Final = frozenset({"gzip", "x-gzip"})
 DEFLATE: Final = "deflate"
 
 
+UNDECODABLE_BODY: Final = "request body could not be decoded as its Content-Encoding says"
+"""The 400's message when the request body does not decode (a corrupt or truncated gzip or
+deflate stream, bytes after it, an unknown coding; or aiohttp's `web.RequestPayloadError`
+where aiohttp inflates bodies itself): `proxy.handlers`, and `proxy.forward` for a body that
+failed while it streamed."""
+
+
 class UndecodableBody(ValueError):
     """A body that does not decode as its `Content-Encoding` says (the handler answers 400)."""
 
@@ -97,14 +104,26 @@ def streamable(encoding: str) -> bool:
 
 async def inflating(chunks: AsyncIterator[bytes], encoding: str) -> AsyncIterator[bytes]:
     """`chunks` of a gzip or deflate body (`streamable`), inflated as they come; raises
-    `UndecodableBody` at a corrupt byte or, at the end, for a truncated stream. A deflate body
-    without a zlib header is read as raw deflate here (aiohttp's guess, kept for bodies that
-    only stream through)."""
+    `UndecodableBody` at a corrupt byte, at bytes after a deflate stream or, at the end, for a
+    truncated stream. A deflate body without a zlib header is read as raw deflate here
+    (aiohttp's guess, kept for bodies that only stream through); the guess waits for the
+    body's first two bytes, however the client split them into chunks."""
     coding = encoding.strip().lower()
     is_gzip = coding in GZIP
     decoder: zlib._Decompress | None = None
+    head = b""
+    """deflate: the body's first bytes while fewer than the two a zlib header takes"""
+    is_ended = False
+    """deflate: its one stream ended (anything after it is refused)"""
     async for chunk in chunks:
         data = chunk
+        if is_ended and data:
+            raise UndecodableBody(f"bytes after the end of the {coding} stream")
+        if decoder is None and not is_gzip and not is_ended:
+            data, head = head + data, b""
+            if len(data) < 2:
+                head = data
+                continue
         while data:
             if decoder is None:
                 if is_gzip:
@@ -121,9 +140,13 @@ async def inflating(chunks: AsyncIterator[bytes], encoding: str) -> AsyncIterato
             data = decoder.unconsumed_tail
             if decoder.eof:
                 data = decoder.unused_data
-                if data and not is_gzip:
-                    raise UndecodableBody(f"bytes after the end of the {coding} stream")
+                if not is_gzip:
+                    if data:
+                        raise UndecodableBody(f"bytes after the end of the {coding} stream")
+                    is_ended = True
                 decoder = None  # the next gzip member, if any
+    if head:  # one byte in all: no deflate stream is that short
+        raise UndecodableBody(f"truncated {coding} stream")
     if decoder is not None:
         while not decoder.eof and (piece := decoder.decompress(b"", PIECE_BYTES)):
             yield piece

@@ -68,6 +68,9 @@ class Exchange:
     """The model named by a platform path (Vertex, Bedrock put it there, not in the body)."""
     is_signed: bool = False
     """The request is signed over its body (SigV4): forwarded byte-identical, measured only."""
+    undecodable_body: str | None = None
+    """Why a body streamed through (`proxy.body_encoding.inflating`) did not decode, once it
+    failed mid-stream (set by the handler): answered 400, not as an upstream failure."""
     header_overrides: dict[str, str | None] = field(default_factory=dict)
     """Upstream request headers a stage replaces (`None` removes the header), e.g. the
     `anthropic-beta` values a platform rejects dropped."""

@@ -31,11 +31,20 @@ import yarl
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.body_encoding import UNDECODABLE_BODY
 from proxy.connections import ClientBodyTimeout
 from proxy.eventstream import EventStreamDecoder, Message, bedrock_chunk
 from proxy.exchange import Exchange
 from proxy.metrics import ProviderMetrics
-from proxy.providers.base import BAD_GATEWAY, CLIENT_TIMEOUT, GATEWAY_TIMEOUT, ErrorKind, ProviderAdapter, UsageReader
+from proxy.providers.base import (
+    BAD_GATEWAY,
+    BAD_REQUEST,
+    CLIENT_TIMEOUT,
+    GATEWAY_TIMEOUT,
+    ErrorKind,
+    ProviderAdapter,
+    UsageReader,
+)
 from proxy.sse import SSEDecoder
 from proxy.tracing import CURRENT as CURRENT_TRACE
 from proxy.upstream_http import UpstreamPool, UpstreamResponse
@@ -199,7 +208,12 @@ def _upstream_failure(exchange: Exchange, base_url: str, read_timeout: float, ex
 
 def _client_body_failure(request: web.Request, exchange: Exchange) -> web.Response | None:
     """The 408 for a streamed client body that stalled (`proxy.connections.ClientBodyTimeout`
-    set on the request payload), surfacing as whatever the upstream request raised."""
+    set on the request payload), or the 400 for one that did not decode as its
+    `Content-Encoding` says (`Exchange.undecodable_body`), surfacing as whatever the upstream
+    request raised; `None` when the client's body is not the cause."""
+    if exchange.undecodable_body is not None:
+        exchange.status = BAD_REQUEST.status
+        return closing(local_error(exchange.adapter, BAD_REQUEST, UNDECODABLE_BODY))
     failure = request.content.exception()
     if not isinstance(failure, ClientBodyTimeout):
         return None

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from proxy.affinity import is_failure
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAM_POOLS, UPSTREAMS
-from proxy.body_encoding import BodyTooLarge, UndecodableBody, inflate, inflating, streamable
+from proxy.body_encoding import UNDECODABLE_BODY, BodyTooLarge, UndecodableBody, inflate, inflating, streamable
 from proxy.connections import ClientBodyTimeout
 from proxy.exchange import Exchange
 from proxy.forward import closing, forward, local_error
@@ -68,12 +68,6 @@ def _is_openai_shaped(request: web.Request) -> bool:
     return is_openai_credential_shape(request.headers)  # case-insensitive names
 
 
-UNDECODABLE_BODY: Final = "request body could not be decoded as its Content-Encoding says"
-"""The 400's message when the request body does not decode (`proxy.body_encoding`: a corrupt
-or truncated gzip or deflate stream, bytes after it, an unknown coding; or aiohttp's
-`web.RequestPayloadError` where aiohttp inflates bodies itself)."""
-
-
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     """Every client request to an upstream goes through here."""
     services = request.app[SERVICES]
@@ -93,7 +87,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         read_timeout = services.settings.read_timeout
         if request.method == "POST" and where.is_pipeline:
             try:
-                raw = await read_body(request, services.settings.max_body_bytes)
+                wire = await read_wire(request, services.settings.max_body_bytes)
+                raw = decode_body(request, wire, services.settings.max_body_bytes)
             except web.HTTPRequestEntityTooLarge:
                 pm.body_too_large.inc()
                 status = TOO_LARGE.status
@@ -111,6 +106,10 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             exchange.is_anonymous = not credential_of(request.headers)
             exchange.is_pipeline = True
             _platform_route(exchange, where, pm)
+            if exchange.is_signed and raw is not wire:
+                # the signature covers the body as sent (SigV4's payload hash): it goes as
+                # received, with its coding; the stages measure the decoded bytes
+                exchange.header_overrides["Content-Encoding"] = request.headers["Content-Encoding"]
             gate = services.gate
             if gate is None:
                 await run_request_stages(exchange, services)
@@ -130,11 +129,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 await services.tokenizer.ensure(services)  # the first such request builds it
             upstream_base = _session_base(services, exchange, upstream_base)
             lean = request.app[UPSTREAM_POOLS].get(adapter.name, session)
-            response = await forward(request, exchange, lean, upstream_base, pm, read_timeout, exchange.outgoing)
+            data = wire if exchange.is_signed else exchange.outgoing
+            response = await forward(request, exchange, lean, upstream_base, pm, read_timeout, data)
             moved = _after_answer(services, exchange, upstream_base, pm)
             if moved is not None and not response.prepared:
                 # nothing reached the upstream (connect error): the request goes to the new one
-                response = await forward(request, exchange, lean, moved, pm, read_timeout, exchange.outgoing)
+                response = await forward(request, exchange, lean, moved, pm, read_timeout, data)
                 _after_answer(services, exchange, moved, pm)
             status = exchange.status
             # The last byte is out: from here on nothing awaits, so the client leaving now
@@ -152,7 +152,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         encoding = request.headers.get("Content-Encoding", "")
         if body is not None and encoding and not is_inflated(request):
             if streamable(encoding):  # inflated as it streams (as aiohttp did), sent identity-encoded
-                body = inflating(body, encoding)
+                body = _noting_undecodable(inflating(body, encoding), exchange)
             else:  # a coding we do not decode: the client's bytes go with their coding
                 exchange.header_overrides["Content-Encoding"] = encoding
         response = await forward(request, exchange, session, upstream_base, pm, read_timeout, body)
@@ -181,16 +181,19 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole request body (inflated when the client sent it gzip/deflate-encoded), what
-    `request.read()` returns, with one copy at most: the received chunks are joined once (a
-    body that arrived in one chunk is that chunk), where `read()` grows a `bytearray` and copies
-    it into `bytes` (two to three copies of a 600 KB body). `limit` is bytes (`max_body_bytes`);
-    over it raises `web.HTTPRequestEntityTooLarge` as `read()` does, with the buffer limits
-    raised to it as `read()` does (no pause-reading below it). A stalled body raises what the
-    payload was failed with (`proxy.connections.ClientBodyTimeout`). A body sent with a
-    `Content-Encoding` that aiohttp did not inflate (`proxy.app.limited_runner` turns that off)
-    is decoded whole here (`proxy.body_encoding.inflate`: `UndecodableBody` for a truncated or
-    corrupt stream; inflating past `limit` is too large)."""
+    """The whole request body, decoded (`read_wire`, then `decode_body`): what
+    `request.read()` returns, with one copy at most."""
+    return decode_body(request, await read_wire(request, limit), limit)
+
+
+async def read_wire(request: web.Request, limit: int) -> bytes:
+    """The whole request body as received (still in its `Content-Encoding`), with one copy at
+    most: the received chunks are joined once (a body that arrived in one chunk is that chunk),
+    where `read()` grows a `bytearray` and copies it into `bytes` (two to three copies of a
+    600 KB body). `limit` is bytes (`max_body_bytes`); over it raises
+    `web.HTTPRequestEntityTooLarge` as `read()` does, with the buffer limits raised to it as
+    `read()` does (no pause-reading below it). A stalled body raises what the payload was
+    failed with (`proxy.connections.ClientBodyTimeout`)."""
     payload = request.content
     payload.set_read_chunk_size(limit)
     chunks: list[bytes] = []
@@ -207,14 +210,34 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         if size > limit:
             raise web.HTTPRequestEntityTooLarge(limit, size)
         chunks.append(chunk)
-    body = b"".join(chunks)  # one exact bytes chunk is returned as is (no copy)
+    return b"".join(chunks)  # one exact bytes chunk is returned as is (no copy)
+
+
+def decode_body(request: web.Request, wire: bytes, limit: int) -> bytes:
+    """`wire` (`read_wire`) decoded: the same object when the request has no
+    `Content-Encoding` or aiohttp inflated it already (a plain `web.AppRunner`;
+    `proxy.app.limited_runner` turns that off), else decoded whole
+    (`proxy.body_encoding.inflate`: `UndecodableBody` for a truncated or corrupt stream;
+    inflating past `limit` raises `web.HTTPRequestEntityTooLarge`)."""
     encoding = request.headers.get("Content-Encoding")
     if encoding is None or is_inflated(request):
-        return body
+        return wire
     try:
-        return inflate(body, encoding, limit)
+        return inflate(wire, encoding, limit)
     except BodyTooLarge:
         raise web.HTTPRequestEntityTooLarge(limit, limit + 1) from None
+
+
+async def _noting_undecodable(body: AsyncIterator[bytes], exchange: Exchange) -> AsyncIterator[bytes]:
+    """`body`, noting on `exchange` why it stopped decoding (`undecodable_body`) before the
+    failure goes on: the upstream client reports it as its own connection error, which
+    `proxy.forward` then answers as the client's 400."""
+    try:
+        async for piece in body:
+            yield piece
+    except UndecodableBody as exc:
+        exchange.undecodable_body = str(exc)
+        raise
 
 
 def is_inflated(request: web.Request) -> bool:

@@ -59,3 +59,15 @@ async def test_a_streamed_body_is_inflated_in_bounded_pieces_and_checked_at_its_
         await _inflated(gzip.compress(TEXT)[:-8], "gzip")
     with pytest.raises(UndecodableBody, match="corrupt gzip stream"):
         await _inflated(b"\x1f\x8b\x08\x00" + b"\xff" * 40, "gzip")
+
+
+async def test_a_deflate_stream_is_told_by_its_first_two_bytes_however_they_arrive() -> None:
+    """The zlib header (two bytes) split over chunks: still a zlib stream (it was taken for raw
+    deflate when the first chunk held one byte); one byte in all is a truncated stream; bytes
+    after the stream's end are refused in a later chunk as in the same one."""
+    wire = zlib.compress(TEXT)
+    assert b"".join(await _inflated(wire, "deflate", 1)) == TEXT
+    with pytest.raises(UndecodableBody, match="truncated deflate stream"):
+        await _inflated(wire[:1], "deflate")
+    with pytest.raises(UndecodableBody, match="bytes after the end of the deflate stream"):
+        await _inflated(wire + b"{}", "deflate", len(wire))

@@ -400,3 +400,20 @@ async def test_encoded_request_bodies_that_decode_whole_are_forwarded_inflated(
     padded = orjson.dumps({**BODY, "metadata": {"user_id": "x" * 5000}})
     status, answer = await _post_encoded(proxy.url, gzip.compress(padded), "gzip")
     assert (status, len(fake_upstream.received)) == (413, 4)
+
+
+async def test_a_streamed_body_that_does_not_decode_gets_400_not_an_upstream_failure(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    """Attack finding (session 8): on a path outside the pipeline, the body inflated as it
+    streams; when it failed to decode the upstream client reported a connection error, answered
+    502 "the request to the upstream ... failed" and counted as an upstream error."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    headers = {**HEADERS, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    truncated = gzip.compress(b'{"model":"claude-sonnet-4-6","messages":[]}' * 50)[:-12]
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(proxy.url + "/v1/messages/count_tokens", data=truncated, headers=headers) as r:
+            assert (r.status, await r.json()) == (400, UNDECODABLE)
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="upstream_error") == 0
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="client_error") == 1
+

@@ -193,7 +193,8 @@ class FakeUpstream:
     async def start(self) -> str:
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        # records the body bytes as they arrive (a coding the proxy forwarded stays encoded)
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
@@ -215,7 +216,8 @@ class FakeUpstream:
         if self.mode == "overloaded":
             error = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
             return web.json_response(error, status=429)
-        payload: Any = orjson.loads(body) if body and request.method == "POST" else {}
+        text = gzip.decompress(body) if request.headers.get("Content-Encoding") == "gzip" else body
+        payload: Any = orjson.loads(text) if text and request.method == "POST" else {}
         is_stream = isinstance(payload, dict) and payload.get("stream") is True
         if request.path.endswith("/converse"):
             return self._json(CONVERSE_RESPONSE)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import logging
 
 import aiohttp
@@ -172,3 +173,27 @@ async def test_simulated_bedrock_rejections(make_sim) -> None:
             headers=headers,
         ) as r:
             assert (r.status, await r.json()) == (400, {"message": "anthropic_version: Field required"})
+
+
+async def test_a_sigv4_request_with_a_gzip_body_goes_upstream_as_received(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    """Attack finding (session 8): the gzip body of a signed request went upstream inflated and
+    without its `Content-Encoding`, so the signature (over the bytes sent) no longer matched."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    body = orjson.dumps({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "hi"}]})
+    wire = gzip.compress(body, mtime=0)
+    headers = {
+        "Authorization": "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261202/us-east-1/bedrock/aws4_request, "
+        "SignedHeaders=content-encoding;host;x-amz-date, Signature=" + "0" * 64,
+        "X-Amz-Date": "20261202T080000Z",
+        "Content-Encoding": "gzip",
+        "Content-Type": "application/json",
+    }
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(f"{proxy.url}/model/{MODEL_ID}/invoke", data=wire, headers=headers) as r:
+            assert r.status == 200
+    received = fake_upstream.received[-1]
+    assert (received.body, received.headers["content-encoding"]) == (wire, "gzip")
+    assert proxy.sample("promptcache_signed_requests_total", provider="anthropic") == 1
