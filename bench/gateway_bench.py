@@ -330,6 +330,17 @@ STORE_LOSSES: Final = (
 their write (too many pending)."""
 
 
+def stop_peer(peer: Peer) -> None:
+    """Terminate the peer's processes, killing any still running 20 s later."""
+    for proc in peer.procs:
+        proc.terminate()
+    for proc in peer.procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def store_losses(peer: Peer) -> dict[str, float] | None:
     """The `STORE_LOSSES` counters of a promptcache peer now (summed over backends and workers),
     `None` for other peers or when `/metrics` does not answer."""
@@ -515,13 +526,7 @@ async def main() -> None:
                     )
                 rss[name] = max((cell["rss"] for cell in results[name].values()), default=0.0)
             finally:
-                for proc in peer.procs:
-                    proc.terminate()
-                for proc in peer.procs:
-                    try:
-                        proc.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+                stop_peer(peer)
     finally:
         upstream_proc.terminate()
         upstream_proc.wait(timeout=10)

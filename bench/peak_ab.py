@@ -72,13 +72,7 @@ def run_variant(
                 f"p50 {cell['p50']:.0f} ms, {cell['cpu']:.2f} ms CPU/req, {int(cell['errors'])} errors"
             )
     finally:
-        for proc in peer.procs:
-            proc.terminate()
-        for proc in peer.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        gw.stop_peer(peer)
     return f"{name}: " + "; ".join(parts) + f" | load {gw.loadavg()}"
 
 

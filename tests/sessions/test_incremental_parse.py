@@ -278,6 +278,16 @@ def test_an_escaped_duplicate_array_key_is_not_taken_for_the_array() -> None:
     assert (got.digests, got.exact, got.boundaries) == (expected.digests, expected.exact, expected.boundaries)
 
 
+def _grown_then_edited() -> tuple[bytes, bytes, bytes]:
+    """Three raw bodies of one session: 30 round trips, one more appended, then message 3 of
+    that one replaced by a short text."""
+    first = orjson.dumps(_body(30))
+    second_body = {**orjson.loads(first), "messages": [*orjson.loads(first)["messages"], *_turn(30)]}
+    edited = [*second_body["messages"]]
+    edited[3] = {"role": edited[3]["role"], "content": "changed"}
+    return first, orjson.dumps(second_body), orjson.dumps({**second_body, "messages": edited})
+
+
 def _budget_services(mode: str, max_blocks: int) -> Services:
     from prometheus_client import CollectorRegistry
 
@@ -304,12 +314,7 @@ async def test_blocks_are_counted_from_the_state_when_the_earlier_body_is_no_lon
     from proxy.pipeline.budget import block_counts
     from proxy.pipeline.rawprefix import known_counts
 
-    first = orjson.dumps(_body(30))
-    second_body = {**orjson.loads(first), "messages": [*orjson.loads(first)["messages"], *_turn(30)]}
-    second = orjson.dumps(second_body)
-    edited = [*second_body["messages"]]
-    edited[3] = {"role": edited[3]["role"], "content": "changed"}
-    third = orjson.dumps({**second_body, "messages": edited})
+    first, second, third = _grown_then_edited()
     for mode in ("observe", "optimise"):
         services = _budget_services(mode, 10_000)
         assert services.sessions is not None
@@ -341,12 +346,7 @@ async def test_blocks_of_an_appended_turn_are_counted_from_the_earlier_counts() 
     when message 3 of those loses its two blocks), over the budget exactly when the full count is."""
     from proxy.pipeline.budget import block_counts, count_blocks
 
-    first = orjson.dumps(_body(30))
-    second_body = {**orjson.loads(first), "messages": [*orjson.loads(first)["messages"], *_turn(30)]}
-    second = orjson.dumps(second_body)
-    edited = [*second_body["messages"]]
-    edited[3] = {"role": edited[3]["role"], "content": "changed"}
-    third = orjson.dumps({**second_body, "messages": edited})
+    first, second, third = _grown_then_edited()
     for mode in ("observe", "optimise"):
         services = _budget_services(mode, 10_000)
         a = await _send_raw(services, first)
