@@ -323,10 +323,12 @@ STORE_LOSSES: Final = (
     ("get errors", "promptcache_session_store_errors_total", {"operation": "get"}),
     ("put errors", "promptcache_session_store_errors_total", {"operation": "put"}),
     ("timeouts", "promptcache_session_store_faults_total", {"kind": "timeout"}),
+    ("locked", "promptcache_session_store_faults_total", {"kind": "locked"}),
     ("dropped", "promptcache_session_store_writes_dropped_total", {}),
 )
 """What a promptcache peer's `/metrics` says its session store lost: reads and writes that failed
-(a failed read is a turn without replay), of them the timeouts, and records dropped before
+(a failed read is a turn without replay), of them the timeouts and the locked file (another
+worker process holding the SQLite file's write lock too long), and records dropped before
 their write (too many pending)."""
 
 

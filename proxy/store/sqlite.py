@@ -33,7 +33,7 @@
   a plain value. `get_parts` reads the head and its parts in one statement (one snapshot of
   the WAL).
 - Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
-  invisible to `get` and purged at most once a minute during `put`.
+  invisible to `get` and purged at most once a minute during `put` (after the batch's commit).
 - Bounded in bytes: at most `max_bytes` of values in the file and `max_tenant_bytes` per tenant
   (settings `store_max_bytes`, `store_max_bytes_per_tenant`). Each row keeps its value's size and
   a write sequence number (`written`); triggers keep the bytes per tenant (and the total, under
@@ -46,8 +46,20 @@
   value over the per-tenant cap is not stored (and the key's older value is removed). Each eviction
   and each skipped value is reported through `on_evict(cap, rows)` (`tenant`, `total`,
   `too_large`). The per-tenant cap is what keeps one tenant's flood from evicting the others.
-- A locked file fails fast (`busy_timeout` 20 ms) with `sqlite3.OperationalError`; the caller
-  counts it and the request goes on without replay. A file that is not a database (corrupt) is
+- Several processes on one file (`serve --workers N`): each has its own writer and reader.
+  The writer waits for the file's write lock while another process holds it
+  (`WRITE_LOCK_WAIT_MS`, 500 ms, SQLite's busy handler with the GIL released: the event loop
+  and the reader go on, and the writes queued meanwhile go in its next transaction); the lock
+  is held for one transaction of a few statements, and readers never wait for it (WAL). A
+  lock held past that fails the batch with `sqlite3.OperationalError` (`locked`, within
+  `proxy.store.PUT_TIMEOUT`); the caller counts it and the request goes on without replay.
+  The reader fails fast (`busy_timeout` 20 ms: only the file's recovery locks a WAL reader
+  out). The write sequence numbers, the `usage` figures and the evictions are worked out
+  inside each write transaction, so they hold across the processes; each process's
+  connection checkpoints when its commit finds the WAL past the limit (PASSIVE, after the
+  commit, so it holds no write lock; the other's attempt meanwhile skips, without error). The
+  expiry purge runs in its own transaction after a batch's commit: one that finds the file
+  locked fails no write and is tried again with the next write. A file that is not a database (corrupt) is
   moved aside to `<name>.corrupt-<epoch>` when the connection is (re)opened, and a fresh file is
   started: losing state costs one cache write, never a wrong byte. Every failed operation drops
   the connection, so the next one reopens it.
@@ -88,6 +100,18 @@ PAGE_SIZE: Final = 4096
 """1: `sessions(tenant, session, expires, value)`; 2 adds `size`, `written` and `usage`; 3 the
 `parts` column and table (migrated in place when an older file is opened)."""
 BUSY_TIMEOUT_MS: Final = 20
+"""Milliseconds the reader's connection waits on a lock (a WAL reader waits on none but the
+file's recovery): a read fails fast, well within `proxy.store.GET_TIMEOUT`."""
+WRITE_LOCK_WAIT_MS: Final = 500
+"""Milliseconds the writer's connection waits for the file's write lock (`BEGIN IMMEDIATE`, a
+checkpoint, the schema at open) while another process holds it: SQLite's busy handler, which
+sleeps in steps of 1 to 100 ms with the GIL released, so neither the event loop nor the reader
+waits. Another worker of `serve --workers N` holds the lock for its own transaction, a few
+statements, each a GIL handoff of up to 5 ms in its busy process (measured here, two workers at
+64 connections: 164 of ~40,000 writes found the lock held past the former 20 ms and were lost,
+none once the writer waited). Below `proxy.store.PUT_TIMEOUT` (1 s, the write's own bound, from
+the start of its transaction), so a lock held that long fails the batch as `locked`, not as a
+timeout, and the writer goes on with the writes queued behind it."""
 CLOSE_READER_TIMEOUT: Final = 1.0
 """Seconds the writer waits for the reader thread to close its connection (file replaced)."""
 PURGE_INTERVAL: Final = 60.0
@@ -407,15 +431,44 @@ WAL_MIN_BYTES: Final = 4 * 1024 * 1024
 WAL_MAX_BYTES: Final = 64 * 1024 * 1024
 
 
-def _size_wal(conn: sqlite3.Connection) -> None:
+WAL_BEHIND: Final = 2
+"""A WAL this many times its limit (`_size_wal`) means the passive checkpoints are not catching
+up: another process kept appending while each ran, so none reached the WAL's end and SQLite
+never restarted it (measured here, two processes writing 14 MiB: the WAL grew to 15 MiB, one
+process alone kept it at 4.4 MiB). The writer then runs one `wal_checkpoint(RESTART)`
+(`SqliteStore._catch_up_wal`)."""
+
+
+def _size_wal(conn: sqlite3.Connection) -> int:
     """Checkpoint policy sized to the data: the WAL is checkpointed once it holds a quarter of
     the database (at least 4 MiB, at most 64 MiB) and truncated back to that size afterwards
-    (SQLite's default, 1,000 pages, is 64 MiB with 64 KiB pages whatever the data size)."""
+    (SQLite's default, 1,000 pages, is 64 MiB with 64 KiB pages whatever the data size).
+    Returns that size in bytes."""
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     limit = max(WAL_MIN_BYTES, min(WAL_MAX_BYTES, pages * page_size // 4))
     conn.execute(f"PRAGMA wal_autocheckpoint = {max(1, limit // page_size)}")
     conn.execute(f"PRAGMA journal_size_limit = {limit}")
+    return limit
+
+
+def _until_unlocked(run: Callable[[], _T], wait: float = WRITE_LOCK_WAIT_MS / 1000) -> _T:
+    """`run()`, tried again while it finds the file locked (`SQLITE_BUSY`) for up to `wait`
+    seconds, after 1 ms, then twice as long each time up to 50 ms (`time.sleep`, the GIL
+    released): for a statement SQLite runs without its busy handler. The one here is the switch
+    of a new file into WAL (it wants the exclusive lock once): two worker processes opening a
+    new file at the same moment, one of them failed at start about once in 80 tries here."""
+    deadline = time.monotonic() + wait
+    pause = 0.001
+    while True:
+        try:
+            return run()
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)
+            if not isinstance(code, int) or code & 0xFF != 5 or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
 
 
 _Identity = tuple[tuple[int, int], ...]
@@ -544,6 +597,8 @@ class SqliteStore:
         """The read-only connection (reader thread only)."""
         self._reader_identity: _Identity | None = None
         self._next_purge = 0.0
+        self._wal_limit = WAL_MIN_BYTES
+        """The WAL's size limit in bytes (`_size_wal`, at open and at each purge)."""
         self._closed = False
         self._has_opened = False
         """Whether the writer has opened the file once (`_ready_to_read`)."""
@@ -842,15 +897,15 @@ class SqliteStore:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(self.path + suffix):
                     os.chmod(self.path + suffix, 0o600)
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=WRITE_LOCK_WAIT_MS / 1000)
         try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute(f"PRAGMA busy_timeout = {WRITE_LOCK_WAIT_MS}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
                 conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _until_unlocked(lambda: conn.execute("PRAGMA journal_mode = WAL"))
             conn.execute("PRAGMA synchronous = NORMAL")
-            _size_wal(conn)
+            self._wal_limit = _size_wal(conn)
             if version not in _MIGRATIONS and version != SCHEMA_VERSION:
                 raise sqlite3.DatabaseError(f"unknown schema version {version}")
             if version != SCHEMA_VERSION:
@@ -1008,6 +1063,28 @@ class SqliteStore:
                 loop.call_soon_threadsafe(_settle, [w.done for w in part], error, results)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 return
+        self._catch_up_wal()
+
+    def _catch_up_wal(self) -> None:
+        """After a batch is settled: a WAL past `WAL_BEHIND` times its limit (other processes'
+        writes kept the passive checkpoints from reaching its end) is checkpointed whole and
+        restarted (`wal_checkpoint(RESTART)`: it takes the write lock, waiting for it as a write
+        does, so the other processes' writes wait for it, then waits for the readers to leave
+        the WAL; the next write starts it again from the top, truncated to its limit). A single
+        process's WAL never gets there (its checkpoints run between its own writes). A failure
+        (the lock held past `WRITE_LOCK_WAIT_MS`) is left to the next batch."""
+        if self._conn is None or self.path == ":memory:":
+            return
+        try:
+            size = os.stat(self.path + "-wal").st_size
+        except OSError:
+            return
+        if size <= WAL_BEHIND * self._wal_limit:
+            return
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        except sqlite3.Error as exc:
+            _log.debug("session store checkpoint left to the next write: %s", exc)
 
     def _put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
         self._put_many([(tenant, session, value, ttl, None)])
@@ -1068,9 +1145,13 @@ class SqliteStore:
         for cap, evicted in counts.items():
             self._evicted(cap, evicted)
         if now >= self._next_purge:
-            self._next_purge = now + PURGE_INTERVAL
-            conn.execute(_PURGE, (now,))
-            _size_wal(conn)
+            try:
+                conn.execute(_PURGE, (now,))
+                self._wal_limit = _size_wal(conn)
+            except sqlite3.OperationalError as exc:  # the writes are committed: theirs is True
+                _log.debug("session store purge deferred to the next write: %s", exc)
+            else:
+                self._next_purge = now + PURGE_INTERVAL
         return results
 
     @staticmethod
