@@ -21,6 +21,11 @@ Contract:
 - Each request reads the clock once at its start (TTLs count from there, docs/provider-rules.md 1.7), and
   its cache writes are committed just before its response starts (1.5). Handlers never await
   between planning and committing, and nothing blocks the loop except CPU work on the body.
+- A request body of `OFFLOOP_BODY_BYTES` or more is rendered and counted on a worker thread
+  (`_counted`), with a `TokenCounter` of its own (a counter is not thread-safe; one such request
+  renders at a time), before its plan is made on the loop: 2 MiB of text costs ~0.3 s of
+  tokenising, which would otherwise stall every other request and `/healthz`. Counts are the same
+  on either counter (the counting is deterministic); only the memos differ.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import hashlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
 from aiohttp import web
@@ -58,6 +63,8 @@ from proxy.sim.replies import choose_reply
 from proxy.sim.tokens import TokenCounter, load_o200k
 
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+OFFLOOP_BODY_BYTES: Final = 256 * 1024
+"""Bodies this large or larger are rendered off the loop (~20 ms of tokenising and up)."""
 EVENTSTREAM: Final = "application/vnd.amazon.eventstream"
 ANTHROPIC_NO_KEY: Final = "x-api-key header is required"
 OPENAI_NO_KEY: Final = (
@@ -78,6 +85,10 @@ class SimState:
     """OpenAI Responses fingerprints for `prompt_cache_diagnostics` (proxy.sim.diagnostics)."""
     counter: TokenCounter | None = None
     """Set by the startup step; `None` only before the app has started."""
+    offloop: TokenCounter | None = None
+    """The worker thread's counter for large bodies (built on first use, same encoding)."""
+    offloop_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a worker thread uses `offloop` (one large body renders at a time)."""
     anthropic_platform: str = "direct"
     """The platform whose rules `/v1/messages` applies (`proxy.sim.platforms`)."""
     openai_platform: str = "direct"
@@ -95,6 +106,22 @@ class SimState:
 
 
 STATE: Final = web.AppKey("promptcache_sim_state", SimState)
+
+T = TypeVar("T")
+
+
+async def _counted(request: web.Request, work: Callable[[TokenCounter], T]) -> T:
+    """`work(counter)`: on the loop for a small body, on a worker thread with the state's
+    `offloop` counter for a body of `OFFLOOP_BODY_BYTES` or more (see the module docstring).
+    `work` must touch nothing but its arguments (no store, no clock)."""
+    state = request.app[STATE]
+    counter = state.tokens()
+    if len(await request.read()) < OFFLOOP_BODY_BYTES:
+        return work(counter)
+    async with state.offloop_lock:
+        if state.offloop is None:
+            state.offloop = TokenCounter(counter.encoding, max_counts=counter.max_counts)
+        return await asyncio.to_thread(work, state.offloop)
 
 
 def create_sim_app(
@@ -369,8 +396,8 @@ async def bedrock_converse(request: web.Request) -> web.StreamResponse:
     body = converse.to_messages(raw, name)
     n = state.next_request()
     settings = state.config.anthropic_model(name)
+    prompt = await _counted(request, lambda c: anthropic.parse_request(body, frozenset(), c, settings))
     counter = state.tokens()
-    prompt = anthropic.parse_request(body, frozenset(), counter, settings)
     reply = choose_reply(anthropic_wire.conversation(body), request.headers)
     content = anthropic_wire.content_blocks(reply, f"toolu_sim_{n:06d}")
     text = "".join(str(b.get("text", "")) for b in content if b.get("type") == "text") or "ok"
@@ -401,8 +428,9 @@ async def _anthropic(
     check_betas(platform, betas)
     n = state.next_request()
     settings = state.config.anthropic_model(model)
+    keys = platform.marker_keys
+    prompt = await _counted(request, lambda c: anthropic.parse_request(body, betas, c, settings, marker_keys=keys))
     counter = state.tokens()
-    prompt = anthropic.parse_request(body, betas, counter, settings, marker_keys=platform.marker_keys)
     if body["max_tokens"] == 0:
         _check_prewarm(body, stream)
         content: list[dict[str, Any]] = []
@@ -446,8 +474,9 @@ async def anthropic_count_tokens(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     n = state.next_request()
     settings = state.config.anthropic_model(str(body.get("model") or ""))
-    prompt = anthropic.parse_request(
-        body, _betas(request), state.tokens(), settings, require_max_tokens=False
+    betas = _betas(request)
+    prompt = await _counted(
+        request, lambda c: anthropic.parse_request(body, betas, c, settings, require_max_tokens=False)
     )
     return _json({"input_tokens": prompt.total_tokens}, headers={"request-id": f"req_sim_{n:06d}"})
 
@@ -473,13 +502,10 @@ async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
         return await _gateway_claude(request, tenant, body, model)
     n = state.next_request()
     settings = state.config.openai_model(model)
+    render = openai.render_chat if chat else openai.render_responses
+    rendered = await _counted(request, lambda c: render(body, c))
     counter = state.tokens()
-    if chat:
-        rendered = openai.render_chat(body, counter)
-        conv = openai_wire.chat_conversation(body)
-    else:
-        rendered = openai.render_responses(body, counter)
-        conv = openai_wire.responses_conversation(body)
+    conv = openai_wire.chat_conversation(body) if chat else openai_wire.responses_conversation(body)
     reply = choose_reply(conv, request.headers)
     cache_key = body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None
     machine = state.router.machine(tenant, model, cache_key, rendered.tokens, now, settings)
@@ -521,8 +547,8 @@ async def _gateway_claude(request: web.Request, tenant: str, body: dict[str, Any
     n = state.next_request()
     messages_body = gateway.chat_to_messages(body)
     settings = state.config.anthropic_model(messages_body["model"])
+    prompt = await _counted(request, lambda c: anthropic.parse_request(messages_body, frozenset(), c, settings))
     counter = state.tokens()
-    prompt = anthropic.parse_request(messages_body, frozenset(), counter, settings)
     plan = anthropic.plan_cache(prompt, settings, tenant, now, state.store)
     reply = choose_reply(openai_wire.chat_conversation(body), request.headers)
     out = openai_wire.output_tokens(reply, counter)
