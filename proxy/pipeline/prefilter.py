@@ -194,6 +194,12 @@ _TEXT_TYPE: Final = "text"
 """The one string `canonical_value` adds to a value (the `type` of the text block a string
 content is shorthand for): a literal inside it is never looked for in a value's bytes."""
 _DIGIT_BYTE: Final = re.compile(rb"[0-9]")
+_QUOTE: Final = ord('"')
+_BEFORE_OPENING_QUOTE: Final = b"\\{[,:"
+"""The bytes before a `"` that may be escaped or open a string (`holds_string_colon`)."""
+GateAtom = tuple[int, tuple[bytes, ...], bool, bool]
+"""One atom as `LiteralGate` checks it: `(mask of pass literals, one-byte needles, colon,
+digit)` (`_gate_atom`)."""
 
 
 class LiteralGate:
@@ -212,19 +218,27 @@ class LiteralGate:
     one inside the `"text"` that `canonical_value` adds, counts as present. One-byte literals
     and the digit condition are checked per value (a one-byte needle is slow in the
     automaton). The pass reports leftmost, non-overlapping matches: an occurrence hidden by a
-    reported match overlaps it, so each reported literal also marks every literal that can
-    overlap it (a substring of it, or one that starts with a suffix of it).
+    reported match starts inside it, so each reported literal marks the literals inside it
+    (its substrings) and each literal that starts inside it and ends after it (or starts
+    where it does and is longer) when the bytes hold it there. A `:` counts as
+    present only where it may be inside a string (`holds_string_colon`): the separator after
+    every key would otherwise meet a `:` condition in every value (a date or a clock pattern
+    then admits every value holding a digit and a `-`).
 
     Without `ahocorasick_rs`, or with a filter that has no condition, `rejects` is all False
     (every value is checked as before)."""
 
-    __slots__ = ("_automaton", "_closure", "_filters", "_unanchored")
+    __slots__ = ("_automaton", "_closure", "_filters", "_overlaps", "_unanchored")
 
     def __init__(self, all_needs: Sequence[Needs | None]) -> None:
         self._automaton: Any = None
         self._closure: tuple[int, ...] = ()
-        self._filters: tuple[tuple[tuple[int, tuple[bytes, ...], bool], ...], ...] = ()
-        self._unanchored: tuple[tuple[tuple[int, tuple[bytes, ...], bool], ...], ...] = ()
+        """Per literal: the mask of the literals every occurrence of it holds (itself, its substrings)."""
+        self._overlaps: tuple[tuple[tuple[int, int, bytes], ...], ...] = ()
+        """Per literal: `(offset, bit, other)` for each literal `other` that an occurrence of
+        it can hide by starting at `offset` inside it and ending after it (`_overlapping`)."""
+        self._filters: tuple[tuple[GateAtom, ...], ...] = ()
+        self._unanchored: tuple[tuple[GateAtom, ...], ...] = ()
         """The filters without an atom of pass literals only: the ones a value in which the
         pass found nothing may still meet."""
         if _ahocorasick is None or not all_needs or any(n is None for n in all_needs):
@@ -242,14 +256,15 @@ class LiteralGate:
                 return
             # the cheapest checks first: literals of the one pass, then bytes, a digit last (most
             # values hold one: ids, line numbers)
-            atoms.sort(key=lambda a: (a[0] == 0, a[2], len(a[1])))
+            atoms.sort(key=lambda a: (a[0] == 0, a[3], len(a[1]) + a[2]))
             filters.append(tuple(atoms))
         self._filters = tuple(filters)
-        self._unanchored = tuple(f for f in filters if not any(a[1] == () and not a[2] for a in f))
+        self._unanchored = tuple(f for f in filters if not any(a[1] == () and not a[2] and not a[3] for a in f))
         if literals:
             words = sorted(literals, key=literals.__getitem__)
             self._automaton = _ahocorasick.BytesAhoCorasick(words, matchkind=_ahocorasick.MatchKind.LeftmostFirst)
-            self._closure = tuple(_overlapping(word, words) for word in words)
+            self._closure = tuple(_inside(word, words) for word in words)
+            self._overlaps = tuple(_overlapping(word, words) for word in words)
 
     @property
     def is_active(self) -> bool:
@@ -270,10 +285,14 @@ class LiteralGate:
                 for data in datas:
                     starts.append(offset)
                     offset += len(data) + 1
-                closure = self._closure
+                closure, overlaps = self._closure, self._overlaps
                 for word, start, _ in matches:
                     i = bisect_right(starts, start) - 1
-                    found[i] |= closure[word]
+                    present = found[i] | closure[word]
+                    for at, bit, other in overlaps[word]:  # hidden by this match: is it there?
+                        if not present & bit and hay.startswith(other, start + at):
+                            present |= bit
+                    found[i] = present
         out = []
         every, unanchored = self._filters, self._unanchored
         for data, present in zip(datas, found, strict=True):
@@ -282,10 +301,12 @@ class LiteralGate:
                 continue
             admitted = False
             for atoms in every if present else unanchored:
-                for mask, needles, is_digit in atoms:
+                for mask, needles, is_colon, is_digit in atoms:
                     if mask & present:
                         continue
                     if needles and any(n in data for n in needles):
+                        continue
+                    if is_colon and holds_string_colon(data):
                         continue
                     if is_digit and _DIGIT_BYTE.search(data) is not None:
                         continue
@@ -297,12 +318,30 @@ class LiteralGate:
         return out
 
 
-def _gate_atom(atom: Atom, literals: dict[bytes, int]) -> tuple[int, tuple[bytes, ...], bool] | None:
-    """`(mask of pass literals, one-byte needles, digit)` for one atom (met when any is
-    present: a pass literal in the lower-cased bytes, a needle or a digit in the bytes as
-    they are), registering its pass literals; `None` when the atom counts as always met."""
+def holds_string_colon(data: bytes) -> bool:
+    """Whether a value's compact orjson bytes `data` may hold a `:` inside a string (a key's
+    or a value's), not only the separators after keys.
+
+    In compact orjson output every separator follows the closing `"` of its key. A `:` inside
+    a string either follows another character than `"`, or an escaped `"` (`\\":`), or the
+    string's opening `"`, which follows `{`, `[`, `,` or `:` or starts the bytes: any of
+    these counts as present (a closing `"` after such a character too: only ever more)."""
+    at = data.find(b":")
+    while at != -1:  # one step per `:` (a value holds few: one per key)
+        if at < 2 or data[at - 1] != _QUOTE or data[at - 2] in _BEFORE_OPENING_QUOTE:
+            return True
+        at = data.find(b":", at + 1)
+    return False
+
+
+def _gate_atom(atom: Atom, literals: dict[bytes, int]) -> GateAtom | None:
+    """`(mask of pass literals, one-byte needles, colon, digit)` for one atom (met when any
+    is present: a pass literal in the lower-cased bytes, a needle or a digit in the bytes as
+    they are, a `:` inside a string (`holds_string_colon`: the bytes always hold the key
+    separators)), registering its pass literals; `None` when the atom counts as always met."""
     mask = 0
     needles: list[bytes] = []
+    is_colon = False
     is_digit = False
     for kind, literal in atom:
         if kind == "digit":
@@ -311,13 +350,15 @@ def _gate_atom(atom: Atom, literals: dict[bytes, int]) -> tuple[int, tuple[bytes
         if not _is_findable(literal):
             return None
         word = literal.lower().encode()
-        if len(word) == 1:  # as it is, and in the other case when it is matched ignoring case
+        if word == b":":  # case-free; the key separators hold it in every value's bytes
+            is_colon = True
+        elif len(word) == 1:  # as it is, and in the other case when it is matched ignoring case
             needles.append(literal.encode())
             if kind == "ilit":
                 needles.extend({literal.lower().encode(), literal.upper().encode()})
         else:
             mask |= 1 << literals.setdefault(word, len(literals))
-    return mask, tuple(sorted(set(needles))), is_digit
+    return mask, tuple(sorted(set(needles))), is_colon, is_digit
 
 
 def _is_findable(literal: str) -> bool:
@@ -329,11 +370,23 @@ def _is_findable(literal: str) -> bool:
     )
 
 
-def _overlapping(word: bytes, words: Sequence[bytes]) -> int:
-    """Mask of the literals an occurrence of `word` can hide: itself, its substrings, and
-    those that start with a proper suffix of it (they begin inside it)."""
+def _inside(word: bytes, words: Sequence[bytes]) -> int:
+    """Mask of the literals every occurrence of `word` holds: itself and its substrings."""
     mask = 0
     for i, other in enumerate(words):
-        if other in word or any(other.startswith(word[k:]) for k in range(1, len(word))):
+        if other in word:
             mask |= 1 << i
     return mask
+
+
+def _overlapping(word: bytes, words: Sequence[bytes]) -> tuple[tuple[int, int, bytes], ...]:
+    """The occurrences a reported match of `word` can hide, as `(offset, bit, other)`: a
+    literal `other` (not inside `word`) starting at `offset` in the match (from 0: a longer
+    literal that starts with `word` loses to it when `word` comes first) and ending after it.
+    The pass resumes after the match; whether `other` is there is looked up in the bytes."""
+    out: list[tuple[int, int, bytes]] = []
+    for i, other in enumerate(words):
+        if other in word:
+            continue
+        out.extend((k, 1 << i, other) for k in range(len(word)) if other.startswith(word[k:]))
+    return tuple(out)

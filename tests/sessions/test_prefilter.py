@@ -251,3 +251,74 @@ def test_gated_masker_digests_and_budget_equal_the_ungated_ones(requests: list[l
             assert budget is not None
             results.append((masker.examine_all(values), budget.left, budget.is_spent))
         assert results[0] == results[1]
+
+
+def test_the_literal_gate_sees_a_longer_literal_that_starts_where_a_reported_one_does() -> None:
+    """`time` comes first in the pass and is reported at the start of `timestamp` (leftmost
+    first): `timestamp` is still present, so its rule's value is not rejected."""
+    from proxy.pipeline.prefilter import LiteralGate
+
+    gate = LiteralGate([needs(re.compile(r"time\d")), needs(re.compile(r"timestamp"))])
+    values = ["a timestamp", "a time", "a time7", "timestam"]
+    assert gate.rejects([orjson.dumps(v) for v in values]) == [False, True, False, True]
+
+
+def test_the_key_separators_are_not_a_colon_the_strings_hold() -> None:
+    """The date rule needs a digit, a `-` and a `:`: the 1 KB bench message (digits and `-`,
+    its only `:` the separators after its keys) is rejected; a `:` in any string (a key too), or after an
+    escaped quote, is present."""
+    from proxy.pipeline.prefilter import LiteralGate, holds_string_colon
+
+    gate = LiteralGate([needs(p) for p in RULE_SPANS])
+    calm = {"role": "user", "content": "Request r1-observe-17. " + "Summarise this paragraph please. " * 28}
+    values = [calm, {"role": "user", "content": "at 2026-11-29 20:09"}, {"a:b": "7-1"}, {"k": 'x"', "n": "7-"}]
+    assert gate.rejects([orjson.dumps(v) for v in values]) == [True, False, False, True]  # a key's `:` counts
+    assert [holds_string_colon(orjson.dumps(v)) for v in values] == [False, True, True, False]
+    assert holds_string_colon(orjson.dumps({"k": 'x":'})) is True
+    assert holds_string_colon(orjson.dumps({"k\\": "v"})) is True  # a key ending in a backslash: counted
+    assert holds_string_colon(b"{}") is False
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**31), 2**31), gate_texts),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(gate_texts, inner, max_size=3)),
+    max_leaves=8,
+)
+
+
+@FAST
+@given(json_values)
+def test_a_colon_in_any_string_is_seen(value: object) -> None:
+    """`holds_string_colon` is True whenever a string of `value` (key or value) holds a `:`."""
+    from proxy.pipeline.prefilter import holds_string_colon
+
+    def strings(v: object) -> list[str]:
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v, list):
+            return [s for x in v for s in strings(x)]
+        if isinstance(v, dict):
+            return [*v, *(s for x in v.values() for s in strings(x))]
+        return []
+
+    if any(":" in s for s in strings(value)):
+        assert holds_string_colon(orjson.dumps(value))
+
+
+prefix_words = st.sampled_from(["time", "timestamp", "times", "stamp", "tam", "mest", "7", ":", "-", " ", "x"])
+prefix_patterns = (r"time\d", r"timestamp", r"stamp:", r"(?i)mestx", r"ta-m")
+
+
+@FAST
+@given(st.lists(st.lists(prefix_words, max_size=8).map("".join), min_size=1, max_size=4))
+def test_a_value_the_gate_rejects_holds_no_match_of_overlapping_literals(values: list[str]) -> None:
+    """Literals that are prefixes of each other, or overlap at their ends: a value the gate
+    rejects holds no match of any pattern."""
+    from proxy.pipeline.prefilter import LiteralGate
+
+    patterns = [re.compile(p) for p in prefix_patterns]
+    gate = LiteralGate([needs(p) for p in patterns])
+    assert gate.is_active
+    for value, is_rejected in zip(values, gate.rejects([orjson.dumps(v) for v in values]), strict=True):
+        if is_rejected:
+            assert not any(p.search(value) for p in patterns), value
