@@ -134,8 +134,8 @@ async def run_wrk(url: str, workload: Path, mode: str, conns: int, seconds: floa
 
 class Backlog:
     """The most the request path held back during a phase, sampled every 50 ms: records waiting
-    for their background write (`RecordStore.pending_writes` / `pending_bytes`, counted as twice
-    their encoded size, bounded by `proxy.store.MAX_PENDING_BYTES`), and requests inside the
+    for their background write (`RecordStore.pending_writes` / `pending_bytes`, each counted as what
+    it holds, `proxy.store._held`, bounded by `proxy.store.MAX_PENDING_BYTES`), and requests inside the
     admission gate and waiting at it (`proxy.admission.BodyGate`, their raw bytes held)."""
 
     def __init__(self, services: object) -> None:

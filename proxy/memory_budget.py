@@ -3,8 +3,12 @@
 The caches that grow with the number of sessions a process sees are each bounded in bytes by a
 fixed share of the budget (`SHARES`), so RSS levels off once they are full whatever the traffic:
 
-- `records`: the decoded session records `proxy.store.RecordStore` keeps (counted as twice
-  their encoded size: the bytes and the decoded record);
+- `records`: the decoded session records `proxy.store.RecordStore` keeps, each counted as what
+  it holds (`proxy.store._held`: its encoded size plus the decoded sidecars' and offsets'
+  object overhead; about 1.3x the encoded size for a long conversation), so six or seven
+  600 KB conversations at the default budget. Beside it, and not in the budget, the store's
+  index of the part names each session's stored value holds (`STORED_PARTS_BYTES`, 1 MiB),
+  which keeps a session's write incremental after the memo dropped it;
 - `index`: the session inference index (`proxy.session_identity.SessionIndex`), at
   `BOUNDARY_BYTES` per boundary held and `INDEX_SESSION_BYTES` per session;
 - `history`: the forensic map's recent sessions (`proxy.history.SessionHistory`, its own

@@ -13,8 +13,8 @@
   `promptcache_session_store_errors_total{backend, operation}` and a `None` / `False` result. It
   never raises, so the request is forwarded without replay. It remembers the bytes and the
   decoded record of the sessions it read or wrote last (LRU, bounded in bytes: `memo_bytes`,
-  the memory budget's `records` share, counting a record as twice its encoded size): a read whose bytes equal
-  the remembered ones returns that record without
+  the memory budget's `records` share, counting a record as what it holds: `_held`): a read
+  whose bytes equal the remembered ones returns that record without
   decoding (the backend is still read, so a replica's newer write is seen). Records are
   immutable: callers never edit one (or its `pins`).
 - Sole writer (`is_sole_writer`: `store_ctx` sets it for the SQLite file of a single-process
@@ -27,18 +27,23 @@
 - Records in parts: a record is written as a head and parts (`proxy.store.codec.encode_layout`,
   the backend's `put_parts`), encoded against the session's previous layout (the pending one, or
   the one remembered): an appended turn encodes and sends its head and its new parts, the parts
-  the backend holds are named, not sent. A write the backend refuses because a named part is
-  gone (evicted, or another replica rewrote the session) is sent again with every part. A read
-  decodes only the parts the remembered layout does not hold.
+  the backend holds are named, not sent. Which parts it holds comes from a small index per
+  session (`_stored`: the 16-byte part names of the value last written or read here, LRU,
+  `STORED_PARTS_BYTES`), which outlives the memo: at 32 sessions of 600 KB the memo no longer
+  holds a session between its load and its save, and the parts are cut greedily from the first
+  sidecar (`proxy.store.codec.encode_layout`), so a record encoded without its base has the same
+  part names. A write the backend refuses because a named part is gone (evicted, or another
+  replica rewrote the session) is sent again with every part. A read decodes only the parts the
+  remembered layout does not hold.
 - Writes are off the request path: `save_soon` encodes the record, keeps it as the session's
   pending record and returns at once; a background task (`proxy.aio.TaskSet`, one per session
   at a time, so writes of one session never reorder) writes it, newest first when several
   turns arrive meanwhile (older pending ones are superseded, never written after a newer one).
   A `load` of a session with a pending record returns that record (read-your-writes on this
   replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`,
-  each pending record counted as twice its encoded size: the bytes queued for the backend and
-  the decoded record kept for reads, as the memo counts them); beyond that a save is dropped and
-  counted (`promptcache_session_store_writes_dropped_total`).
+  each pending record counted as what it holds (`_held`: the record, its head, and the bytes of
+  the parts to send; a part the backend holds is kept as its name only); beyond that a save is
+  dropped and counted (`promptcache_session_store_writes_dropped_total`).
   `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
 - Bounded in bytes: a record encoded larger than `max_record_bytes` (the setting
   `store_max_bytes_per_tenant`) is not written, and the session's older record is removed
@@ -107,14 +112,36 @@ the provider's cache is gone anyway, so replay would buy at most one cache write
 
 MEMO_BYTES: Final = 16 * 1024 * 1024
 """Memory the decoded records `RecordStore` keeps may take by default (`serve` uses the memory
-budget's share, `proxy.memory_budget`), counted as twice their encoded size (the bytes and the
-decoded record; a 600 KB conversation's record is about 600 KB encoded)."""
+budget's share, `proxy.memory_budget`), each counted as `_held` (a 600 KB conversation's record
+is about 600 KB encoded and holds about 0.8 MB)."""
+SIDECAR_BYTES: Final = 256
+"""Memory a sidecar takes besides its value's bytes (measured with `tracemalloc`, CPython 3.11
+64-bit, a decoded record of 500 sidecars: 250 B each; the slotted object, its three 16-byte
+digests and the value's object header)."""
+END_BYTES: Final = 40
+"""Memory per entry of a record's `ends` (an int and its tuple slot; about 6 bytes in the head)."""
 
 
-def _held(layout: Layout) -> int:
-    """Memory a record takes in this process: twice its encoded size (the bytes, and the decoded
-    record kept beside them). The memo and the pending writes both count it so."""
-    return 2 * layout.size
+def _held(layout: Layout, record: SessionRecord | None) -> int:
+    """Memory a kept record takes in this process, bytes: its encoded size (the head kept beside
+    the record, and the sidecar values the record holds, which the parts encode),
+    `SIDECAR_BYTES` per sidecar and `END_BYTES` per `ends` entry (the decoded header), plus
+    the bytes of the parts `layout` carries (a pending write's parts to send; a memo's layout
+    carries none). Measured 834 KB for a record of 500 sidecars of 1.2 KB and 2,000 ends
+    (654 KB encoded); this counts 862 KB. A removal (`record` `None`) holds its head only."""
+    if record is None:
+        return len(layout.head)
+    carried = sum(p.size for p in layout.parts if p.data is not None)
+    return layout.size + SIDECAR_BYTES * len(record.sidecars) + END_BYTES * len(record.ends) + carried
+
+
+STORED_PARTS_BYTES: Final = 1024 * 1024
+"""Memory the index of the part names each session's stored value holds may take
+(`RecordStore._stored`): 16 bytes per part plus `STORED_ENTRY_BYTES` per session, about 1,300
+sessions of a 600 KB conversation (38 parts each) or 5,000 of ten parts."""
+STORED_ENTRY_BYTES: Final = 200
+"""Memory per session of that index besides its names (the LRU slot, the key tuple, the bytes
+object's header)."""
 
 
 _REMOVED: Final = Layout(b"")
@@ -124,9 +151,9 @@ _REMOVED: Final = Layout(b"")
 MAX_PENDING_WRITES: Final = 1024
 """Sessions whose record may wait for its background write at once."""
 MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
-"""Memory those pending records may take, each counted as twice its encoded size (the bytes
-queued for the backend, SQLite's write batch included, and the decoded record): about 27
-sessions of a 600 KB conversation at once."""
+"""Memory those pending records may take, each counted as `_held` (the decoded record, its head,
+and the parts to send, SQLite's write batch included): about 40 sessions of a 600 KB
+conversation whose history the backend holds, or 25 whose parts are all sent."""
 DRAIN_TIMEOUT: Final = 2 * PUT_TIMEOUT
 """Seconds `close()` waits for pending writes (a session's write and one superseding it)."""
 
@@ -248,8 +275,8 @@ class RecordStore:
         returns it from memory (module docstring). `clock`: epoch seconds, the backend's
         expiry clock. `memo_bytes`: bytes the decoded records may take (`MEMO_BYTES` when
         `None`; `store_ctx` passes the memory budget's share, `proxy.memory_budget`).
-        `max_pending_bytes`: memory the records waiting for their write may take (counted as
-        twice their encoded size, `MAX_PENDING_BYTES`)."""
+        `max_pending_bytes`: memory the records waiting for their write may take (each counted
+        as `_held`, `MAX_PENDING_BYTES`)."""
         self.max_pending_bytes = max_pending_bytes
         self.backend = backend
         self.max_record_bytes = max_record_bytes
@@ -263,6 +290,10 @@ class RecordStore:
         backend, `0.0` for a record that was read (its expiry unknown)."""
         self._memo_bytes = 0
         self.memo_bytes = MEMO_BYTES if memo_bytes is None else memo_bytes
+        self._stored: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        """Per session, the names (16 bytes each, back to back) of the parts of the value the
+        backend holds, as last written or read here (LRU, `STORED_PARTS_BYTES`)."""
+        self._stored_bytes = 0
         self._forget_all = False
         """Set (from the backend's thread) when the backend lost its data (`file_gone`): the
         memo no longer mirrors it and is cleared on the next load."""
@@ -376,6 +407,8 @@ class RecordStore:
             self._forget_all = False
             self._memo.clear()
             self._memo_bytes = 0
+            self._stored.clear()
+            self._stored_bytes = 0
         known = self._memo.get(key)
         if self.is_sole_writer and known is not None and known[2] > self._clock():
             self._memo.move_to_end(key)
@@ -386,18 +419,22 @@ class RecordStore:
             return None
         got = await self._get(tenant, session, is_record=True)
         if got is None:
+            self._note_stored(key, None)  # absent (or unknown): a write sends every part
             return None
         head, parts = got
         known = self._memo.get(key)
         if known is not None and (known[0].head is head or known[0].head == head):
             self._memo.move_to_end(key)
+            self._note_stored(key, known[0])
             return known[1]
         try:
             record, layout = decode_layout(head, parts, (known[1], known[0]) if known is not None else None)
         except RecordError as exc:
             self._get_errors.inc()
+            self._note_stored(key, None)
             _log.warning("session store %s holds an unreadable record (%s)", self.backend.backend, exc)
             return None
+        self._note_stored(key, layout)
         self._remember(key, layout, record, 0.0)
         return record
 
@@ -547,8 +584,7 @@ class RecordStore:
         if record is None or ttl <= 0:
             is_written = await self._put_bytes(key, b"", 0.0)
         else:
-            known = self._memo.get(key)
-            held = {p.key for p in known[0].parts} if known is not None else set()
+            held = self._stored_parts(key)
             # parts the backend holds (written or read here) are named, not sent again
             parts = [Part(p.key, p.size) if p.key in held else p for p in layout.parts]
             is_written = await self._put_bytes(key, layout.head, ttl, parts)
@@ -557,12 +593,39 @@ class RecordStore:
                 is_written = await self._put_bytes(key, layout.head, ttl, list(layout.parts))
         if not is_written:
             self._forget(key)  # a failed write may still have landed (a timeout): read it next time
+            self._note_stored(key, None)
             return False
         if record is not None and ttl > 0:
+            self._note_stored(key, layout)
             self._remember(key, layout.without_data(), record, expires)
         else:  # removed
+            self._note_stored(key, None)
             self._forget(key)
         return True
+
+    def _stored_parts(self, key: tuple[str, str]) -> set[bytes]:
+        """The names of the parts the backend holds for `key` (`_stored`, else the memo's
+        layout); empty when unknown."""
+        names = self._stored.get(key)
+        if names is not None:
+            self._stored.move_to_end(key)
+            return {names[i : i + 16] for i in range(0, len(names), 16)}
+        known = self._memo.get(key)
+        return {p.key for p in known[0].parts} if known is not None else set()
+
+    def _note_stored(self, key: tuple[str, str], layout: Layout | None) -> None:
+        """The backend's value for `key` is now `layout` (`None`: absent or unknown)."""
+        old = self._stored.pop(key, None)
+        if old is not None:
+            self._stored_bytes -= STORED_ENTRY_BYTES + len(old)
+        if layout is None or not layout.parts or any(len(p.key) != 16 for p in layout.parts):
+            return
+        names = b"".join(p.key for p in layout.parts)
+        self._stored[key] = names
+        self._stored_bytes += STORED_ENTRY_BYTES + len(names)
+        while self._stored_bytes > STORED_PARTS_BYTES:
+            _, dropped = self._stored.popitem(last=False)
+            self._stored_bytes -= STORED_ENTRY_BYTES + len(dropped)
 
     def save_soon(self, tenant: str, session: str, record: SessionRecord, ttl: float = RECORD_TTL) -> bool:
         """Save `record` in the background (module docstring); returns at once. `False` when it
@@ -574,14 +637,22 @@ class RecordStore:
             # too large to keep: the older record goes too (the next turn goes without replay)
             self._skipped.inc()
             stored, layout, ttl = None, _REMOVED, 0.0
+        elif layout.parts and (names := self._stored_parts(key)):
+            # a part the backend holds waits as its name only (a refused write re-encodes them all)
+            layout = Layout(
+                layout.head,
+                tuple(Part(p.key, p.size) if p.data is not None and p.key in names else p for p in layout.parts),
+                layout.counts,
+            )
         old = self._pending.get(key)
-        held = self._pending_bytes - (_held(old[1]) if old is not None else 0)
-        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + _held(layout) > self.max_pending_bytes:
+        held = self._pending_bytes - (_held(old[1], old[0]) if old is not None else 0)
+        size = _held(layout, stored)
+        if (old is None and len(self._pending) >= MAX_PENDING_WRITES) or held + size > self.max_pending_bytes:
             self._dropped.inc()
             _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
             return False
         self._pending[key] = (stored, layout, ttl)
-        self._pending_bytes = held + _held(layout)
+        self._pending_bytes = held + size
         self._pending_gauge.set(len(self._pending))
         if old is None:
             self._writers.spawn(self._write_pending(key), name="promptcache-store-save")
@@ -597,7 +668,7 @@ class RecordStore:
         finally:
             done = self._pending.pop(key, None)
             if done is not None:
-                self._pending_bytes -= _held(done[1])
+                self._pending_bytes -= _held(done[1], done[0])
             self._pending_gauge.set(len(self._pending))
 
     async def flush(self) -> None:
@@ -611,25 +682,26 @@ class RecordStore:
 
     @property
     def pending_bytes(self) -> int:
-        """Memory the records waiting for their write take (twice their encoded size)."""
+        """Memory the records waiting for their write take (each counted as `_held`)."""
         return self._pending_bytes
 
     def _remember(self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float) -> None:
         """Keep `layout` and its decoded `record` for `key` (bounded LRU; see the module docstring);
         `expires`: when the backend's copy expires (epoch seconds), `0.0` when unknown."""
         self._forget(key)
-        if _held(layout) > self.memo_bytes:
+        size = _held(layout, record)
+        if size > self.memo_bytes:
             return
         self._memo[key] = (layout, record, expires)
-        self._memo_bytes += _held(layout)
+        self._memo_bytes += size
         while self._memo_bytes > self.memo_bytes:
-            _, (dropped, _, _) = self._memo.popitem(last=False)
-            self._memo_bytes -= _held(dropped)
+            _, (dropped, gone, _) = self._memo.popitem(last=False)
+            self._memo_bytes -= _held(dropped, gone)
 
     def _forget(self, key: tuple[str, str]) -> None:
         old = self._memo.pop(key, None)
         if old is not None:
-            self._memo_bytes -= _held(old[0])
+            self._memo_bytes -= _held(old[0], old[1])
 
     async def close(self) -> None:
         """Drain the pending writes (at most `DRAIN_TIMEOUT` seconds), then close the backend."""

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
@@ -157,6 +159,29 @@ def test_a_missing_or_different_part_is_no_record() -> None:
 # --- the SQLite backend ------------------------------------------------------------------------
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=40),
+    turns=st.lists(st.tuples(st.integers(0, 40), st.lists(st.integers(0, 9000), max_size=12)), max_size=5),
+)
+def test_a_record_encoded_without_its_base_has_the_same_parts(
+    sizes: list[int], turns: list[tuple[int, list[int]]]
+) -> None:
+    """Parts are cut greedily from the first sidecar, so encoding against the previous record (kept
+    parts) and encoding from nothing give the same layout, turn after turn, whether a turn
+    appends or rewrites the history from some message on (`RecordStore` names the parts of a
+    session whose record the memo dropped by this)."""
+    current = replace(record(0), sidecars=tuple(message(i, n) for i, n in enumerate(sizes)))
+    layout = encode_layout(current)
+    for keep, added in turns:
+        kept = current.sidecars[: min(keep, len(current.sidecars))]
+        fresh = tuple(message(len(kept) + i, n + 1) for i, n in enumerate(added))  # other bytes
+        nxt = replace(current, sidecars=kept + fresh)
+        with_base = encode_layout(nxt, (current, layout))
+        assert with_base == encode_layout(nxt)
+        current, layout = nxt, with_base
+
+
 def part(data: bytes) -> Part:
     import xxhash
 
@@ -225,6 +250,83 @@ async def test_a_part_the_backend_lost_is_sent_again() -> None:
     refused, resent = backend.sent[1:]
     assert (refused, resent) == (len(encode_layout(second).head), encode_layout(second).size)
     assert await RecordStore(backend, Metrics(CollectorRegistry())).load("t", "s") == second
+
+
+class CountingSqlite(SqliteStore):
+    """The SQLite backend, keeping the bytes of every write in parts it is sent (head and parts)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.sent: dict[str, list[int]] = {}
+
+    async def put_parts_within(
+        self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float, timeout: float
+    ) -> bool:
+        sent = len(head) + sum(len(p.data) for p in parts if p.data is not None)
+        self.sent.setdefault(session, []).append(sent)
+        return await super().put_parts_within(tenant, session, head, parts, ttl, timeout)
+
+
+async def test_interleaved_sessions_send_only_new_parts_though_the_memo_dropped_them(tmp_path: Path) -> None:
+    """32 sessions load, then save (as 32 concurrent requests do) through a memo that holds two
+    records: every second write sends its head and new parts only, though no session's record
+    was remembered at its save, and the pending records fit a bound that counts what they hold."""
+    backend = CountingSqlite(tmp_path / "s.db")
+    metrics = Metrics(CollectorRegistry())
+    first, second = record(100), grown(record(100), 40)
+    whole, tail = encode_layout(first), encode_layout(second)
+    new = [p for p in tail.parts if p.key not in {q.key for q in whole.parts}]
+    increment = len(tail.head) + sum(p.size for p in new)
+    assert (len(whole.parts), len(tail.parts), len(new)) == (6, 8, 2) and increment < tail.size // 3
+    # what a pending second record holds: the record, and the bytes of its new parts
+    held = tail.size + 256 * 140 + 40 * 140 + sum(p.size for p in new)
+    store = RecordStore(
+        backend, metrics, memo_bytes=2 * (tail.size + 256 * 140 + 40 * 140), max_pending_bytes=32 * held
+    )
+    sessions = [f"s{i}" for i in range(32)]
+    for sid in sessions:
+        assert await store.save("t", sid, first)
+    assert [await store.load("t", sid) for sid in sessions] == [first] * 32
+    assert len(store._memo) == 2  # the memo lost the others between their load and their save
+    assert all(store.save_soon("t", sid, second) for sid in sessions)
+    assert (store.pending_writes, store.pending_bytes) == (32, 32 * held)
+    await store.flush()
+    assert {sid: backend.sent[sid] for sid in sessions} == {sid: [whole.size, increment] for sid in sessions}
+    dropped = metrics.registry.get_sample_value("promptcache_session_store_writes_dropped_total", {"backend": "sqlite"})
+    assert dropped == 0
+    reader = RecordStore(SqliteStore(tmp_path / "s.db"), Metrics(CollectorRegistry()))
+    assert [await reader.load("t", sid) for sid in sessions] == [second] * 32
+    await reader.close()
+    await store.close()
+
+
+async def test_a_part_gone_from_the_backend_after_the_memo_dropped_the_record_is_sent_again() -> None:
+    backend = CountingStore()
+    store = RecordStore(backend, Metrics(CollectorRegistry()), memo_bytes=1)  # remembers nothing
+    first = record(100)
+    assert await store.save("t", "s", first)
+    await backend.put("t", "s", b"another replica's value", TTL)  # the parts are gone
+    second = grown(first, 2)
+    assert await store.save("t", "s", second)
+    assert backend.sent[1:] == [len(encode_layout(second).head), encode_layout(second).size]
+    assert await RecordStore(backend, Metrics(CollectorRegistry())).load("t", "s") == second
+
+
+def test_the_part_index_is_bounded_in_bytes() -> None:
+    from proxy.store import STORED_ENTRY_BYTES, STORED_PARTS_BYTES
+    from proxy.store.codec import Layout
+
+    store = RecordStore(MemoryStore(), Metrics(CollectorRegistry()))
+    layout = Layout(b"h", tuple(Part(bytes([i]) * 16, 1) for i in range(4)), (1, 1, 1, 1))
+    one = STORED_ENTRY_BYTES + 4 * 16
+    fit = STORED_PARTS_BYTES // one
+    for i in range(fit + 3):
+        store._note_stored(("t", f"s{i}"), layout)
+    assert (len(store._stored), store._stored_bytes) == (fit, fit * one)
+    assert ("t", "s2") not in store._stored and ("t", "s3") in store._stored
+    assert store._stored_parts(("t", "s3")) == {p.key for p in layout.parts}
+    store._note_stored(("t", "s3"), None)
+    assert store._stored_parts(("t", "s3")) == set() and store._stored_bytes == (fit - 1) * one
 
 
 # --- a crash mid-write -----------------------------------------------------------------------

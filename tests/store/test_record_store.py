@@ -136,12 +136,13 @@ async def test_a_read_of_unchanged_bytes_is_not_decoded_again(metrics: Metrics) 
 async def test_the_decoded_memo_is_bounded_in_bytes(metrics: Metrics) -> None:
     from proxy.store.codec import encode_record
 
-    size = len(encode_record(RECORD))
-    store = RecordStore(open_store("memory://"), metrics, memo_bytes=3 * 2 * size)
+    # what a decoded record holds: its bytes, 256 per sidecar, 40 per `ends` entry
+    size = len(encode_record(RECORD)) + 256 * 1 + 40 * 2
+    store = RecordStore(open_store("memory://"), metrics, memo_bytes=3 * size)
     for i in range(10):
         assert await store.save("t", f"s{i}", RECORD)
     assert list(store._memo) == [("t", "s7"), ("t", "s8"), ("t", "s9")]
-    assert store._memo_bytes == 3 * 2 * size
+    assert store._memo_bytes == 3 * size
 
 
 def local_reads(metrics: Metrics, backend: str) -> float:
@@ -244,23 +245,25 @@ class HeldWrites(MemoryStore):
 
 
 async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics: Metrics) -> None:
-    """Records waiting for a busy writer hold their encoding and the decoded record: the bound
-    counts twice the encoded size, and the saves beyond it are dropped and counted."""
+    """Records waiting for a busy writer hold the decoded record and its head, and the parts to
+    send: the bound counts them, and the saves beyond it are dropped and counted."""
     backend = HeldWrites()
     big = SessionRecord(
         chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
         sidecars=(Sidecar(0, b"\x02" * 16, b'"' + b"x" * 100_000 + b'"'),),
     )
-    size = encode_layout(big).size  # the head and its one part (the sidecar is over PART_BYTES)
-    assert size > len(encode_record(big)) > PART_BYTES
-    store = RecordStore(backend, metrics, max_pending_bytes=5 * 2 * size)
+    layout = encode_layout(big)  # the head and its one part (the sidecar is over PART_BYTES)
+    assert layout.size > len(encode_record(big)) > PART_BYTES
+    # the record (its encoded size, 256 per sidecar, 40 per `ends` entry) and the part to send
+    size = layout.size + 256 + 40 + layout.parts[0].size
+    store = RecordStore(backend, metrics, max_pending_bytes=5 * size)
     accepted = [store.save_soon("t", f"s{i}", big) for i in range(8)]
     assert accepted == [True] * 5 + [False] * 3
     dropped = metrics.registry.get_sample_value("promptcache_session_store_writes_dropped_total", {"backend": "memory"})
     assert dropped == 3
-    assert (store.pending_writes, store.pending_bytes) == (5, 10 * size)
+    assert (store.pending_writes, store.pending_bytes) == (5, 5 * size)
     assert store.save_soon("t", "s0", big)  # a newer record of a pending session replaces it
-    assert (store.pending_writes, store.pending_bytes) == (5, 10 * size)
+    assert (store.pending_writes, store.pending_bytes) == (5, 5 * size)
     backend.release.set()
     await store.flush()
     assert (store.pending_writes, store.pending_bytes) == (0, 0)
