@@ -57,7 +57,8 @@
   out). The write sequence numbers, the `usage` figures and the evictions are worked out
   inside each write transaction, so they hold across the processes; each process's
   connection checkpoints when its commit finds the WAL past the limit (PASSIVE, after the
-  commit, so it holds no write lock; the other's attempt meanwhile skips, without error). The
+  commit, so it holds no write lock; the other's attempt meanwhile skips, without error), and
+  a WAL the others' appends kept those from restarting is restarted (`_catch_up_wal`). The
   expiry purge runs in its own transaction after a batch's commit: one that finds the file
   locked fails no write and is tried again with the next write. A file that is not a database (corrupt) is
   moved aside to `<name>.corrupt-<epoch>` when the connection is (re)opened, and a fresh file is
@@ -107,9 +108,10 @@ WRITE_LOCK_WAIT_MS: Final = 500
 checkpoint, the schema at open) while another process holds it: SQLite's busy handler, which
 sleeps in steps of 1 to 100 ms with the GIL released, so neither the event loop nor the reader
 waits. Another worker of `serve --workers N` holds the lock for its own transaction, a few
-statements, each a GIL handoff of up to 5 ms in its busy process (measured here, two workers at
-64 connections: 164 of ~40,000 writes found the lock held past the former 20 ms and were lost,
-none once the writer waited). Below `proxy.store.PUT_TIMEOUT` (1 s, the write's own bound, from
+statements, each a GIL handoff of up to 5 ms in its busy process (measured here, the gateway
+bench's two 64-connection cells with `--workers 2`, three rounds on a loaded machine: 514-610
+writes a round found the lock held past the former 20 ms and were lost, none once the writer
+waited; CPU per request the same within the noise). Below `proxy.store.PUT_TIMEOUT` (1 s, the write's own bound, from
 the start of its transaction), so a lock held that long fails the batch as `locked`, not as a
 timeout, and the writer goes on with the writes queued behind it."""
 CLOSE_READER_TIMEOUT: Final = 1.0
@@ -434,8 +436,8 @@ WAL_MAX_BYTES: Final = 64 * 1024 * 1024
 WAL_BEHIND: Final = 2
 """A WAL this many times its limit (`_size_wal`) means the passive checkpoints are not catching
 up: another process kept appending while each ran, so none reached the WAL's end and SQLite
-never restarted it (measured here, two processes writing 14 MiB: the WAL grew to 15 MiB, one
-process alone kept it at 4.4 MiB). The writer then runs one `wal_checkpoint(RESTART)`
+never restarted it (measured here, two processes writing 23 MiB: the WAL grew to 26 MB, one
+process alone kept it at 4.5 MB; with this, 9 MB at most). The writer then runs one `wal_checkpoint(RESTART)`
 (`SqliteStore._catch_up_wal`)."""
 
 
@@ -1071,8 +1073,11 @@ class SqliteStore:
         restarted (`wal_checkpoint(RESTART)`: it takes the write lock, waiting for it as a write
         does, so the other processes' writes wait for it, then waits for the readers to leave
         the WAL; the next write starts it again from the top, truncated to its limit). A single
-        process's WAL never gets there (its checkpoints run between its own writes). A failure
-        (the lock held past `WRITE_LOCK_WAIT_MS`) is left to the next batch."""
+        process's WAL gets there only with a batch over twice the limit (its checkpoints run
+        between its own writes); one restart then costs what its checkpoint would. A failure
+        (the lock held past `WRITE_LOCK_WAIT_MS`), or another process's checkpoint running
+        (SQLite then answers busy at once, in the row, without waiting: seen here about every
+        other try with two writers), is left to the next batch."""
         if self._conn is None or self.path == ":memory:":
             return
         try:
