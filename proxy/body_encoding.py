@@ -8,12 +8,20 @@ truncated or empty body and came back 200 (attack finding F2). Here a body decod
 its whole stream does: every gzip member to its trailer (CRC and length checked by zlib), a
 deflate stream to its final block, nothing after it.
 
-- `gzip` / `x-gzip`: one or more gzip members (RFC 1952).
+- `gzip` / `x-gzip`: one or more gzip members (RFC 1952). Zero bytes after a member's trailer
+  are padding and skipped (GNU `gzip -d` ignores trailing zeros, Python's `gzip` module skips
+  zeros between and after members); any other byte there must start another member.
 - `deflate`: a zlib stream (RFC 1950, as RFC 9110 8.4.1.2 defines the coding). A raw deflate
   stream (RFC 1951, no zlib header) is refused, not guessed at: aiohttp guesses from the low
   four bits of the first byte, and a raw stream that happens to pass inflated to nothing.
-- `identity` or no header: the bytes as they are. Anything else (`br`, `zstd`, `compress`,
-  a list of codings) is refused: the pipeline cannot read it.
+- `identity` or no header: the bytes as they are. Anything else (`br`, `zstd`, `compress`) is
+  refused: the pipeline cannot read it.
+- More than one coding (`gzip, gzip` in one field, or two `Content-Encoding` lines, which
+  RFC 9110 5.3 makes one comma-separated list; `identity` entries dropped) is refused with its own
+  message (`StackedCodings`, `codings`): a coding stacked on another is valid HTTP (RFC 9110
+  8.4, in the order applied) but no client of these APIs sends one and neither aiohttp's server
+  (it decodes one known coding, and passes a list through undecoded) nor nginx (it decodes no
+  request body) decodes one; a proxy that inflated one layer of two forwarded gzip bytes as JSON.
 
 A body streamed through unchanged (a path outside the pipeline) is inflated as it streams
 (`inflating`, as aiohttp did: the bytes go upstream identity-encoded), in pieces of at most
@@ -39,6 +47,32 @@ failed while it streamed."""
 
 class UndecodableBody(ValueError):
     """A body that does not decode as its `Content-Encoding` says (the handler answers 400)."""
+
+
+class StackedCodings(UndecodableBody):
+    """A body with more than one content coding (the handler answers 400 with this message)."""
+
+    def __init__(self, codings: list[str]) -> None:
+        super().__init__(
+            f"request body has {len(codings)} content codings ({', '.join(codings)}); "
+            "promptcache decodes one (gzip or deflate)"
+        )
+
+
+def codings(values: list[str]) -> str:
+    """The request's `Content-Encoding` field lines as one value (`getall`: RFC 9110 5.3 joins
+    them with commas), `identity` entries and empty ones dropped; raises `StackedCodings` when
+    more than one coding remains (`""` when none does)."""
+    found = [c.strip().lower() for value in values for c in value.split(",")]
+    found = [c for c in found if c not in ("", "identity")]
+    if len(found) > 1:
+        raise StackedCodings(found)
+    return found[0] if found else ""
+
+
+def too_large_message(limit: int) -> str:
+    """The 413's message for a body over `max_body_bytes` (`limit`), as received or inflated."""
+    return f"request body exceeds the limit of {limit} bytes"
 
 
 class BodyTooLarge(ValueError):
@@ -88,6 +122,7 @@ def inflate(data: bytes, encoding: str, limit: int) -> bytes:
         rest = decoder.unused_data
         if rest and coding not in GZIP:
             raise UndecodableBody(f"{len(rest)} bytes after the end of the {coding} stream")
+        rest = rest.lstrip(b"\x00")  # gzip padding (see the module docstring)
     return b"".join(out)
 
 
@@ -115,6 +150,8 @@ async def inflating(chunks: AsyncIterator[bytes], encoding: str) -> AsyncIterato
     """deflate: the body's first bytes while fewer than the two a zlib header takes"""
     is_ended = False
     """deflate: its one stream ended (anything after it is refused)"""
+    after_member = False
+    """gzip: a member ended (zero bytes before the next one are padding)"""
     async for chunk in chunks:
         data = chunk
         if is_ended and data:
@@ -125,6 +162,10 @@ async def inflating(chunks: AsyncIterator[bytes], encoding: str) -> AsyncIterato
                 head = data
                 continue
         while data:
+            if decoder is None and is_gzip and after_member:
+                data = data.lstrip(b"\x00")  # padding after a member (see the module docstring)
+                if not data:
+                    break
             if decoder is None:
                 if is_gzip:
                     wbits = 16 + zlib.MAX_WBITS
@@ -145,6 +186,7 @@ async def inflating(chunks: AsyncIterator[bytes], encoding: str) -> AsyncIterato
                         raise UndecodableBody(f"bytes after the end of the {coding} stream")
                     is_ended = True
                 decoder = None  # the next gzip member, if any
+                after_member = True
     if head:  # one byte in all: no deflate stream is that short
         raise UndecodableBody(f"truncated {coding} stream")
     if decoder is not None:

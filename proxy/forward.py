@@ -31,7 +31,7 @@ import yarl
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.body_encoding import UNDECODABLE_BODY
+from proxy.body_encoding import UNDECODABLE_BODY, too_large_message
 from proxy.connections import ClientBodyTimeout
 from proxy.eventstream import EventStreamDecoder, Message, bedrock_chunk
 from proxy.exchange import Exchange
@@ -41,6 +41,7 @@ from proxy.providers.base import (
     BAD_REQUEST,
     CLIENT_TIMEOUT,
     GATEWAY_TIMEOUT,
+    TOO_LARGE,
     ErrorKind,
     ProviderAdapter,
     UsageReader,
@@ -209,8 +210,12 @@ def _upstream_failure(exchange: Exchange, base_url: str, read_timeout: float, ex
 def _client_body_failure(request: web.Request, exchange: Exchange) -> web.Response | None:
     """The 408 for a streamed client body that stalled (`proxy.connections.ClientBodyTimeout`
     set on the request payload), or the 400 for one that did not decode as its
-    `Content-Encoding` says (`Exchange.undecodable_body`), surfacing as whatever the upstream
-    request raised; `None` when the client's body is not the cause."""
+    `Content-Encoding` says (`Exchange.undecodable_body`), or the 413 for one that passed
+    `max_body_bytes` (`Exchange.body_too_large`), surfacing as whatever the upstream request
+    raised; `None` when the client's body is not the cause."""
+    if exchange.body_too_large is not None:
+        exchange.status = TOO_LARGE.status
+        return closing(local_error(exchange.adapter, TOO_LARGE, too_large_message(exchange.body_too_large)))
     if exchange.undecodable_body is not None:
         exchange.status = BAD_REQUEST.status
         return closing(local_error(exchange.adapter, BAD_REQUEST, UNDECODABLE_BODY))

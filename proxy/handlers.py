@@ -3,7 +3,8 @@
 Pipeline routes (`POST /v1/messages`, `/v1/chat/completions`, `/v1/responses`, optionally under
 `/anthropic` or `/openai`) read the body (at most `max_body_bytes`, else 413 in the provider's
 error shape), run the request stages, forward, then observe. Every other path and method is
-reverse-proxied as is, body streamed.
+reverse-proxied as is, body streamed (at most `max_body_bytes` as received and as inflated, else
+the same 413: `_bounded`).
 
 Logging: one access line per request (`proxy.logs.access_fields`): provider, method, path
 (never the query string), status, time, tokens, cost, cause and session; never a header value,
@@ -24,7 +25,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from proxy.affinity import is_failure
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAM_POOLS, UPSTREAMS
-from proxy.body_encoding import UNDECODABLE_BODY, BodyTooLarge, UndecodableBody, inflate, inflating, streamable
+from proxy.body_encoding import (
+    UNDECODABLE_BODY,
+    BodyTooLarge,
+    StackedCodings,
+    UndecodableBody,
+    codings,
+    inflate,
+    inflating,
+    streamable,
+    too_large_message,
+)
 from proxy.connections import ClientBodyTimeout
 from proxy.exchange import Exchange
 from proxy.forward import closing, forward, local_error
@@ -92,11 +103,13 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             except web.HTTPRequestEntityTooLarge:
                 pm.body_too_large.inc()
                 status = TOO_LARGE.status
-                limit = services.settings.max_body_bytes
-                return local_error(adapter, TOO_LARGE, f"request body exceeds the limit of {limit} bytes")
+                return local_error(adapter, TOO_LARGE, too_large_message(services.settings.max_body_bytes))
             except ClientBodyTimeout as exc:
                 status = CLIENT_TIMEOUT.status
                 return closing(local_error(adapter, CLIENT_TIMEOUT, str(exc)))
+            except StackedCodings as exc:
+                status = BAD_REQUEST.status
+                return closing(local_error(adapter, BAD_REQUEST, str(exc)))
             except (UndecodableBody, web.RequestPayloadError):  # (aiohttp's, when it inflates: tests' runners)
                 status = BAD_REQUEST.status
                 return closing(local_error(adapter, BAD_REQUEST, UNDECODABLE_BODY))
@@ -109,7 +122,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             if exchange.is_signed and raw is not wire:
                 # the signature covers the body as sent (SigV4's payload hash): it goes as
                 # received, with its coding; the stages measure the decoded bytes
-                exchange.header_overrides["Content-Encoding"] = request.headers["Content-Encoding"]
+                exchange.header_overrides["Content-Encoding"] = codings(request.headers.getall("Content-Encoding"))
             gate = services.gate
             if gate is None:
                 await run_request_stages(exchange, services)
@@ -147,16 +160,23 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if where.upstream_path != path:
             exchange.upstream_path = where.upstream_path
         body: AsyncIterator[bytes] | None = None
+        limit = services.settings.max_body_bytes
         if request.method in _BODY_METHODS and request.body_exists:
-            body = request.content.iter_any()
-        encoding = request.headers.get("Content-Encoding", "")
-        if body is not None and encoding and not is_inflated(request):
-            if streamable(encoding):  # inflated as it streams (as aiohttp did), sent identity-encoded
-                body = _noting_undecodable(inflating(body, encoding), exchange)
-            else:  # a coding we do not decode: the client's bytes go with their coding
-                exchange.header_overrides["Content-Encoding"] = encoding
+            if (request.content_length or 0) > limit:  # refused before a byte goes upstream
+                pm.body_too_large.inc()
+                status = TOO_LARGE.status
+                return closing(local_error(adapter, TOO_LARGE, too_large_message(limit)))
+            body = _bounded(request.content.iter_any(), limit, exchange)
+        lines = request.headers.getall("Content-Encoding", [])
+        if body is not None and lines and not is_inflated(request):
+            if len(lines) == 1 and streamable(lines[0]):  # inflated as it streams (as aiohttp did), sent identity
+                body = _bounded(_noting_undecodable(inflating(body, lines[0]), exchange), limit, exchange)
+            else:  # a coding we do not decode, or stacked ones: the client's bytes go with them (one line)
+                exchange.header_overrides["Content-Encoding"] = ", ".join(lines)
         response = await forward(request, exchange, session, upstream_base, pm, read_timeout, body)
         status = exchange.status
+        if exchange.body_too_large is not None:
+            pm.body_too_large.inc()
         return response
     except (asyncio.CancelledError, ConnectionResetError) as exc:
         # The client disconnected before the last byte (mid-body or mid-stream): a client
@@ -217,15 +237,31 @@ def decode_body(request: web.Request, wire: bytes, limit: int) -> bytes:
     """`wire` (`read_wire`) decoded: the same object when the request has no
     `Content-Encoding` or aiohttp inflated it already (a plain `web.AppRunner`;
     `proxy.app.limited_runner` turns that off), else decoded whole
-    (`proxy.body_encoding.inflate`: `UndecodableBody` for a truncated or corrupt stream;
-    inflating past `limit` raises `web.HTTPRequestEntityTooLarge`)."""
-    encoding = request.headers.get("Content-Encoding")
-    if encoding is None or is_inflated(request):
+    (`proxy.body_encoding.inflate`: `UndecodableBody` for a truncated or corrupt stream,
+    `StackedCodings` for more than one coding; inflating past `limit` raises
+    `web.HTTPRequestEntityTooLarge`)."""
+    lines = request.headers.getall("Content-Encoding", [])
+    if not lines or is_inflated(request):
         return wire
+    encoding = codings(lines)  # StackedCodings (an UndecodableBody) for more than one
     try:
         return inflate(wire, encoding, limit)
     except BodyTooLarge:
         raise web.HTTPRequestEntityTooLarge(limit, limit + 1) from None
+
+
+async def _bounded(body: AsyncIterator[bytes], limit: int, exchange: Exchange) -> AsyncIterator[bytes]:
+    """`body`'s pieces while their total stays within `limit` bytes (`max_body_bytes`); the
+    piece that would pass it is not sent: `Exchange.body_too_large` is set and `BodyTooLarge`
+    raised, which `proxy.forward` answers as the client's 413. Wraps the received bytes and,
+    for a body inflated as it streams, the inflated ones (a 40 KB gzip bomb is 40 MiB)."""
+    size = 0
+    async for piece in body:
+        size += len(piece)
+        if size > limit:
+            exchange.body_too_large = limit
+            raise BodyTooLarge(limit)
+        yield piece
 
 
 async def _noting_undecodable(body: AsyncIterator[bytes], exchange: Exchange) -> AsyncIterator[bytes]:

@@ -7,8 +7,19 @@ import zlib
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from proxy.body_encoding import PIECE_BYTES, BodyTooLarge, UndecodableBody, inflate, inflating, is_zlib_header
+from proxy.body_encoding import (
+    PIECE_BYTES,
+    BodyTooLarge,
+    StackedCodings,
+    UndecodableBody,
+    codings,
+    inflate,
+    inflating,
+    is_zlib_header,
+)
 
 TEXT = b'{"messages":[' + b'{"role":"user","content":"hello"},' * 200 + b"{}]}"
 
@@ -71,3 +82,46 @@ async def test_a_deflate_stream_is_told_by_its_first_two_bytes_however_they_arri
         await _inflated(wire[:1], "deflate")
     with pytest.raises(UndecodableBody, match="bytes after the end of the deflate stream"):
         await _inflated(wire + b"{}", "deflate", len(wire))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.binary(max_size=300), min_size=1, max_size=3),
+    st.lists(st.integers(0, 40), min_size=3, max_size=3),
+    st.integers(1, 64),
+)
+async def test_zero_padding_after_a_gzip_member_is_skipped_whole_or_streamed(
+    parts: list[bytes], zeros: list[int], size: int
+) -> None:
+    """F6: `gzip -d` and Python's `gzip` skip zero bytes after a member; so do `inflate` and
+    `inflating`, however the body is split, between members and at the end."""
+    data = b"".join(gzip.compress(part) + b"\x00" * n for part, n in zip(parts, zeros, strict=False))
+    assert gzip.decompress(data) == b"".join(parts)
+    assert inflate(data, "gzip", 1 << 20) == b"".join(parts)
+    assert b"".join(await _inflated(data, "gzip", size)) == b"".join(parts)
+
+
+async def test_padding_is_zeros_after_a_member_only() -> None:
+    with pytest.raises(UndecodableBody, match="corrupt gzip stream"):
+        inflate(b"\x00" * 8 + gzip.compress(TEXT), "gzip", 1 << 20)  # before the first member
+    with pytest.raises(UndecodableBody, match="truncated gzip stream"):  # a byte that starts no member
+        inflate(gzip.compress(TEXT) + b"\x00\x00\x01", "gzip", 1 << 20)
+    with pytest.raises(UndecodableBody, match="truncated gzip stream"):
+        await _inflated(gzip.compress(TEXT) + b"\x00\x00\x01", "gzip")
+    with pytest.raises(UndecodableBody, match="corrupt gzip stream"):
+        await _inflated(gzip.compress(TEXT) + b"\x00\x00junk!", "gzip")
+    with pytest.raises(UndecodableBody, match="1 bytes after the end of the deflate stream"):
+        inflate(zlib.compress(TEXT) + b"\x00", "deflate", 1 << 20)  # deflate has no padding
+
+
+def test_codings_join_the_field_lines_and_refuse_a_stack() -> None:
+    assert codings([]) == ""
+    assert codings([" GZIP "]) == "gzip"
+    assert codings(["identity", "deflate"]) == "deflate"
+    assert codings(["gzip, identity"]) == "gzip"
+    with pytest.raises(StackedCodings) as stacked:
+        codings(["gzip", "Gzip"])
+    message = "request body has 2 content codings (gzip, gzip); promptcache decodes one (gzip or deflate)"
+    assert str(stacked.value) == message
+    with pytest.raises(StackedCodings, match=r"3 content codings \(br, gzip, deflate\)"):
+        codings(["br, gzip", "deflate"])

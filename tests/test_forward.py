@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import io
 import logging
 import socket
 import zlib
@@ -16,6 +17,7 @@ import yarl
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.streams import StreamReader
 from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
 
 from proxy.handlers import read_body
 from tests.fakes.upstream import ANTHROPIC_MESSAGE, FakeUpstream
@@ -417,3 +419,105 @@ async def test_a_streamed_body_that_does_not_decode_gets_400_not_an_upstream_fai
     assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="upstream_error") == 0
     assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="client_error") == 1
 
+
+
+TOO_LARGE_1MIB = {
+    "type": "error",
+    "error": {"type": "request_too_large", "message": "request body exceeds the limit of 1048576 bytes"},
+}
+
+
+async def _post_through(proxy_url: str, data: object, headers: object) -> tuple[int, object]:
+    """POST to `count_tokens`, a path outside the pipeline (its body streams through)."""
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(proxy_url + "/v1/messages/count_tokens", data=data, headers=headers) as r:
+            return r.status, await r.json()
+
+
+async def test_a_gzip_bomb_streamed_through_is_413_at_the_limit_of_its_inflated_bytes(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    """Attack finding F5: on a path outside the pipeline the body was inflated as it streamed
+    with no limit: a 4 KB gzip body became 4 MiB upstream (max_body_bytes 1 MiB). Now the
+    piece that would pass the limit is not sent and the client gets the 413."""
+    proxy = await make_proxy(upstream=fake_upstream.url, max_body_bytes=1024 * 1024)
+    bomb = gzip.compress(b'{"model":"claude-sonnet-4-6","messages":[],"x":"' + b"a" * (4 * 1024 * 1024) + b'"}')
+    assert len(bomb) < 8 * 1024
+    headers = {**HEADERS, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    assert await _post_through(proxy.url, bomb, headers) == (413, TOO_LARGE_1MIB)
+    assert [len(x.body) for x in fake_upstream.received] == []
+    assert proxy.sample("promptcache_request_body_too_large_total", provider="anthropic") == 1
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="client_error") == 1
+    assert proxy.sample("promptcache_requests_total", provider="anthropic", outcome="upstream_error") == 0
+    # at the limit it passes, inflated
+    at_limit = b'{"x":"' + b"b" * (1024 * 1024 - 8) + b'"}'
+    assert len(at_limit) == 1024 * 1024
+    status, _ = await _post_through(proxy.url, gzip.compress(at_limit), headers)
+    assert status == 404  # the fake upstream's own answer: it serves no count_tokens
+    assert [(x.body == at_limit, "content-encoding" in x.headers) for x in fake_upstream.received] == [(True, False)]
+
+
+async def test_a_body_streamed_through_over_the_limit_is_413_with_or_without_its_length(
+    fake_upstream: FakeUpstream, make_proxy
+) -> None:
+    """F5: an identity body over `max_body_bytes` on a pass-through path went upstream whole:
+    with a `Content-Length` over the limit it is refused before a byte is sent, and a chunked
+    upload when its bytes pass the limit."""
+    proxy = await make_proxy(upstream=fake_upstream.url, max_body_bytes=1024 * 1024)
+    over = b"c" * (1024 * 1024 + 1)
+
+    async def chunked():  # no Content-Length: the limit is met while streaming
+        for i in range(0, len(over), 64 * 1024):
+            yield over[i : i + 64 * 1024]
+
+    assert await _post_through(proxy.url, io.BytesIO(over), HEADERS) == (413, TOO_LARGE_1MIB)  # its length sent
+    assert await _post_through(proxy.url, chunked(), HEADERS) == (413, TOO_LARGE_1MIB)
+    assert fake_upstream.received == []
+    assert proxy.sample("promptcache_request_body_too_large_total", provider="anthropic") == 2
+
+
+async def test_a_gzip_body_with_trailing_zero_padding_decodes(fake_upstream: FakeUpstream, make_proxy) -> None:
+    """Attack finding F6: zero bytes after a gzip member's trailer (padding `gzip -d` and Python's
+    `gzip` skip) were a 400; now they are skipped, in the pipeline and on a pass-through path.
+    A non-zero byte after the padding still has to start a member."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    raw = orjson.dumps(BODY)
+    padded = gzip.compress(raw) + b"\x00" * 512
+    assert gzip.decompress(padded) == raw
+    assert await _post_encoded(proxy.url, padded, "gzip") == (200, ANTHROPIC_MESSAGE)
+    headers = {**HEADERS, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    status, _ = await _post_through(proxy.url, padded, headers)
+    assert status == 404  # the fake upstream's own answer: it serves no count_tokens
+    assert [(x.body, "content-encoding" in x.headers) for x in fake_upstream.received] == [(raw, False)] * 2
+    assert await _post_encoded(proxy.url, padded + b"junk", "gzip") == (400, UNDECODABLE)
+    assert len(fake_upstream.received) == 2
+
+
+STACKED = {
+    "type": "error",
+    "error": {
+        "type": "invalid_request_error",
+        "message": "request body has 2 content codings (gzip, gzip); promptcache decodes one (gzip or deflate)",
+    },
+}
+
+
+async def test_stacked_content_codings_get_a_400_that_names_them(fake_upstream: FakeUpstream, make_proxy) -> None:
+    """F6: `gzip, gzip` (or two `Content-Encoding` lines, one list by RFC 9110 5.3) got the
+    generic "could not be decoded" 400, and two lines were read as their first only. The
+    pipeline now names the codings; a pass-through path forwards them as sent, in one line."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    twice = gzip.compress(gzip.compress(orjson.dumps(BODY)))
+    assert await _post_encoded(proxy.url, twice, "gzip, gzip") == (400, STACKED)
+    assert await _post_encoded(proxy.url, twice, "gzip, identity, GZIP") == (400, STACKED)
+    lines = CIMultiDict([*HEADERS.items(), ("Content-Type", "application/json")])
+    lines.add("Content-Encoding", "gzip")
+    lines.add("Content-Encoding", "gzip")
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(proxy.url + "/v1/messages", data=twice, headers=lines) as r:
+            assert (r.status, await r.json()) == (400, STACKED)
+    assert fake_upstream.received == []
+    async with aiohttp.ClientSession(auto_decompress=False) as http:  # (the fake cannot read it: its 500)
+        async with http.post(proxy.url + "/v1/messages/count_tokens", data=twice, headers=lines) as r:
+            await r.read()
+    assert [(x.body, x.headers.getall("content-encoding")) for x in fake_upstream.received] == [(twice, ["gzip, gzip"])]
