@@ -41,9 +41,9 @@
   turns arrive meanwhile (older pending ones are superseded, never written after a newer one).
   A `load` of a session with a pending record returns that record (read-your-writes on this
   replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`,
-  each pending record counted as what it holds (`_held`: the record, its head, and the bytes of
-  the parts to send; a part the backend holds is kept as its name only); beyond that a save is
-  dropped and counted (`promptcache_session_store_writes_dropped_total`).
+  each pending record counted as what it holds (`_held`: the record and its head; its parts
+  wait as their names only, and the write encodes again those the backend lacks); beyond that
+  a save is dropped and counted (`promptcache_session_store_writes_dropped_total`).
   `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
 - Bounded in bytes: a record encoded larger than `max_record_bytes` (the setting
   `store_max_bytes_per_tenant`) is not written, and the session's older record is removed
@@ -126,8 +126,8 @@ def _held(layout: Layout, record: SessionRecord | None) -> int:
     """Memory a kept record takes in this process, bytes: its encoded size (the head kept beside
     the record, and the sidecar values the record holds, which the parts encode),
     `SIDECAR_BYTES` per sidecar and `END_BYTES` per `ends` entry (the decoded header), plus
-    the bytes of the parts `layout` carries (a pending write's parts to send; a memo's layout
-    carries none). Measured 834 KB for a record of 500 sidecars of 1.2 KB and 2,000 ends
+    the bytes of the parts `layout` carries (none for the memo and the pending writes, whose
+    layouts name their parts only). Measured 834 KB for a record of 500 sidecars of 1.2 KB and 2,000 ends
     (654 KB encoded); this counts 862 KB. A removal (`record` `None`) holds its head only."""
     if record is None:
         return len(layout.head)
@@ -151,9 +151,8 @@ _REMOVED: Final = Layout(b"")
 MAX_PENDING_WRITES: Final = 1024
 """Sessions whose record may wait for its background write at once."""
 MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
-"""Memory those pending records may take, each counted as `_held` (the decoded record, its head,
-and the parts to send, SQLite's write batch included): about 40 sessions of a 600 KB
-conversation whose history the backend holds, or 25 whose parts are all sent."""
+"""Memory those pending records may take, each counted as `_held` (the record and its head; the
+parts' bytes are encoded at the write): about 38 sessions of a 600 KB conversation."""
 DRAIN_TIMEOUT: Final = 2 * PUT_TIMEOUT
 """Seconds `close()` waits for pending writes (a session's write and one superseding it)."""
 
@@ -585,6 +584,8 @@ class RecordStore:
             is_written = await self._put_bytes(key, b"", 0.0)
         else:
             held = self._stored_parts(key)
+            if any(p.data is None and p.key not in held for p in layout.parts):
+                layout = encode_layout(record)  # a pending layout keeps no part's bytes
             # parts the backend holds (written or read here) are named, not sent again
             parts = [Part(p.key, p.size) if p.key in held else p for p in layout.parts]
             is_written = await self._put_bytes(key, layout.head, ttl, parts)
@@ -637,13 +638,10 @@ class RecordStore:
             # too large to keep: the older record goes too (the next turn goes without replay)
             self._skipped.inc()
             stored, layout, ttl = None, _REMOVED, 0.0
-        elif layout.parts and (names := self._stored_parts(key)):
-            # a part the backend holds waits as its name only (a refused write re-encodes them all)
-            layout = Layout(
-                layout.head,
-                tuple(Part(p.key, p.size) if p.data is not None and p.key in names else p for p in layout.parts),
-                layout.counts,
-            )
+        else:
+            # the parts wait as their names only: the write encodes again the bytes of the ones
+            # the backend lacks (a first turn's, or after a refusal), not the memory of every wait
+            layout = layout.without_data()
         old = self._pending.get(key)
         held = self._pending_bytes - (_held(old[1], old[0]) if old is not None else 0)
         size = _held(layout, stored)

@@ -245,8 +245,9 @@ class HeldWrites(MemoryStore):
 
 
 async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics: Metrics) -> None:
-    """Records waiting for a busy writer hold the decoded record and its head, and the parts to
-    send: the bound counts them, and the saves beyond it are dropped and counted."""
+    """Records waiting for a busy writer hold the record and its head (their parts wait as names
+    and are encoded at the write): the bound counts them, and the saves beyond it are dropped
+    and counted."""
     backend = HeldWrites()
     big = SessionRecord(
         chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
@@ -254,8 +255,8 @@ async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics:
     )
     layout = encode_layout(big)  # the head and its one part (the sidecar is over PART_BYTES)
     assert layout.size > len(encode_record(big)) > PART_BYTES
-    # the record (its encoded size, 256 per sidecar, 40 per `ends` entry) and the part to send
-    size = layout.size + 256 + 40 + layout.parts[0].size
+    # the record: its encoded size, 256 per sidecar, 40 per `ends` entry
+    size = layout.size + 256 + 40
     store = RecordStore(backend, metrics, max_pending_bytes=5 * size)
     accepted = [store.save_soon("t", f"s{i}", big) for i in range(8)]
     assert accepted == [True] * 5 + [False] * 3
