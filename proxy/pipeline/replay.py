@@ -104,6 +104,26 @@ def has_markers(message: Any) -> bool:
     return False
 
 
+MARKER_WALK_PARTS: Final = 8
+"""A message of at most this many content parts is looked at key by key for markers
+(`has_markers_in`: a few dict lookups); one of more has its bytes searched first."""
+
+
+def has_markers_in(message: Any, data: bytes) -> bool:
+    """`has_markers(message)`, given `data` (the compact orjson bytes of `message`): the same
+    answer as `may_hold_marker(data) and has_markers(message)`, since a marker key is written
+    quoted into the bytes. A message of at most `MARKER_WALK_PARTS` content parts (the usual
+    one or two) is looked at key by key, which costs less than searching its bytes twice
+    (about 0.7 us for 1.4 KB, `bytes.__contains__`); a longer one has its bytes searched
+    first (C speed, whatever the number of parts)."""
+    if type(message) is not dict:
+        return has_markers(message)
+    content = message.get("content")
+    if type(content) is list and len(content) > MARKER_WALK_PARTS and not may_hold_marker(data):
+        return False
+    return has_markers(message)
+
+
 def head_form(value: Any, system_text: Callable[[str], str]) -> Any:
     """`value` with `system_text` applied to its text: a string, a block's `text`, a message's
     string `content` or its parts' `text` (copy-on-write). Session identity digests a system
@@ -441,7 +461,7 @@ class Masker:
             if dumped is not None:
                 dumped.append(data)
             # a quoted marker name in the bytes first (C speed): most messages hold none
-            if may_hold_marker(data) and has_markers(value):
+            if has_markers_in(value, data):
                 stripped = strip_markers(value)
                 data = dumps(stripped)
             else:
@@ -755,9 +775,9 @@ def _examine_known(
         columns = suffix[0].columns
         exact, digests, keys = exact + columns[0][first:], digests + columns[1][first:], keys + columns[2][first:]
         begin = found.start
-        for end in old_ends[first:]:
+        for element, end in zip(elements[len(walked) :], old_ends[first:], strict=True):
             part = data[begin : end + delta]  # its compact bytes (`rawprefix.locate` found them there)
-            stripped.append(None if may_hold_marker(part) else part)
+            stripped.append(None if has_markers_in(element, part) else part)
             begin = end + delta + 1
     if masker.budget is not None and masker.budget.is_spent:
         return exact, digests, keys, len(known[0]) if known else 0, match  # partly masked: never remembered

@@ -6,22 +6,60 @@ import copy
 import re
 
 import orjson
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.pipeline.replay import (
+    MARKER_WALK_PARTS,
     MASK,
     Masker,
     first_mismatch,
+    has_markers,
+    has_markers_in,
     span_pattern,
     splice,
     strip_markers,
     sub_lines,
     view_messages,
 )
+from proxy.prefix import may_hold_marker
 from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from proxy.rules import load_rules, volatile_patterns
 from proxy.store.codec import Sidecar
 
 MASKER = Masker(volatile_patterns(load_rules()))
+
+_MARKER_TEXT = st.sampled_from(["a", '"cache_control"', "prompt_cache_breakpoint", '{"cache_control": 1}'])
+_MARKER = st.sampled_from(["cache_control", "prompt_cache_breakpoint", "type", "text"])
+_LEAF = st.one_of(_MARKER_TEXT, st.integers(-1000, 1000), st.none())
+_PART = st.dictionaries(
+    _MARKER, st.one_of(_LEAF, st.lists(st.dictionaries(_MARKER, _LEAF, max_size=3), max_size=3)), max_size=3
+)
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"])},
+    optional={
+        "content": st.one_of(_MARKER_TEXT, st.lists(st.one_of(_PART, _LEAF), max_size=MARKER_WALK_PARTS + 4)),
+        "cache_control": _LEAF,
+    },
+)
+
+
+@given(st.one_of(_MESSAGE, _LEAF, st.lists(_PART, max_size=3)))
+def test_has_markers_in_is_the_bytes_prefilter_then_the_walk(message: object) -> None:
+    """Property: `has_markers_in(m, dumps(m))` is `may_hold_marker(dumps(m)) and has_markers(m)`,
+    with markers at the message, part and nested-part levels, marker names inside strings, and
+    content lists on both sides of `MARKER_WALK_PARTS`."""
+    data = orjson.dumps(message)
+    assert has_markers_in(message, data) is (may_hold_marker(data) and has_markers(message))
+
+
+def test_has_markers_in_finds_a_marker_on_the_last_of_many_parts() -> None:
+    parts: list[dict[str, object]] = [{"type": "text", "text": str(i)} for i in range(MARKER_WALK_PARTS + 3)]
+    parts[-1] = {**parts[-1], "cache_control": {"type": "ephemeral"}}
+    message = {"role": "user", "content": parts}
+    assert has_markers_in(message, orjson.dumps(message)) is True
+    unmarked = {"role": "user", "content": parts[:-1]}
+    assert has_markers_in(unmarked, orjson.dumps(unmarked)) is False
 
 
 def test_strip_markers_is_copy_on_write() -> None:
