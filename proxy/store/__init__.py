@@ -70,6 +70,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -139,6 +140,10 @@ STORED_PARTS_BYTES: Final = 1024 * 1024
 """Memory the index of the part names each session's stored value holds may take
 (`RecordStore._stored`): 16 bytes per part plus `STORED_ENTRY_BYTES` per session, about 1,300
 sessions of a 600 KB conversation (38 parts each) or 5,000 of ten parts."""
+LOADED_SESSIONS: Final = 1024
+"""Sessions whose loaded record `RecordStore` keeps a weak reference to (and its part names:
+a few KB for a 600 KB conversation), so the save of the same session encodes only its new
+parts though the memo dropped the record: 0.76 -> 0.03 ms CPU for a 600 KB record."""
 STORED_ENTRY_BYTES: Final = 200
 """Memory per session of that index besides its names (the LRU slot, the key tuple, the bytes
 object's header)."""
@@ -293,6 +298,10 @@ class RecordStore:
         """Per session, the names (16 bytes each, back to back) of the parts of the value the
         backend holds, as last written or read here (LRU, `STORED_PARTS_BYTES`)."""
         self._stored_bytes = 0
+        self._loaded: OrderedDict[tuple[str, str], tuple[weakref.ref[SessionRecord], Layout]] = OrderedDict()
+        """Per session, the record a load returned (held by the request that loaded it, not
+        here) and its parts (no head, no bytes), the base its save encodes against when the
+        memo dropped it meanwhile (`LOADED_SESSIONS`, LRU)."""
         self._forget_all = False
         """Set (from the backend's thread) when the backend lost its data (`file_gone`): the
         memo no longer mirrors it and is cleared on the next load."""
@@ -425,6 +434,7 @@ class RecordStore:
         if known is not None and (known[0].head is head or known[0].head == head):
             self._memo.move_to_end(key)
             self._note_stored(key, known[0])
+            self._note_loaded(key, known[1], known[0])
             return known[1]
         try:
             record, layout = decode_layout(head, parts, (known[1], known[0]) if known is not None else None)
@@ -434,6 +444,7 @@ class RecordStore:
             _log.warning("session store %s holds an unreadable record (%s)", self.backend.backend, exc)
             return None
         self._note_stored(key, layout)
+        self._note_loaded(key, record, layout)
         self._remember(key, layout, record, 0.0)
         return record
 
@@ -576,7 +587,20 @@ class RecordStore:
         if pending is not None:
             return (pending[0], pending[1]) if pending[0] is not None else None
         known = self._memo.get(key)
-        return (known[1], known[0]) if known is not None else None
+        if known is not None:
+            return known[1], known[0]
+        loaded = self._loaded.pop(key, None)
+        record = loaded[0]() if loaded is not None else None
+        return (record, loaded[1]) if loaded is not None and record is not None else None
+
+    def _note_loaded(self, key: tuple[str, str], record: SessionRecord, layout: Layout) -> None:
+        """Keep a weak reference to the record a load returned, and its parts (`_loaded`)."""
+        if not layout.parts:
+            return
+        self._loaded.pop(key, None)
+        self._loaded[key] = (weakref.ref(record), Layout(b"", layout.without_data().parts, layout.counts))
+        if len(self._loaded) > LOADED_SESSIONS:
+            self._loaded.popitem(last=False)
 
     async def _put(self, key: tuple[str, str], layout: Layout, record: SessionRecord | None, ttl: float) -> bool:
         expires = self._clock() + ttl

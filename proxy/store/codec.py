@@ -94,7 +94,7 @@ class Sidecar:
 
 
 @fast_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class SessionRecord:
     """State of one session after its last successful (2xx) request."""
 

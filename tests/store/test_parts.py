@@ -5,6 +5,7 @@ mid-write leaves the old record or the new one, never a mix."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 import subprocess
 import sys
@@ -310,6 +311,26 @@ async def test_a_part_gone_from_the_backend_after_the_memo_dropped_the_record_is
     assert await store.save("t", "s", second)
     assert backend.sent[1:] == [len(encode_layout(second).head), encode_layout(second).size]
     assert await RecordStore(backend, Metrics(CollectorRegistry())).load("t", "s") == second
+
+
+async def test_a_save_encodes_against_the_record_its_load_returned_though_the_memo_dropped_it() -> None:
+    """The request holds the record it loaded; the store keeps a weak reference to it and its
+    parts, so the session's save encodes only its new parts. Once nobody holds the record, the
+    save encodes from nothing (same parts: the property above)."""
+    backend = MemoryStore()
+    store = RecordStore(backend, Metrics(CollectorRegistry()), memo_bytes=1)  # remembers nothing
+    first = record(100)
+    for sid in ("s0", "s1"):
+        assert await store.save("t", sid, first)
+    held = await store.load("t", "s0")
+    assert held == first and held is not first  # decoded from the backend
+    assert await store.load("t", "s1") == first  # nobody keeps this one
+    gc.collect()
+    base = store._base(("t", "s0"))
+    assert base is not None and base[0] is held
+    assert [p.key for p in base[1].parts] == [p.key for p in encode_layout(first).parts]
+    assert store._base(("t", "s0")) is None  # taken by the save it was kept for
+    assert store._base(("t", "s1")) is None
 
 
 def test_the_part_index_is_bounded_in_bytes() -> None:
