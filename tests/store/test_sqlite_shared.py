@@ -235,3 +235,60 @@ async def test_a_new_file_another_process_is_reading_switches_to_wal_once_it_let
     finally:
         holder.close()
         await backend.close()
+
+
+async def test_a_reader_that_keeps_its_snapshot_stalls_no_write_of_either_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that keeps a read snapshot open (an operator's `sqlite3` shell, a backup)
+    keeps the WAL from restarting, so it grows past `WAL_BEHIND` times its limit: the restart
+    (`_catch_up_wal`) waits for that reader `CATCH_UP_WAIT_MS` at most, holding the write lock
+    no longer, and is tried again `CATCH_UP_BACKOFF` seconds later, not after every batch. So
+    another process's writer, which waits `WRITE_LOCK_WAIT_MS` for the lock, writes each time
+    right after one of ours (when our restart runs), and of the 30 batches written past the
+    limit (within a second) `CATCH_UP_TRIES` tried the restart (seen in the store connection's
+    trace). It tried one after each: every put held the lock 500 ms and the other writes failed."""
+    path = tmp_path / "sessions.db"
+    restarts: list[str] = []
+    connect = sqlite3.connect
+
+    def traced_connect(*args: object, **kwargs: object) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)  # type: ignore[arg-type]
+        conn.set_trace_callback(lambda statement: "RESTART" in statement and restarts.append(statement))
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", traced_connect)
+    backend = SqliteStore(path, write_interval=0.0)
+    other = sqlite3.connect(
+        path, isolation_level=None, timeout=sqlite_store.WRITE_LOCK_WAIT_MS / 1000, check_same_thread=False
+    )
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        await backend.put("t", "seed", b"x", TTL)
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM sessions").fetchone() == (1,)  # the snapshot, kept
+        big = b"v" * (256 * 1024)
+        i = 0
+        while os.stat(f"{path}-wal").st_size <= sqlite_store.WAL_BEHIND * sqlite_store.WAL_MIN_BYTES:
+            await backend.put("t", f"s{i % 40}", big, TTL)
+            i += 1
+        restarts.clear()
+        backend._catch_up_after, backend._catch_up_failed = 0.0, 0  # the growth above may have tried
+        started = time.monotonic()
+        outcomes = []
+        for j in range(30):
+            await backend.put("t", f"s{j % 40}", big, TTL)
+            try:
+                await asyncio.to_thread(other.execute, "UPDATE usage SET bytes = bytes WHERE tenant = ''")
+            except sqlite3.OperationalError as exc:
+                outcomes.append(str(exc))
+            else:
+                outcomes.append("written")
+        if time.monotonic() - started < sqlite_store.CATCH_UP_BACKOFF:
+            assert restarts == ["PRAGMA wal_checkpoint(RESTART)"] * sqlite_store.CATCH_UP_TRIES
+        assert outcomes == ["written"] * 30
+        assert await backend.get("t", "s29") == big
+    finally:
+        reader.close()
+        other.close()
+        await backend.close()
