@@ -6,12 +6,14 @@ never wait for it; the caps, the write order and the checkpoints hold across pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -32,16 +34,27 @@ async def _taken(backend: SqliteStore) -> None:
         await asyncio.sleep(0)
 
 
-async def test_a_write_waits_for_another_process_s_write_lock_and_reads_go_on(tmp_path: Path) -> None:
-    """Another connection (another worker's writer) holds the write lock 0.1 s, five times the
-    former 20 ms: the write queued meanwhile waits for it and lands, no error; a read meanwhile
-    is answered from the last commit within 50 ms."""
+@contextlib.asynccontextmanager
+async def _locked_by_another(tmp_path: Path) -> AsyncIterator[tuple[SqliteStore, sqlite3.Connection]]:
+    """A store whose new file holds `old` at `("t", "s")`, and another connection (another
+    worker's writer) holding the file's write lock (`BEGIN IMMEDIATE`) until the block ends it."""
     path = tmp_path / "sessions.db"
     backend = SqliteStore(path, write_interval=0.0)
     holder = sqlite3.connect(path, isolation_level=None)
     try:
         await backend.put("t", "s", b"old", TTL)
         holder.execute("BEGIN IMMEDIATE")
+        yield backend, holder
+    finally:
+        holder.close()
+        await backend.close()
+
+
+async def test_a_write_waits_for_another_process_s_write_lock_and_reads_go_on(tmp_path: Path) -> None:
+    """Another connection (another worker's writer) holds the write lock 0.1 s, five times the
+    former 20 ms: the write queued meanwhile waits for it and lands, no error; a read meanwhile
+    is answered from the last commit within 50 ms."""
+    async with _locked_by_another(tmp_path) as (backend, holder):
         holder.execute("UPDATE usage SET bytes = bytes WHERE tenant = ''")  # a real write, held
         write = asyncio.ensure_future(backend.put_within("t", "s", b"new", TTL, 1.0))  # noqa: TID251
         await _taken(backend)
@@ -52,20 +65,12 @@ async def test_a_write_waits_for_another_process_s_write_lock_and_reads_go_on(tm
         await write
         assert await backend.get("t", "s") == b"new"
         assert backend._conn is not None  # no failure dropped the connection
-    finally:
-        holder.close()
-        await backend.close()
 
 
 async def test_a_lock_held_past_the_wait_fails_the_batch_as_locked_within_the_put_bound(tmp_path: Path) -> None:
     """A lock held for good (a stuck process): the batch fails after `WRITE_LOCK_WAIT_MS`, as
     `locked` (not as the 1 s put bound's timeout), and the write after the lock is gone lands."""
-    path = tmp_path / "sessions.db"
-    backend = SqliteStore(path, write_interval=0.0)
-    holder = sqlite3.connect(path, isolation_level=None)
-    try:
-        await backend.put("t", "s", b"old", TTL)
-        holder.execute("BEGIN IMMEDIATE")
+    async with _locked_by_another(tmp_path) as (backend, holder):
         started = time.perf_counter()
         with pytest.raises(sqlite3.OperationalError) as failed:
             await backend.put_within("t", "s", b"new", TTL, 1.0)
@@ -75,9 +80,6 @@ async def test_a_lock_held_past_the_wait_fails_the_batch_as_locked_within_the_pu
         holder.execute("ROLLBACK")
         await backend.put_within("t", "s", b"new", TTL, 1.0)
         assert await backend.get("t", "s") == b"new"
-    finally:
-        holder.close()
-        await backend.close()
 
 
 async def test_a_purge_that_finds_the_file_locked_fails_no_write_and_runs_at_the_next(tmp_path: Path) -> None:
