@@ -72,8 +72,8 @@ class Exchange:
     """Why a body streamed through (`proxy.body_encoding.inflating`) did not decode, once it
     failed mid-stream (set by the handler): answered 400, not as an upstream failure."""
     body_too_large: int | None = None
-    """The limit (`max_body_bytes`) a body streamed through passed mid-stream, as received or
-    inflated (set by the handler): answered 413, not as an upstream failure."""
+    """The limit (`max_body_bytes`) a body streamed through passed mid-stream once inflated (set
+    by the handler): answered 413, not as an upstream failure."""
     header_overrides: dict[str, str | None] = field(default_factory=dict)
     """Upstream request headers a stage replaces (`None` removes the header), e.g. the
     `anthropic-beta` values a platform rejects dropped."""

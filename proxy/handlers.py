@@ -3,8 +3,8 @@
 Pipeline routes (`POST /v1/messages`, `/v1/chat/completions`, `/v1/responses`, optionally under
 `/anthropic` or `/openai`) read the body (at most `max_body_bytes`, else 413 in the provider's
 error shape), run the request stages, forward, then observe. Every other path and method is
-reverse-proxied as is, body streamed (at most `max_body_bytes` as received and as inflated, else
-the same 413: `_bounded`).
+reverse-proxied as is, body streamed (a compressed one inflated as it streams, at most
+`max_body_bytes` once inflated, else the same 413: `_bounded`).
 
 Logging: one access line per request (`proxy.logs.access_fields`): provider, method, path
 (never the query string), status, time, tokens, cost, cause and session; never a header value,
@@ -160,16 +160,14 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if where.upstream_path != path:
             exchange.upstream_path = where.upstream_path
         body: AsyncIterator[bytes] | None = None
-        limit = services.settings.max_body_bytes
         if request.method in _BODY_METHODS and request.body_exists:
-            if (request.content_length or 0) > limit:  # refused before a byte goes upstream
-                pm.body_too_large.inc()
-                status = TOO_LARGE.status
-                return closing(local_error(adapter, TOO_LARGE, too_large_message(limit)))
-            body = _bounded(request.content.iter_any(), limit, exchange)
+            # streamed as received, whatever its size (a file upload: the Files APIs take
+            # hundreds of MB; nothing is held here)
+            body = request.content.iter_any()
         lines = request.headers.getall("Content-Encoding", [])
         if body is not None and lines and not is_inflated(request):
             if len(lines) == 1 and streamable(lines[0]):  # inflated as it streams (as aiohttp did), sent identity
+                limit = services.settings.max_body_bytes  # what inflating makes of it is bounded
                 body = _bounded(_noting_undecodable(inflating(body, lines[0]), exchange), limit, exchange)
             else:  # a coding we do not decode, or stacked ones: the client's bytes go with them (one line)
                 exchange.header_overrides["Content-Encoding"] = ", ".join(lines)
@@ -253,8 +251,9 @@ def decode_body(request: web.Request, wire: bytes, limit: int) -> bytes:
 async def _bounded(body: AsyncIterator[bytes], limit: int, exchange: Exchange) -> AsyncIterator[bytes]:
     """`body`'s pieces while their total stays within `limit` bytes (`max_body_bytes`); the
     piece that would pass it is not sent: `Exchange.body_too_large` is set and `BodyTooLarge`
-    raised, which `proxy.forward` answers as the client's 413. Wraps the received bytes and,
-    for a body inflated as it streams, the inflated ones (a 40 KB gzip bomb is 40 MiB)."""
+    raised, which `proxy.forward` answers as the client's 413. Wraps the inflated pieces of a
+    body inflated as it streams (a 40 KB gzip bomb is 40 MiB); the bytes as received stream
+    unbounded, as an upload's do."""
     size = 0
     async for piece in body:
         size += len(piece)
