@@ -473,9 +473,10 @@ def _size_wal(conn: sqlite3.Connection) -> int:
 def _until_unlocked(run: Callable[[], _T], wait: float = WRITE_LOCK_WAIT_MS / 1000) -> _T:
     """`run()`, tried again while it finds the file locked (`SQLITE_BUSY`) for up to `wait`
     seconds, after 1 ms, then twice as long each time up to 50 ms (`time.sleep`, the GIL
-    released): for a statement SQLite runs without its busy handler. The one here is the switch
-    of a new file into WAL (it wants the exclusive lock once): two worker processes opening a
-    new file at the same moment, one of them failed at start about once in 80 tries here."""
+    released): for a statement SQLite runs without its busy handler. On the writer thread only
+    (`SqliteStore._connect`), never the event loop. The one here is the switch of a new file
+    into WAL (it wants the exclusive lock once): two worker processes opening a new file at the
+    same moment, one of them failed at start about once in 80 tries here."""
     deadline = time.monotonic() + wait
     pause = 0.001
     while True:
@@ -616,11 +617,11 @@ class SqliteStore:
         self._reader_identity: _Identity | None = None
         self._next_purge = 0.0
         self._wal_limit = WAL_MIN_BYTES
+        """The WAL's size limit in bytes (`_size_wal`, at open and at each purge)."""
         self._catch_up_after = 0.0
         """`time.monotonic()` before which `_catch_up_wal` does not try (`CATCH_UP_BACKOFF`)."""
         self._catch_up_failed = 0
         """Unfinished restarts in a row (`CATCH_UP_TRIES`)."""
-        """The WAL's size limit in bytes (`_size_wal`, at open and at each purge)."""
         self._closed = False
         self._has_opened = False
         """Whether the writer has opened the file once (`_ready_to_read`)."""
