@@ -675,9 +675,15 @@ class RecordStore:
             return False
         self._pending[key] = (stored, layout, ttl)
         self._pending_bytes = held + size
+        if old is None and self._writers.spawn(self._write_pending(key), name="promptcache-store-save") is None:
+            # the writers are shared with `save_bytes_soon`: a record no task would write is
+            # dropped and counted, not left pending for ever (attack pass, session 9)
+            del self._pending[key]
+            self._pending_bytes = held
+            self._dropped.inc()
+            _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
+            return False
         self._pending_gauge.set(len(self._pending))
-        if old is None:
-            self._writers.spawn(self._write_pending(key), name="promptcache-store-save")
         return True
 
     async def _write_pending(self, key: tuple[str, str]) -> None:

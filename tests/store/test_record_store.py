@@ -269,3 +269,27 @@ async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics:
     await store.flush()
     assert (store.pending_writes, store.pending_bytes) == (0, 0)
     assert [await backend.get("t", f"s{i}") is not None for i in range(8)] == [True] * 5 + [False] * 3
+
+
+async def test_a_save_no_writer_would_take_is_dropped_not_left_pending(metrics: Metrics) -> None:
+    """The background writers are shared by the records and the small values
+    (`save_bytes_soon`, a tenant's pacing): with one small value and 1,023 records waiting, the
+    1,024th session's record passed the pending bound but got no writer, and stayed pending for
+    ever (never written, `pending_bytes` never back to 0: attack pass, session 9). It is
+    dropped and counted instead, and everything else is written."""
+    from proxy.store import MAX_PENDING_WRITES
+
+    backend = HeldWrites()
+    store = RecordStore(backend, metrics)
+    store.save_bytes_soon("t", "pacing", b"p")
+    accepted = [store.save_soon("t", f"s{i}", RECORD) for i in range(MAX_PENDING_WRITES)]
+    assert accepted == [True] * (MAX_PENDING_WRITES - 1) + [False]
+    dropped = metrics.registry.get_sample_value("promptcache_session_store_writes_dropped_total", {"backend": "memory"})
+    assert dropped == 1
+    assert store.pending_writes == MAX_PENDING_WRITES - 1
+    backend.release.set()
+    await store.flush()
+    assert (store.pending_writes, store.pending_bytes) == (0, 0)
+    assert await backend.get("t", "pacing") == b"p"
+    last = MAX_PENDING_WRITES - 1
+    assert [await store.load("t", f"s{i}") is not None for i in (0, last - 1, last)] == [True, True, False]
