@@ -1,10 +1,13 @@
 """A fast fake upstream for overhead benchmarks: answers every POST with a fixed small JSON.
 
-`python bench/fake_upstream.py PORT` serves on 127.0.0.1:PORT under uvloop until killed.
+`python bench/fake_upstream.py PORT [DELAY]` serves on 127.0.0.1:PORT under uvloop until killed;
+with DELAY (seconds) each answer comes that long after the body was read, as a model's does
+(requests then wait on the upstream, not on the proxy: `bench/peak_ab.py --upstream-delay`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import uvloop
@@ -17,8 +20,13 @@ ANSWER = (
 )
 
 
+DELAY = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+
+
 async def handle(request: web.Request) -> web.Response:
     await request.read()
+    if DELAY:
+        await asyncio.sleep(DELAY)
     return web.Response(body=ANSWER, content_type="application/json")
 
 

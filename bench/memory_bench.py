@@ -144,6 +144,16 @@ class Backlog:
 
     def reset(self) -> None:
         self.records = self.record_bytes = self.inside = self.waiting = 0
+        self.rss = 0.0
+        self.heap = ""
+
+    def _heap_at_rss_peak(self) -> None:
+        """The heap's make-up (`malloc_mb`, `pymalloc_mb`) at the highest RSS sampled: whether
+        the peak is live memory or free memory glibc kept."""
+        rss = status_mb("VmRSS")
+        if rss > self.rss:
+            self.rss = rss
+            self.heap = f"{malloc_mb()}; {pymalloc_mb()}"
 
     def sample(self) -> None:
         store = getattr(self.services, "store", None)
@@ -154,6 +164,7 @@ class Backlog:
         if gate is not None:
             self.inside = max(self.inside, gate.inside)
             self.waiting = max(self.waiting, gate.waiting)
+        self._heap_at_rss_peak()
 
     async def watch(self) -> None:
         while True:
@@ -163,7 +174,8 @@ class Backlog:
     def line(self) -> str:
         return (
             f"most held back: {self.records} records waiting for their write ({self.record_bytes / 1e6:.0f} MB "
-            f"counted), {self.inside} requests inside the admission gate, {self.waiting} waiting at it"
+            f"counted), {self.inside} requests inside the admission gate, {self.waiting} waiting at it; "
+            f"at the highest RSS sampled ({self.rss:.0f} MB): {self.heap}"
         )
 
 

@@ -12,7 +12,12 @@ not single figures. Not a test.
 
     .venv/bin/python bench/peak_ab.py --variant now=optimise \
         --variant gate1m=optimise:PROMPTCACHE_PIPELINE_INFLIGHT_BYTES=1048576 \
-        [--variant main=optimise:ROOT=/work/main] [--cells grow32,grow64] [--rounds 3] [--seconds 5]
+        [--variant main=optimise:ROOT=/work/main] [--cells grow32,grow64] [--rounds 3] [--seconds 5] \
+        [--upstream-delay 2]
+
+`--upstream-delay S` makes the fake upstream answer S seconds after each body, as a model does:
+the requests in flight then wait on the upstream holding what they hold after the request
+stages, where with an instant upstream most of them wait for the stages.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ def main() -> None:
     parser.add_argument("--cells", default="grow32,grow64")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--upstream-delay", type=float, default=0.0, help="seconds the fake upstream waits")
     args = parser.parse_args()
     variants = [parse_variant(v) for v in args.variant]
     cells = [c for c in args.cells.split(",") if c]
@@ -90,9 +96,11 @@ def main() -> None:
         (tmp / sub).mkdir()
     workloads = gw.write_workloads(tmp)
     up_port = free_port()
-    upstream = subprocess.Popen([sys.executable, str(gw.ROOT / "bench" / "fake_upstream.py"), str(up_port)])
+    upstream = subprocess.Popen(
+        [sys.executable, str(gw.ROOT / "bench" / "fake_upstream.py"), str(up_port), str(args.upstream_delay)]
+    )
     up = f"http://127.0.0.1:{up_port}"
-    print(f"load average before: {gw.loadavg()}", flush=True)
+    print(f"load average before: {gw.loadavg()}; upstream delay {args.upstream_delay:g} s", flush=True)
     try:
         asyncio.run(wait_ready(up + "/ready"))
         for r in range(args.rounds):

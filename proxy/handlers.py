@@ -143,6 +143,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             upstream_base = _session_base(services, exchange, upstream_base)
             lean = request.app[UPSTREAM_POOLS].get(adapter.name, session)
             data = wire if exchange.is_signed else exchange.outgoing
+            if exchange.release_raw():  # the rewritten body goes: the client's is not held meanwhile
+                raw = wire = b""
             response = await forward(request, exchange, lean, upstream_base, pm, read_timeout, data)
             moved = _after_answer(services, exchange, upstream_base, pm)
             if moved is not None and not response.prepared:

@@ -115,6 +115,26 @@ async def test_a_failing_stage_forwards_the_original_bytes(tmp_path: Path) -> No
     )
 
 
+async def test_after_the_stages_the_client_bytes_go_only_when_a_rewritten_body_replaces_them(tmp_path: Path) -> None:
+    rewritten = _exchange(_body())
+    await run_request_stages(rewritten, _services())
+    sent = rewritten.outgoing
+    assert rewritten.release_raw() is True
+    assert rewritten.raw == b"" and rewritten.outgoing is sent
+    assert orjson.loads(sent)["system"][0]["cache_control"] == {"type": "ephemeral"}
+    observed = _exchange(_body())
+    await run_request_stages(observed, _services(mode="observe"))
+    assert observed.release_raw() is False and observed.outgoing == observed.raw == orjson.dumps(_body())
+    (tmp_path / "default.yaml").write_text("version: 1\nrules: [oops]\n", encoding="utf-8")
+    failed = _exchange(_body())
+    await run_request_stages(failed, _services(rules_dir=tmp_path))
+    assert failed.release_raw() is False and failed.outgoing == failed.raw == orjson.dumps(_body())
+    signed = _exchange(_body())
+    await run_request_stages(signed, _services())
+    signed.is_signed = True  # a SigV4 body goes as received: its bytes are kept
+    assert signed.release_raw() is False and signed.raw == orjson.dumps(_body())
+
+
 async def test_through_the_proxy_the_upstream_receives_the_optimised_body(
     fake_upstream: FakeUpstream, make_proxy
 ) -> None:
