@@ -13,7 +13,11 @@ waiting at the admission gate: `Backlog`). Tracing slows the proxy
 (fewer requests in flight), so its peak is lower than an untraced run's; read the sites, not the
 total. Not a test.
 
-    .venv/bin/python bench/memory_bench.py [--seconds 5] [--mode optimise] [--trace 6] [--top 30]
+    .venv/bin/python bench/memory_bench.py [--seconds 5] [--mode optimise] [--trace 6] [--top 30] \
+        [--upstream-delay 2]
+
+`--upstream-delay S`: the fake upstream answers S seconds after each body (a model's wait), so
+the requests in flight wait on the upstream, not for the request stages.
 
 The allocator settings are `serve`'s (`malloc_*`, `proxy.allocator`), from `PROMPTCACHE_*`
 variables as `serve` reads them (e.g. `PROMPTCACHE_MALLOC_TRIM_INTERVAL=0` to compare).
@@ -228,6 +232,9 @@ async def main() -> None:
     parser.add_argument("--trace", type=int, default=0, help="tracemalloc frames (0: off)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--phases", default=",".join(p[0] for p in PHASES))
+    parser.add_argument(
+        "--upstream-delay", type=float, default=0.0, help="seconds the fake upstream waits before each answer"
+    )
     args = parser.parse_args()
     print(f"load average before: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     print(f"interpreter + bench imports: RSS {status_mb('VmRSS'):.0f} MB")
@@ -239,7 +246,8 @@ async def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="pc-mem-"))
     workloads = write_workloads(tmp)
     up_port = free_port()
-    upstream = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(up_port)])
+    fake = [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(up_port), str(args.upstream_delay)]
+    upstream = subprocess.Popen(fake)
     up = f"http://127.0.0.1:{up_port}"
     await wait_ready(up + "/ready")
     os.environ["PROMPTCACHE_STATE_DIR"] = str(tmp)
