@@ -299,7 +299,8 @@ def scan_prompt(
     anywhere: the kept body `parse` reused elements of, `rawprefix.RawMatch.around`), a run whose
     value is the object one of its runs holds, in the same section, role, kind and message
     boundary, takes its block digests and sizes from there and is only chained (without
-    `reuse` or a resumed `earlier`). The result is the same either way (property tests hold it)."""
+    `reuse` or a resumed `earlier`), consecutive such blocks as one stretch. The result is the
+    same either way (property tests hold it)."""
     resumed = _resume(earlier, runs) if earlier is not None else 0
     if resumed:
         assert earlier is not None
@@ -313,11 +314,47 @@ def _is_boundary(runs: Sequence[Run], j: int) -> bool:
     """Whether run `j`'s first block starts its message (as `_scan_prompt` decides it: the
     message differs from that of the last run before it holding a block)."""
     message = runs[j].message
+    if j and (not runs[j - 1].is_list or runs[j - 1].value):  # the usual case: the run before holds a block
+        return runs[j - 1].message != message
     for i in range(j - 1, -1, -1):
         run = runs[i]
         if not run.is_list or run.value:
             return run.message != message
     return message is not None
+
+
+def _take(
+    around: PromptScan,
+    taken: tuple[int, int, int],
+    out: bytearray,
+    ends: list[int],
+    total: int,
+    previous: bytes,
+    block_digests: bytearray,
+    values: list[Any],
+    kinds: list[str],
+    marked: list[int],
+) -> tuple[int, bytes]:
+    """Append blocks `first .. stop - 1` of `around` (`taken`: they are the scan's blocks from
+    `index` on, the very values with the same heads) to a scan: their digests chained, their
+    sizes, values, kinds and markers copied; returns the running total and the last chain digest."""
+    first, stop, index = taken
+    found = around.digests[first * DIGEST_SIZE : stop * DIGEST_SIZE]
+    digest = xxhash.xxh3_128_digest
+    for at in range(0, len(found), DIGEST_SIZE):
+        previous = digest(previous + found[at : at + DIGEST_SIZE])
+        out += previous
+    block_digests += found
+    old_ends = around.chain.ends
+    shift = total - (old_ends[first - 1] if first else 0)
+    ends.extend([end + shift for end in old_ends[first:stop]])
+    values.extend(around.values[first:stop])
+    kinds.extend(around.kinds[first:stop])
+    old_marked = around.marked
+    low = bisect_left(old_marked, first)
+    if low < len(old_marked) and old_marked[low] < stop:
+        marked.extend(m + index - first for m in old_marked[low : bisect_left(old_marked, stop)])
+    return ends[-1], previous
 
 
 def _scan_prompt(
@@ -346,7 +383,14 @@ def _scan_prompt(
     is_complete = reuse is None
     """Every block's digest is in `block_digests` (none was copied from a record's chain)."""
     around_runs: Sequence[Run] = around.blocks.runs if around is not None else ()
-    around_index = {id(r.value): j for j, r in enumerate(around_runs)} if around is not None else None
+    around_index: dict[int, int] | None = None
+    """`id(run.value)` -> its run in `around`, made on the first run off `around`'s order."""
+    cursor = 0
+    """The run of `around` after the last one looked up (the kept body's runs come in order)."""
+    around_starts = around.blocks.starts if around is not None else ()
+    take_first = take_stop = take_at = -1
+    """Blocks `take_first .. take_stop - 1` of `around` are this scan's from block `take_at` on,
+    not yet written out (`_take`)."""
     if base is not None and resumed:
         index = base.blocks.starts[resumed] if resumed < len(base.blocks.runs) else base.blocks.size
         out += base.chain.chain[: index * DIGEST_SIZE]
@@ -399,41 +443,45 @@ def _scan_prompt(
                 # the stretch of copied blocks ends here: their digests and offsets, at once
                 out, ends, total, previous = _copy_stretch(reuse, reused_from, reused_until, out, ends)
         is_boundary = message != last_message
-        if around_index is not None:
-            j = around_index.get(id(run.value), -1)
+        if around is not None:
+            j = cursor
+            if j >= len(around_runs) or around_runs[j].value is not run.value:
+                # off the kept body's order: any run of it holding this very value
+                if around_index is None:
+                    around_index = {id(r.value): k for k, r in enumerate(around_runs)}
+                j = around_index.get(id(run.value), -1)
             old = around_runs[j] if j >= 0 else None
             if (
                 old is not None
-                and around is not None
                 and old.value is run.value
-                and (old.section, old.role, old.kind, old.is_list) == (section, role, fixed, run.is_list)
+                and old.section == section
+                and old.role == role
+                and old.kind == fixed
+                and old.is_list == run.is_list
                 and _is_boundary(around_runs, j) == is_boundary
             ):
-                # the very blocks `around` digested, with the same heads: chained, not dumped
-                first = around.blocks.starts[j]
-                found = around.digests[first * DIGEST_SIZE : (first + len(items)) * DIGEST_SIZE]
-                old_ends = around.chain.ends
-                before = old_ends[first - 1] if first else 0
-                for t in range(len(items)):
-                    previous = digest(previous + found[t * DIGEST_SIZE : (t + 1) * DIGEST_SIZE])
-                    out += previous
-                    total += old_ends[first + t] - before
-                    before = old_ends[first + t]
-                    ends.append(total)
-                block_digests += found
+                # the very blocks `around` digested, with the same heads: taken in stretches
+                first = around_starts[j]
+                if first != take_stop:  # not where the stretch taken so far ends: a new one
+                    if take_first < take_stop:
+                        taken = (take_first, take_stop, take_at)
+                        total, previous = _take(
+                            around, taken, out, ends, total, previous, block_digests, values, kinds, marked
+                        )
+                    take_first, take_at = first, index
+                take_stop = first + len(items)
                 if section == "tools":
                     tools += len(items)
-                # the same values in a run of the same kind: its kinds and markers, copied
-                values.extend(items)
-                kinds.extend(around.kinds[first : first + len(items)])
-                old_marked = around.marked
-                low = bisect_left(old_marked, first)
-                if low < len(old_marked) and old_marked[low] < first + len(items):
-                    shift = index - first
-                    marked.extend(m + shift for m in old_marked[low : bisect_left(old_marked, first + len(items))])
                 index += len(items)
                 last_message = message
+                cursor = j + 1
                 continue
+            if j >= 0:
+                cursor = j + 1
+            if take_first < take_stop:
+                taken = (take_first, take_stop, take_at)
+                total, previous = _take(around, taken, out, ends, total, previous, block_digests, values, kinds, marked)
+                take_first = take_stop = -1
         if section == "tools":
             tools += len(items)
         values.extend(items)
@@ -486,6 +534,9 @@ def _scan_prompt(
                 head = heads.get((section, role, False))
                 if head is None:
                     head = heads[(section, role, False)] = f"{section}\x00{role or ''}\x000\x00".encode()
+    if around is not None and take_first < take_stop:
+        taken = (take_first, take_stop, take_at)
+        total, previous = _take(around, taken, out, ends, total, previous, block_digests, values, kinds, marked)
     if len(ends) < index:  # the copied stretch ran to the end
         out, ends, total, previous = _copy_stretch(reuse, reused_from, reused_until, out, ends)
     chain = PrefixChain(bytes(out), tuple(ends))

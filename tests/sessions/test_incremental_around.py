@@ -231,3 +231,41 @@ def test_a_scan_around_copies_the_markers_and_kinds_of_the_blocks_it_takes() -> 
     # the blocks were taken from `around` (its digests zeroed: the chain changes)
     zeroed = scan_prompt(ANTHROPIC.layout(b), around=replace(around, digests=bytes(len(around.digests))))
     assert zeroed.chain != full.chain and zeroed.marked == full.marked and zeroed.kinds == full.kinds
+
+
+ARRANGEMENTS = st.lists(
+    st.tuples(st.integers(0, 12), st.sampled_from(["same", "same", "rerole", "copy"])), min_size=1, max_size=16
+)
+
+
+@given(arrangement=ARRANGEMENTS, marked=st.sets(st.integers(0, 12), max_size=3))
+@settings(max_examples=60, deadline=None)
+def test_a_scan_around_any_arrangement_of_a_kept_bodys_objects_is_the_full_scan(
+    arrangement: list[tuple[int, str]], marked: set[int]
+) -> None:
+    """b's messages are a's message objects in any order and repeated, a's contents under the
+    other role, or equal copies: the scan with a's scan (`around`: a's blocks taken in stretches,
+    broken where b leaves a's order) is the full scan of b's bytes, and neither a's scan nor b
+    is changed."""
+    a = _body(6)
+    for position in marked:
+        content = a["messages"][position]["content"]
+        if isinstance(content, list):
+            content[-1] = {**content[-1], "cache_control": {"type": "ephemeral"}}
+    around = scan_prompt(ANTHROPIC.layout(a))
+    kept = _scan_fields(around)
+    messages: list[Any] = []
+    for position, how in arrangement:
+        message = a["messages"][position]
+        if how == "same":
+            messages.append(message)
+        elif how == "rerole":  # the very content object in a message of the other role
+            other = "assistant" if message["role"] == "user" else "user"
+            messages.append({"role": other, "content": message["content"]})
+        else:
+            messages.append(copy.deepcopy(message))
+    b = {**a, "messages": messages}
+    sent = copy.deepcopy(b)
+    got = scan_prompt(ANTHROPIC.layout(b), around=around)
+    assert _scan_fields(got) == _scan_fields(scan_prompt(ANTHROPIC.layout(orjson.loads(orjson.dumps(b)))))
+    assert b == sent and _scan_fields(around) == kept
