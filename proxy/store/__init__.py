@@ -42,7 +42,8 @@
   A `load` of a session with a pending record returns that record (read-your-writes on this
   replica). Pending writes are bounded (`MAX_PENDING_WRITES` sessions, `MAX_PENDING_BYTES`,
   each pending record counted as what it holds (`_held`: the record and its head; its parts
-  wait as their names only, and the write encodes again those the backend lacks); beyond that
+  wait as their names only, and the write encodes again those the backend lacks, unless the
+  newest saves' bytes are still kept for it: `ENCODED_BYTES`); beyond that
   a save is dropped and counted (`promptcache_session_store_writes_dropped_total`).
   `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
 - Bounded in bytes: a record encoded larger than `max_record_bytes` (the setting
@@ -144,6 +145,11 @@ LOADED_SESSIONS: Final = 1024
 """Sessions whose loaded record `RecordStore` keeps a weak reference to (and its part names:
 a few KB for a 600 KB conversation), so the save of the same session encodes only its new
 parts though the memo dropped the record: 0.76 -> 0.03 ms CPU for a 600 KB record."""
+ENCODED_BYTES: Final = 2 * 1024 * 1024
+"""Part bytes the pending writes keep from their save's encoding in all (`RecordStore._encoded`,
+the newest first), so a write sends them without encoding the record again: a first turn's
+parts are all new (0.5 ms CPU for a 600 KB record), and a 1-connection client's write follows its
+save at once. A burst of saves keeps the newest few; the others encode at their write."""
 STORED_ENTRY_BYTES: Final = 200
 """Memory per session of that index besides its names (the LRU slot, the key tuple, the bytes
 object's header)."""
@@ -328,6 +334,10 @@ class RecordStore:
         """Newest record per session not yet written: `(record, layout, ttl)`; `None`,
         `_REMOVED` and 0 remove the session's record (one too large to store)."""
         self._pending_bytes = 0
+        self._encoded: OrderedDict[tuple[str, str], tuple[Layout, Layout]] = OrderedDict()
+        """Per pending write, `(its layout, the same with its parts' bytes)` as its save encoded
+        them (`ENCODED_BYTES` in all, LRU): what its write sends when the backend lacks them."""
+        self._encoded_bytes = 0
         self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
         """Newest small value per key not yet written (`save_bytes_soon`)."""
         self._writers = TaskSet(MAX_PENDING_WRITES)
@@ -608,8 +618,11 @@ class RecordStore:
             is_written = await self._put_bytes(key, b"", 0.0)
         else:
             held = self._stored_parts(key)
+            early = self._take_encoded(key, layout)
             if any(p.data is None and p.key not in held for p in layout.parts):
-                layout = encode_layout(record)  # a pending layout keeps no part's bytes
+                # a pending layout keeps no part's bytes: its save's encoding, else encoded again
+                is_whole = early is not None and all(p.data is not None or p.key in held for p in early.parts)
+                layout = early if early is not None and is_whole else encode_layout(record)
             # parts the backend holds (written or read here) are named, not sent again
             parts = [Part(p.key, p.size) if p.key in held else p for p in layout.parts]
             is_written = await self._put_bytes(key, layout.head, ttl, parts)
@@ -627,6 +640,26 @@ class RecordStore:
             self._note_stored(key, None)
             self._forget(key)
         return True
+
+    def _keep_encoded(self, key: tuple[str, str], pending: Layout, encoded: Layout) -> None:
+        """Keep `encoded` (`pending` with its parts' bytes) for `key`'s write (`_encoded`)."""
+        self._take_encoded(key, None)
+        size = sum(p.size for p in encoded.parts if p.data is not None)
+        if not size or size > ENCODED_BYTES:
+            return
+        self._encoded[key] = (pending, encoded)
+        self._encoded_bytes += size
+        while self._encoded_bytes > ENCODED_BYTES:
+            _, (_, dropped) = self._encoded.popitem(last=False)
+            self._encoded_bytes -= sum(p.size for p in dropped.parts if p.data is not None)
+
+    def _take_encoded(self, key: tuple[str, str], pending: Layout | None) -> Layout | None:
+        """Remove `key`'s entry of `_encoded`; its bytes-carrying layout when it is `pending`'s."""
+        found = self._encoded.pop(key, None)
+        if found is None:
+            return None
+        self._encoded_bytes -= sum(p.size for p in found[1].parts if p.data is not None)
+        return found[1] if found[0] is pending else None
 
     def _stored_parts(self, key: tuple[str, str]) -> set[bytes]:
         """The names of the parts the backend holds for `key` (`_stored`, else the memo's
@@ -656,15 +689,16 @@ class RecordStore:
         """Save `record` in the background (module docstring); returns at once. `False` when it
         was dropped because too many writes are pending (counted)."""
         key = (tenant, session)
-        layout = encode_layout(record, self._base(key))
+        encoded = layout = encode_layout(record, self._base(key))
         stored: SessionRecord | None = record
         if self.max_record_bytes is not None and layout.size > self.max_record_bytes:
             # too large to keep: the older record goes too (the next turn goes without replay)
             self._skipped.inc()
             stored, layout, ttl = None, _REMOVED, 0.0
         else:
-            # the parts wait as their names only: the write encodes again the bytes of the ones
-            # the backend lacks (a first turn's, or after a refusal), not the memory of every wait
+            # the parts wait as their names only: the write takes the bytes of the ones the
+            # backend lacks (a first turn's, or after a refusal) from `_encoded` when the newest
+            # saves' there still holds them, else encodes them again; not the memory of every wait
             layout = layout.without_data()
         old = self._pending.get(key)
         held = self._pending_bytes - (_held(old[1], old[0]) if old is not None else 0)
@@ -675,11 +709,16 @@ class RecordStore:
             return False
         self._pending[key] = (stored, layout, ttl)
         self._pending_bytes = held + size
+        if stored is not None:
+            self._keep_encoded(key, layout, encoded)
+        else:
+            self._take_encoded(key, None)
         if old is None and self._writers.spawn(self._write_pending(key), name="promptcache-store-save") is None:
             # the writers are shared with `save_bytes_soon`: a record no task would write is
             # dropped and counted, not left pending for ever (attack pass, session 9)
             del self._pending[key]
             self._pending_bytes = held
+            self._take_encoded(key, None)
             self._dropped.inc()
             _log.warning("session store %s: too many pending writes, record dropped", self.backend.backend)
             return False
@@ -707,6 +746,11 @@ class RecordStore:
     def pending_writes(self) -> int:
         """Sessions whose record waits for its background write."""
         return len(self._pending)
+
+    @property
+    def encoded_bytes(self) -> int:
+        """Part bytes kept from the saves' encoding for their writes (`ENCODED_BYTES` at most)."""
+        return self._encoded_bytes
 
     @property
     def pending_bytes(self) -> int:

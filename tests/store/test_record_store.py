@@ -293,3 +293,34 @@ async def test_a_save_no_writer_would_take_is_dropped_not_left_pending(metrics: 
     assert await backend.get("t", "pacing") == b"p"
     last = MAX_PENDING_WRITES - 1
     assert [await store.load("t", f"s{i}") is not None for i in (0, last - 1, last)] == [True, True, False]
+
+
+async def test_a_write_sends_the_parts_its_save_encoded_the_newest_within_their_bound(metrics: Metrics) -> None:
+    """A save keeps the bytes of the parts it encoded for its write (`ENCODED_BYTES` in all, the
+    newest saves'), so a first turn is encoded once; a burst beyond the bound keeps the newest
+    and the older writes encode theirs again: every record is written whole either way, and
+    nothing stays kept once the writes are done."""
+    from proxy.store import ENCODED_BYTES
+
+    def record(i: int) -> SessionRecord:
+        return SessionRecord(
+            chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
+            sidecars=tuple(Sidecar(n, bytes([i]) * 16, b'"' + b"x" * 100_000 + b'"') for n in range(3)),
+        )
+
+    parts = sum(p.size for p in encode_layout(record(0)).parts)
+    assert parts > 3 * 100_000 and 6 * parts < ENCODED_BYTES < 7 * parts
+    backend = HeldWrites()
+    store = RecordStore(backend, metrics)
+    assert store.save_soon("t", "s0", record(0))
+    assert store.encoded_bytes == parts
+    assert store.save_soon("t", "s0", record(1))  # a newer record of the session replaces it
+    assert store.encoded_bytes == parts
+    assert all(store.save_soon("t", f"s{i}", record(i)) for i in range(1, 10))
+    assert store.encoded_bytes == 6 * parts  # s4 .. s9
+    backend.release.set()
+    await store.flush()
+    assert store.encoded_bytes == 0
+    assert [await store.load("t", f"s{i}") for i in range(10)] == [record(1), *(record(i) for i in range(1, 10))]
+    reread = RecordStore(backend, Metrics(CollectorRegistry()))
+    assert [await reread.load("t", f"s{i}") for i in range(10)] == [record(1), *(record(i) for i in range(1, 10))]
