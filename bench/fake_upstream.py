@@ -20,7 +20,9 @@ ANSWER = (
 )
 
 
-DELAY = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+DELAY = 0.0
+"""Seconds each answer waits after the body was read; set by `main` from the command line (not
+at import: `bench/turn_cpu.py` imports `ANSWER` with its own arguments in `sys.argv`)."""
 
 
 async def handle(request: web.Request) -> web.Response:
@@ -31,6 +33,8 @@ async def handle(request: web.Request) -> web.Response:
 
 
 def main() -> None:
+    global DELAY
+    DELAY = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", handle)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None,
