@@ -74,7 +74,7 @@ def run_variant(
             cell = gw.wrk(peer, workloads[workload], mode, conns, seconds, f"{salt}{key}", up_pid)
             parts.append(
                 f"{key} {cell['rss']:.0f} MB (from {cell['rss_start']:.0f}), {cell['rps']:.0f} req/s, "
-                f"p50 {cell['p50']:.0f} ms, {cell['cpu']:.2f} ms CPU/req, {int(cell['errors'])} errors"
+                f"p50 {cell['p50']:.2f} ms, {cell['cpu']:.2f} ms CPU/req, {int(cell['errors'])} errors"
             )
     finally:
         gw.stop_peer(peer)
