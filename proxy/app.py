@@ -27,7 +27,7 @@ from proxy.aio import create_task
 from proxy.appkeys import CLIENT_SESSIONS, SERVICES, UPSTREAM_POOLS, UPSTREAMS
 from proxy.connections import LimitedRunner, limits_for
 from proxy.debug import LastMeasurements
-from proxy.handlers import healthz, not_found, proxy_handler, readyz
+from proxy.handlers import expect_continue, healthz, not_found, proxy_handler, readyz
 from proxy.keepwarm import KeepWarm, parse_setting
 from proxy.ledger import TenantLedger
 from proxy.memory_budget import MemoryBudget
@@ -233,7 +233,7 @@ def create_app(
         add_admin_routes(app.router)
     app.router.add_route("*", "/debug/{tail:.*}", not_found)
     app.router.add_route("*", "/ui{tail:(/.*)?}", not_found)
-    app.router.add_route("*", "/{tail:.*}", proxy_handler)
+    app.router.add_route("*", "/{tail:.*}", proxy_handler, expect_handler=expect_continue)
     return app
 
 

@@ -2,7 +2,8 @@
 
 Pipeline routes (`POST /v1/messages`, `/v1/chat/completions`, `/v1/responses`, optionally under
 `/anthropic` or `/openai`) read the body (at most `max_body_bytes`, else 413 in the provider's
-error shape), run the request stages, forward, then observe. Every other path and method is
+error shape; a `Content-Length` over it gets the 413 from the head alone, with no `100 Continue`:
+`expect_continue`), run the request stages, forward, then observe. Every other path and method is
 reverse-proxied as is, body streamed (a compressed one inflated as it streams, at most
 `max_body_bytes` once inflated, else the same 413: `_bounded`).
 
@@ -20,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Final
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from proxy.affinity import is_failure
@@ -79,12 +80,39 @@ def _is_openai_shaped(request: web.Request) -> bool:
     return is_openai_credential_shape(request.headers)  # case-insensitive names
 
 
+def _route_of(request: web.Request, services: Services) -> Route:
+    if services.router is None:
+        services.router = Router(load_profiles(services.settings.rules_dir))
+    return services.router.route(request.path, request.raw_path.partition("?")[0], _is_openai_shaped(request))
+
+
+def is_declared_too_large(request: web.Request, limit: int) -> bool:
+    """True when the request's `Content-Length` is over `limit` bytes (`max_body_bytes`): the
+    body need not be read to be refused. False without the header (chunked: the read is bounded)."""
+    length = request.content_length
+    return length is not None and length > limit
+
+
+async def expect_continue(request: web.Request) -> None:
+    """aiohttp's `Expect: 100-continue` answer, withheld from a pipeline request whose declared
+    length is over `max_body_bytes` (its handler answers 413 at once; the client then never
+    sends the body)."""
+    services = request.app[SERVICES]
+    limit = services.settings.max_body_bytes
+    if request.method == "POST" and is_declared_too_large(request, limit) and _route_of(request, services).is_pipeline:
+        return
+    if request.version != HttpVersion11:
+        return
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect', '')}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the response's own size starts after the interim line
+
+
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     """Every client request to an upstream goes through here."""
     services = request.app[SERVICES]
-    if services.router is None:
-        services.router = Router(load_profiles(services.settings.rules_dir))
-    where = services.router.route(request.path, request.raw_path.partition("?")[0], _is_openai_shaped(request))
+    where = _route_of(request, services)
     adapter, path = where.adapter, where.path
     pm = services.metrics.by_provider[adapter.name]
     started = time.perf_counter()
@@ -97,6 +125,12 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         session = request.app[CLIENT_SESSIONS][adapter.name]
         read_timeout = services.settings.read_timeout
         if request.method == "POST" and where.is_pipeline:
+            if is_declared_too_large(request, services.settings.max_body_bytes):
+                # refused from the head: the body is not read (aiohttp drains what arrives for
+                # its lingering time after the answer, then closes)
+                pm.body_too_large.inc()
+                status = TOO_LARGE.status
+                return closing(local_error(adapter, TOO_LARGE, too_large_message(services.settings.max_body_bytes)))
             try:
                 wire = await read_wire(request, services.settings.max_body_bytes)
                 raw = decode_body(request, wire, services.settings.max_body_bytes)

@@ -417,3 +417,65 @@ async def test_the_admin_listener_has_the_same_limits(make_proxy: Any, fake_upst
     assert proxy.sample(CLOSED, reason="header_timeout") == 1
     assert proxy.sample(CLOSED, reason="header_too_large") == 1
     assert proxy.sample(CLOSED, reason="too_many_connections") == 1
+
+
+async def test_a_declared_length_over_max_body_bytes_is_413_before_any_body_byte(
+    make_proxy: Any, fake_upstream: Any
+) -> None:
+    """Leftover of session 9's attack pass: a pipeline route whose `Content-Length` is over
+    `max_body_bytes` was read until the limit or the body timeout (a client that sent the head
+    and waited got a 408 seconds later, or nothing). Now the head alone gets the 413 in the
+    provider's shape (the text of a read that meets the bound), `Connection: close`, and no
+    `100 Continue` when the client asked for one. A pass-through path with the same length is
+    not refused (uploads stay unbounded)."""
+    proxy = await make_proxy(upstream=fake_upstream.url, max_body_bytes=4096, client_body_timeout=5)
+    host, port = host_port(proxy.url)
+    over = b"Content-Type: application/json\r\nContent-Length: 4097\r\n"
+    anthropic = await asyncio.open_connection(host, port)
+    anthropic[1].write(b"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nx-api-key: k\r\n" + over + b"\r\n")
+    openai = await asyncio.open_connection(host, port)
+    openai[1].write(
+        b"POST /v1/responses HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer k\r\nExpect: 100-continue\r\n"
+        + over
+        + b"\r\n"
+    )
+    huge = await asyncio.open_connection(host, port)
+    huge[1].write(
+        b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer k\r\n"
+        b"Content-Length: 99999999999999\r\n\r\n{"
+    )
+    at_limit = await asyncio.open_connection(host, port)
+    at_limit[1].write(
+        b"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nx-api-key: k\r\nExpect: 100-continue\r\n"
+        b"Content-Length: 4096\r\n\r\n"
+    )
+    try:
+        async with asyncio.timeout(OUTER):
+            response = await read_response(anthropic[0])
+            assert (response.status, response.headers["connection"]) == (413, "close")
+            assert response.json() == {
+                "type": "error",
+                "error": {"type": "request_too_large", "message": "request body exceeds the limit of 4096 bytes"},
+            }
+            response = await read_response(openai[0])  # the first response line: no 100 Continue
+            assert (response.status, response.headers["connection"]) == (413, "close")
+            assert response.json() == {
+                "error": {
+                    "message": "request body exceeds the limit of 4096 bytes",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            response = await read_response(huge[0])
+            assert response.status == 413
+            # at the limit the client is told to go on (and then served as usual)
+            assert await at_limit[0].readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+    finally:
+        for _, writer in (anthropic, openai, huge, at_limit):
+            writer.close()
+    assert proxy.sample("promptcache_request_body_too_large_total", provider="anthropic") == 1
+    assert proxy.sample("promptcache_request_body_too_large_total", provider="openai") == 2
+    assert proxy.sample("promptcache_requests_total", provider="openai", outcome="client_error") == 2
+    assert proxy.sample(CLOSED, reason="body_timeout") == 0
+    assert fake_upstream.received == []
