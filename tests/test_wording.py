@@ -83,6 +83,40 @@ async def test_simulator_unknown_paths_are_json_404() -> None:
         await runner.cleanup()
 
 
+async def test_simulator_unknown_paths_under_the_anthropic_api_are_in_its_shape() -> None:
+    """Leftover of session 9's attack pass: an unknown path outside `/v1/messages` (a legacy
+    or admin path, or a shared name such as `/v1/files` asked with Anthropic's headers) was
+    answered in OpenAI's shape. OpenAI's own paths keep theirs whatever the headers."""
+    anthropic = {"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}}
+
+    def openai(method: str, path: str) -> object:
+        message = f"Invalid URL ({method} {path})"
+        return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+
+    no_version = {"x-api-key": "sk-ant-test"}
+    cases = [
+        ("POST", "/v1/complete", ANTHROPIC_HEADERS, anthropic),
+        ("GET", "/v1/organizations/usage_report/messages", no_version, anthropic),
+        ("GET", "/v1/files", ANTHROPIC_HEADERS, anthropic),
+        ("DELETE", "/v1/models/claude-opus-4-6", ANTHROPIC_HEADERS, anthropic),
+        ("GET", "/v1/skills", {"anthropic-version": "2023-06-01"}, anthropic),
+        ("GET", "/v1/files", OPENAI_HEADERS, openai("GET", "/v1/files")),
+        ("POST", "/v1/completions", OPENAI_HEADERS, openai("POST", "/v1/completions")),
+        ("POST", "/v1/embeddings", ANTHROPIC_HEADERS, openai("POST", "/v1/embeddings")),
+        ("GET", "/v1/chat/completions", ANTHROPIC_HEADERS, openai("GET", "/v1/chat/completions")),
+    ]
+    runner, url = await start_sim()
+    try:
+        async with aiohttp.ClientSession() as client:
+            answers = []
+            for method, path, headers, _ in cases:
+                async with client.request(method, url + path, headers=headers, data=b"{}") as r:
+                    answers.append((r.status, await r.json()))
+        assert answers == [(404, expected) for *_, expected in cases]
+    finally:
+        await runner.cleanup()
+
+
 async def test_proxy_own_paths_are_json_404(make_proxy, fake_upstream: FakeUpstream) -> None:
     proxy = await make_proxy(upstream=fake_upstream.url)
     async with aiohttp.ClientSession() as client:

@@ -13,7 +13,8 @@ Contract:
 - Provider routes: `POST /v1/messages`, `POST /v1/messages/count_tokens` (Anthropic; any query
   string such as `?beta=true`, any `anthropic-beta` values), `POST /v1/chat/completions`,
   `POST /v1/responses` (OpenAI), `GET /v1/models[/{id}]` (Anthropic shape when the request has an
-  `anthropic-version` header, else OpenAI). Tenant = SHA-256 of the API key (`x-api-key`,
+  `anthropic-version` or `x-api-key` header, else OpenAI; an unknown path's 404 likewise, unless
+  its path is one API's only: `_provider`). Tenant = SHA-256 of the API key (`x-api-key`,
   `api-key` or `Authorization: Bearer`); a missing key is a 401 in the provider's error shape.
 - Admin: `GET /_sim/clock`, `POST /_sim/clock {"advance": s} | {"set": epoch_s}` (manual clock
   only), `GET /_sim/cache` (live entries; tenant as a 12-hex-digit hash prefix, never the key),
@@ -198,15 +199,26 @@ async def _load_tokenizer(app: web.Application) -> AsyncIterator[None]:
 # --- plumbing ---------------------------------------------------------------------------
 
 
+_OPENAI_ONLY: Final = ("/v1/chat/", "/v1/responses", "/v1/completions", "/v1/embeddings")
+"""Path prefixes only OpenAI's API has: its error shape whatever the headers."""
+_ANTHROPIC_ONLY: Final = ("/v1/messages", "/v1/projects/", "/v1/complete", "/v1/organizations/", "/v1/skills")
+"""Path prefixes only Anthropic's API has (checked after `_OPENAI_ONLY`: `/v1/completions`)."""
+
+
 def _provider(request: web.Request) -> str:
+    """Whose API `request` is addressed to, for its error shape: by path where only one API has
+    it, else (a shared name such as `/v1/models` or `/v1/files`, or an unknown path) Anthropic's
+    when the request carries one of its headers (`anthropic-version`, `x-api-key`), else OpenAI's."""
     path = request.path
-    if path.startswith(("/v1/messages", "/v1/projects/")):
-        return "anthropic"
     if path.startswith("/model/"):
         return "bedrock"
     if path.startswith("/_sim/"):
         return "admin"
-    if path.startswith("/v1/models") and "anthropic-version" in request.headers:
+    if path.startswith(_OPENAI_ONLY):
+        return "openai"
+    if path.startswith(_ANTHROPIC_ONLY):
+        return "anthropic"
+    if "anthropic-version" in request.headers or "x-api-key" in request.headers:
         return "anthropic"
     return "openai"
 
