@@ -174,6 +174,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 return local_error(adapter, BAD_REQUEST, invalid_utf8_message(*bad_utf8))
             if adapter.counts_tokens and services.tokenizer is not None:
                 await services.tokenizer.ensure(services)  # the first such request builds it
+                await services.tokenizer.count_ahead(exchange, services)  # big texts, off the loop
             upstream_base = _session_base(services, exchange, upstream_base)
             lean = request.app[UPSTREAM_POOLS].get(adapter.name, session)
             data = wire if exchange.is_signed else exchange.outgoing

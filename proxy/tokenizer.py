@@ -9,15 +9,41 @@ process; concurrent callers share it, and a caller that is cancelled does not ca
 later one finds `Services.tokens` set. Predictions are the same as with a counter loaded at
 start. When the rank file is missing or does not match its hash, the load fails once, is
 logged, and measurement keeps its bytes/4 estimate (never retried).
+
+Big texts are counted off the loop (`count_ahead`, awaited by the handler before the request
+goes upstream): measurement runs on the event loop after the last byte, and `o200k_base` takes
+about 0.15 s per MiB of text (a 2 MiB message held every tenant ~0.3 s). For a body of
+`AHEAD_BODY_BYTES` or more with a previous request (measurement predicts a read only then) that
+has grown by `AHEAD_TOTAL_CHARS` bytes or more since it (its canonical bytes: an appended turn of
+an agent's session is not looked at; a history rewritten at the same size is left to the loop), the
+texts the prediction will count that the counter does not hold, of `AHEAD_TEXT_CHARS` or more
+each, are encoded on a worker thread (one at a time: tiktoken releases the GIL, and two such
+threads would take both cores from the loop) when they add up to `AHEAD_TOTAL_CHARS`; their
+counts are put in the counter, so the measurement finds them. Smaller work stays on the loop.
+Fails open: an error leaves the counting to the measurement, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING, Final
 
 from proxy.aio import create_task
 from proxy.services import Services
+
+if TYPE_CHECKING:
+    import tiktoken
+
+    from proxy.exchange import Exchange
+    from proxy.sim.tokens import TokenCounter
+
+AHEAD_BODY_BYTES: Final = 64 * 1024
+"""Bodies below this (bytes as received) are not looked at by `count_ahead`."""
+AHEAD_TEXT_CHARS: Final = 1024
+"""Texts below this (characters) are counted by the measurement on the loop (memoised)."""
+AHEAD_TOTAL_CHARS: Final = 64 * 1024
+"""Characters to count (about 10 ms of `o200k_base`) from which the count goes to a thread."""
 
 _log = logging.getLogger("promptcache.app")
 
@@ -31,6 +57,30 @@ class TokenizerLoader:
         self._task: asyncio.Task[None] | None = None
         self.loads = 0
         """Builds started (0 or 1): tests read it."""
+        self._ahead_lock = asyncio.Lock()
+        self.counted_ahead = 0
+        """Requests whose texts `count_ahead` counted on a worker thread."""
+
+    async def count_ahead(self, exchange: Exchange, services: Services) -> None:
+        """Count the big texts the measurement of `exchange` (its body as sent) will count, on a
+        worker thread (module docstring); never raises (an error is logged at debug level)."""
+        counter, previous = services.tokens, exchange.previous
+        if counter is None or previous is None or len(exchange.raw) < AHEAD_BODY_BYTES:
+            return
+        if exchange.over_budget is not None or len(exchange.raw) - _last_end(previous.ends) < AHEAD_TOTAL_CHARS:
+            return  # grown by less than that since the previous request: its new texts are few
+        try:
+            missing = _missing_texts(exchange, counter)
+            if sum(map(len, missing)) < AHEAD_TOTAL_CHARS:
+                return
+            async with self._ahead_lock:
+                counts = await asyncio.to_thread(_encode_lengths, counter.encoding, missing)
+        except Exception as exc:  # fail open: the measurement counts them
+            _log.debug("count ahead failed (%s): the measurement counts on the loop", type(exc).__name__)
+            return
+        for text, n in zip(missing, counts, strict=True):
+            counter.remember(text, n)
+        self.counted_ahead += 1
 
     async def ensure(self, services: Services) -> None:
         """Return once `services.tokens` is set or its build has failed; never raises."""
@@ -50,3 +100,34 @@ class TokenizerLoader:
             _log.warning("o200k_base tokenizer unavailable (%s): predictions estimate bytes/4", exc)
             return
         services.tokens = TokenCounter(encoding, max_counts=self.max_counts)
+
+
+def _last_end(ends: tuple[int, ...]) -> int:
+    return ends[-1] if ends else 0
+
+
+def _missing_texts(exchange: Exchange, counter: TokenCounter) -> list[str]:
+    """The texts of `AHEAD_TEXT_CHARS` or more that the prediction of `exchange`'s measurement
+    counts and `counter` does not hold, each once, in the order the prediction meets them."""
+    from proxy.measure import sent_body, sent_prompt
+
+    body = sent_body(exchange)
+    if body is None:
+        return []
+    seen: dict[str, None] = {}
+
+    def probe(text: str) -> int:
+        if len(text) >= AHEAD_TEXT_CHARS and text not in seen and not counter.holds(text):
+            seen[text] = None
+        return 0
+
+    n_blocks = len(sent_prompt(exchange, body).blocks)
+    exchange.adapter.predict_read_tokens(body, probe, n_blocks, 0, 0, (), 0)
+    return list(seen)
+
+
+def _encode_lengths(encoding: tiktoken.Encoding, texts: list[str]) -> list[int]:
+    """`o200k_base` counts of `texts` (worker thread: touches nothing but its arguments)."""
+    from proxy.sim.tokens import encode_bounded
+
+    return [len(encode_bounded(encoding, text)) for text in texts]

@@ -4,14 +4,18 @@ once per process: a process serving only Anthropic traffic never holds it (`prox
 from __future__ import annotations
 
 import asyncio
+import io
+import threading
 from typing import Any
 
 import aiohttp
+import orjson
 
 from proxy.appkeys import SERVICES
+from proxy.sim.tokens import TokenCounter, load_o200k
 
 ANTHROPIC = {"x-api-key": "sk-ant-lazy", "anthropic-version": "2023-06-01"}
-OPENAI = {"authorization": "Bearer sk-openai-lazy"}
+OPENAI = {"authorization": "Bearer sk-openai-lazy", "content-type": "application/json"}
 
 
 async def test_only_a_request_that_counts_tokens_builds_the_counter(make_proxy: Any, fake_upstream: Any) -> None:
@@ -36,4 +40,65 @@ async def test_only_a_request_that_counts_tokens_builds_the_counter(make_proxy: 
         assert services.tokens is not None and services.tokenizer.loads == 1
         assert await ask(9) == 200
         assert services.tokenizer.loads == 1
+    assert proxy.sample("promptcache_stage_errors_total", stage="observe") == 0
+
+
+GATE = "gate-7f3a"
+OUTER = 10  # seconds: the gate's bound (a loop it blocks is released after this, and the test fails)
+
+
+class GatedEncoding:
+    """`o200k_base` whose encoding of a text holding `GATE` sets `entered`, then waits for
+    `release` (at most `OUTER` s) before counting: it holds whichever thread counts it."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.gated = 0
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        if GATE in text:
+            self.gated += 1
+            self.entered.set()
+            self.release.wait(OUTER)
+        return self.real.encode_ordinary(text)
+
+
+async def test_a_big_prediction_is_counted_off_the_loop(make_proxy: Any, fake_upstream: Any) -> None:
+    """Leftover of session 9's attack pass: the `o200k_base` count of an OpenAI prediction ran
+    on the event loop (a 2 MiB text ~0.3 s, every tenant waiting). A body of
+    `OFFLOOP_BODY_BYTES` or more is now counted on a worker thread before it goes upstream: a
+    request sent while that count is held completes first, and the measurement finds the count
+    made (the big text is encoded once)."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    services = proxy.runner.app[SERVICES]
+    encoding = GatedEncoding(load_o200k())
+    services.tokens = TokenCounter(encoding)
+    big = (f"{GATE} " + "lorem ipsum dolor sit amet " * 80_000).strip()
+    assert len(big) > 2 * 1024 * 1024
+    first = [{"role": "user", "content": "hello " * 300}]
+    second = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": big}]
+    headers = {**OPENAI, "x-session-id": "offloop"}
+    async with aiohttp.ClientSession() as http:
+
+        async def ask(messages: list[dict[str, str]], session: str = "offloop") -> int:
+            body = io.BytesIO(orjson.dumps({"model": "gpt-5.1", "messages": messages}))
+            async with http.post(
+                proxy.url + "/v1/chat/completions", data=body, headers={**headers, "x-session-id": session}
+            ) as r:
+                await r.read()
+                return r.status
+
+        assert await ask(first) == 200
+        big_turn = asyncio.ensure_future(ask(second))
+        try:
+            assert await asyncio.to_thread(encoding.entered.wait, OUTER)
+            assert not big_turn.done()
+            assert await ask(first, session="other") == 200  # served while the count is held
+            assert not big_turn.done()
+        finally:
+            encoding.release.set()
+        assert await big_turn == 200
+    assert services.tokens.holds(big) and encoding.gated == 1 and services.tokenizer.counted_ahead == 1
     assert proxy.sample("promptcache_stage_errors_total", stage="observe") == 0

@@ -220,6 +220,16 @@ class TokenCounter:
         counts[key] = n
         return n
 
+    def remember(self, text: str, n: int) -> None:
+        """Hold `n` as `text`'s count, made elsewhere (`encode_bounded` on a worker thread: the
+        proxy's `proxy.tokenizer.count_ahead`); a later `count(text)` returns it."""
+        key = xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass"))
+        counts = self._counts
+        if key not in counts and len(counts) >= self._max_counts:
+            counts.popitem(last=False)
+        counts[key] = n
+        counts.move_to_end(key)
+
     def encode(self, text: str) -> array[int]:
         """Token ids of `text` as an unsigned 32-bit array (shared memo: do not mutate)."""
         if not text:
