@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from proxy.sim.tokens import TokenCounter
 
 AHEAD_BODY_BYTES: Final = 64 * 1024
-"""Bodies below this (bytes as received) are not looked at by `count_ahead`."""
+"""Bodies below this (bytes as they go upstream) are not looked at by `count_ahead`."""
 AHEAD_TEXT_CHARS: Final = 1024
 """Texts below this (characters) are counted by the measurement on the loop (memoised)."""
 AHEAD_TOTAL_CHARS: Final = 64 * 1024
@@ -64,10 +64,10 @@ class TokenizerLoader:
     async def count_ahead(self, exchange: Exchange, services: Services) -> None:
         """Count the big texts the measurement of `exchange` (its body as sent) will count, on a
         worker thread (module docstring); never raises (an error is logged at debug level)."""
-        counter, previous = services.tokens, exchange.previous
-        if counter is None or previous is None or len(exchange.raw) < AHEAD_BODY_BYTES:
+        counter, previous, size = services.tokens, exchange.previous, len(exchange.outgoing)
+        if counter is None or previous is None or size < AHEAD_BODY_BYTES:
             return
-        if exchange.over_budget is not None or len(exchange.raw) - _last_end(previous.ends) < AHEAD_TOTAL_CHARS:
+        if exchange.over_budget is not None or size - _last_end(previous.ends) < AHEAD_TOTAL_CHARS:
             return  # grown by less than that since the previous request: its new texts are few
         try:
             missing = _missing_texts(exchange, counter)

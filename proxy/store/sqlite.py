@@ -518,9 +518,9 @@ class _Queued:
         self.done = done
         """Settled on the event loop with the write's result."""
         self.taken: float | None = None
-        """`time.perf_counter()` when the writer thread began the write's transaction."""
+        """`SqliteStore.timer` when the writer thread began the write's transaction."""
         self.finished: float | None = None
-        """`time.perf_counter()` when that transaction was over (committed or failed)."""
+        """`SqliteStore.timer` when that transaction was over (committed or failed)."""
 
 
 def _settle(
@@ -541,16 +541,17 @@ class _Reading:
 
     __slots__ = ("read", "done", "queued", "taken", "finished", "is_dropped")
 
-    def __init__(self, read: tuple[str, str, bool], done: asyncio.Future[_Found | None]) -> None:
+    def __init__(self, read: tuple[str, str, bool], done: asyncio.Future[_Found | None], queued: float) -> None:
         self.read = read
         """`(tenant, session, is_parted)`."""
         self.done = done
         """Settled on the event loop with the answer."""
-        self.queued = time.perf_counter()
+        self.queued = queued
+        """`SqliteStore.timer` when the read was queued."""
         self.taken: float | None = None
-        """`time.perf_counter()` when the reader thread began the read's statement."""
+        """`SqliteStore.timer` when the reader thread began the read's statement."""
         self.finished: float | None = None
-        """`time.perf_counter()` when that statement was over (answered or failed)."""
+        """`SqliteStore.timer` when that statement was over (answered or failed)."""
         self.is_dropped = False
         """Set on the loop when the caller stopped waiting: the reader skips it if not begun."""
 
@@ -580,12 +581,17 @@ class SqliteStore:
         max_bytes: int = DEFAULT_MAX_BYTES,
         max_tenant_bytes: int = DEFAULT_MAX_TENANT_BYTES,
         write_interval: float = WRITE_INTERVAL,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         """`clock`: epoch seconds for expiry (tests pass a manual one); `max_bytes`,
         `max_tenant_bytes`: the caps on value bytes (module docstring); `write_interval`:
-        seconds between the starts of two write transactions at least (`WRITE_INTERVAL`)."""
+        seconds between the starts of two write transactions at least (`WRITE_INTERVAL`);
+        `timer`: monotonic seconds the bounds of `get_within` / `put_within` are measured in
+        (read from both threads; tests pass a manual one, so a statement's bound does not
+        depend on how loaded the machine is)."""
         self.path = str(path)
         self._clock = clock
+        self.timer = timer
         self.max_bytes = max_bytes
         self.max_tenant_bytes = min(max_tenant_bytes, max_bytes)
         self.on_evict: Callable[[str, int], None] | None = None
@@ -607,7 +613,7 @@ class SqliteStore:
         self._read_lock = threading.Lock()
         self._is_read_queued = False
         self._reader_moved = 0.0
-        """`time.perf_counter()` when the reader thread last began or ended a read statement
+        """`timer` when the reader thread last began or ended a read statement
         (a queued read waits while it moves: `_read`)."""
         self._reader_began: float | None = None
         """When the statement the reader thread is in began; `None` between statements."""
@@ -673,11 +679,11 @@ class SqliteStore:
         await self._ready_to_read()
         stuck = None if timeout is None else max(timeout, READER_STUCK)
         began = self._reader_began
-        if stuck is not None and began is not None and time.perf_counter() - began >= stuck:
+        if stuck is not None and began is not None and self.timer() - began >= stuck:
             raise TimeoutError(f"the reader thread has been in one statement over {stuck:g} s")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Found | None] = loop.create_future()
-        reading = _Reading(read, future)
+        reading = _Reading(read, future, self.timer())
         with self._read_lock:
             self._read_queue.append(reading)
             is_queued, self._is_read_queued = self._is_read_queued, True
@@ -694,9 +700,9 @@ class SqliteStore:
             while reading.finished is None and not future.done():
                 taken = reading.taken
                 if taken is None:  # queued: bounded by the reader's progress
-                    left = max(reading.queued, self._reader_moved) + stuck - time.perf_counter()
+                    left = max(reading.queued, self._reader_moved) + stuck - self.timer()
                 else:  # in its statement: bounded by the statement's time
-                    left = taken + timeout - time.perf_counter()
+                    left = taken + timeout - self.timer()
                 if left <= 0:
                     raise TimeoutError(f"no answer within {timeout:g} s")
                 await asyncio.wait((future,), timeout=left)
@@ -781,10 +787,10 @@ class SqliteStore:
         try:
             while queued.finished is None and not done.done():
                 taken = queued.taken
-                left = timeout if taken is None else taken + timeout - time.perf_counter()
+                left = timeout if taken is None else taken + timeout - self.timer()
                 await asyncio.wait((done,), timeout=max(0.0, left))
                 if queued.finished is None and queued.taken is not None:
-                    if time.perf_counter() - queued.taken >= timeout:
+                    if self.timer() - queued.taken >= timeout:
                         raise TimeoutError(f"the write's transaction ran over {timeout:g} s")
             return await done  # over: the result is on its way to the loop
         finally:
@@ -997,7 +1003,7 @@ class SqliteStore:
             try:
                 # opening the connection is not the reads' own time: READER_STUCK bounds it
                 conn = conn or self._read_connection()
-                taken = self._reader_moved = time.perf_counter()
+                taken = self._reader_moved = self.timer()
                 self._reader_began = taken
                 for reading in chunk:
                     reading.taken = taken
@@ -1007,7 +1013,7 @@ class SqliteStore:
                 if isinstance(exc, sqlite3.Error):
                     conn = None
                     self._close_reader()
-            finished = self._reader_moved = time.perf_counter()
+            finished = self._reader_moved = self.timer()
             self._reader_began = None
             if later:
                 waiting.extendleft(chunk[i] for i in reversed(later))
@@ -1072,14 +1078,14 @@ class SqliteStore:
             part = writes[start : start + MAX_BATCH]
             error: BaseException | None = None
             results: list[bool] | None = None
-            taken = time.perf_counter()
+            taken = self.timer()
             for queued in part:
                 queued.taken = taken
             try:
                 results = self._guarded(self._put_many, ([w.write for w in part],))
             except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
                 error = exc
-            finished = time.perf_counter()
+            finished = self.timer()
             for queued in part:
                 queued.finished = finished
             try:

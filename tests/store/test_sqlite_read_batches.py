@@ -49,6 +49,18 @@ def long_record(i: int, messages: int = 40) -> SessionRecord:
     )
 
 
+class Ticker:
+    """A manual monotonic clock (`SqliteStore.timer`): a statement's bound is measured in it,
+    so how long the reader thread takes on a loaded machine (seconds at a load average of 13)
+    counts for nothing; the test moves it where it means time to pass."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def counted(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
@@ -90,7 +102,8 @@ async def test_a_backlog_of_reads_after_a_restart_is_read_whole_in_few_statement
     12 statements, each one step: no transaction, no row per part. A statement takes 16 reads
     and answers the first 12 (11 x 88,107 bytes before the 12th are below 1 MiB, 12 x are not),
     leaving 4 for the next: 11 statements answer 132 records, the 12th the last 8 and the 3
-    absent keys."""
+    absent keys. Time is the store's `Ticker` (it was the wall clock: at a load average of 13 a
+    statement of 1 MiB took over the 50 ms bound, and loads came back as timeouts)."""
     path = tmp_path / "sessions.db"
     records = {f"s{i}": long_record(i) for i in range(140)}
     assert [encode_layout(r).size for r in records.values()] == [88_107] * 140
@@ -99,7 +112,8 @@ async def test_a_backlog_of_reads_after_a_restart_is_read_whole_in_few_statement
     assert PART_BYTES == 16 * 1024
     await _write(path, records)
     metrics = Metrics(CollectorRegistry())
-    backend = SqliteStore(path)  # the restarted process: nothing remembered
+    ticker = Ticker()
+    backend = SqliteStore(path, timer=ticker)  # the restarted process: nothing remembered
     store = RecordStore(backend, metrics, get_timeout=0.05)
     gate = threading.Event()
     try:
@@ -112,10 +126,10 @@ async def test_a_backlog_of_reads_after_a_restart_is_read_whole_in_few_statement
         for _ in range(5):  # each load queues its read at its first step
             await asyncio.sleep(0)
         assert len(backend._read_queue) == 143
-        threading.Event().wait(0.1)  # past the bound while the reader is busy
+        ticker.now += 0.1  # past the bound while the reader is busy
         gate.set()
         backend._reads.submit(lambda: None).result()  # the loop blocks until every read is over ...
-        threading.Event().wait(0.1)  # ... and stays busy past the bound
+        ticker.now += 0.1  # ... and stays busy past the bound
         await busy
         loaded = await asyncio.gather(*loads)
     finally:
@@ -244,9 +258,10 @@ async def test_a_read_after_a_failed_write_does_not_wait_for_the_writer_thread(t
     """A locked file fails a write, which drops the writer's connection. The next read used to
     wait for the writer thread to reopen it (behind whatever the writer was doing: here a
     batch held up), with the read's bound running; the reader has its own connection and the
-    file exists, so the read is answered with the writer still busy."""
+    file exists, so the read is answered with the writer still busy (bounded in the store's
+    `Ticker`, which does not move: a read waiting for the writer would never be answered)."""
     path = tmp_path / "sessions.db"
-    backend = SqliteStore(path)
+    backend = SqliteStore(path, timer=Ticker())
     gate = threading.Event()
     holder = sqlite3.connect(path, isolation_level=None)
     try:
