@@ -15,7 +15,7 @@ import orjson
 import redis
 
 from proxy.session_identity import explicit_id
-from proxy.store.codec import decode_record
+from proxy.store.codec import MAGIC, decode_record
 from tests.hostile.conftest import post_and_hang_up
 from tests.sessions.conftest import Proxy, Sim
 from tests.store.redis_server import RedisServer
@@ -77,7 +77,7 @@ async def test_client_hanging_up_after_the_body_cancels_nothing(start_proxy: Any
 
     with sqlite3.connect(tmp_path / "sessions.db") as db:
         rows = db.execute("SELECT value FROM sessions").fetchall()
-    rows = [r for r in rows if bytes(r[0]).startswith(b"PCR1")]  # the tenant's pacing is the other row
+    rows = [r for r in rows if bytes(r[0]).startswith(MAGIC)]  # the tenant's pacing is the other row
     assert len(rows) == 1
     assert decode_record(bytes(rows[0][0])).turns == turns
 

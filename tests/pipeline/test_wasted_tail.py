@@ -22,7 +22,7 @@ from proxy.pipeline import breakpoints
 from proxy.pipeline.breakpoints import PacingInput, PlanContext, place_breakpoints
 from proxy.pipeline.replay import Masker, stripped_bytes, tail_rewritten, view_messages
 from proxy.providers import ANTHROPIC
-from proxy.store.codec import MAGIC, SessionRecord, Sidecar, decode_record, encode_record
+from proxy.store.codec import UNCHECKED_MAGIC, SessionRecord, Sidecar, decode_record, encode_record
 from tests.pipeline.test_simulator import GUIDE, HEADERS, _tokens
 from tests.pipeline.test_simulator_turns import _both
 
@@ -157,7 +157,7 @@ def test_plan_context_and_record_carry_the_count() -> None:
     header = orjson.loads(data[8 : 8 + size])
     del header["tm"]
     head = orjson.dumps(header)
-    old = MAGIC + len(head).to_bytes(4, "big") + head + data[8 + size :]
+    old = UNCHECKED_MAGIC + len(head).to_bytes(4, "big") + head + data[8 + size : -8]  # no checksum then
     assert decode_record(old).tail_misses == 0
 
 
