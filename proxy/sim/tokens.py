@@ -215,15 +215,17 @@ class TokenCounter:
             return n
         seq = self._seqs.get(key)
         n = len(seq) if seq is not None else len(encode_bounded(self._encoding, text))
-        if len(counts) >= self._max_counts:
-            counts.popitem(last=False)
-        counts[key] = n
+        self._hold(key, n)
         return n
 
     def remember(self, text: str, n: int) -> None:
         """Hold `n` as `text`'s count, made elsewhere (`encode_bounded` on a worker thread: the
         proxy's `proxy.tokenizer.count_ahead`); a later `count(text)` returns it."""
-        key = xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass"))
+        self._hold(xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass")), n)
+
+    def _hold(self, key: int, n: int) -> None:
+        """`n` as the count of the text whose digest is `key`, the newest; the oldest goes when
+        the memo is full (`max_counts`)."""
         counts = self._counts
         if key not in counts and len(counts) >= self._max_counts:
             counts.popitem(last=False)
