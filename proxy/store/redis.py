@@ -69,18 +69,25 @@ local head = redis.call('GET', KEYS[1])
 if not head then return nil end
 local known = {}
 for i = 1, #ARGV do known[ARGV[i]] = true end
+local wanted = {}
+for _, name in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if not known[name] then wanted[#wanted + 1] = name end
+end
 local found = {head}
-local all = redis.call('HGETALL', KEYS[2])
-for i = 1, #all, 2 do
-  if not known[all[i]] then
-    found[#found + 1] = all[i]
-    found[#found + 1] = all[i + 1]
+for at = 1, #wanted, 1000 do
+  local last = math.min(at + 999, #wanted)
+  local values = redis.call('HMGET', KEYS[2], unpack(wanted, at, last))
+  for i = at, last do
+    found[#found + 1] = wanted[i]
+    found[#found + 1] = values[i - at + 1]
   end
 end
 return found
 """
 """KEYS: the head's key, the parts hash; ARGV: the names of the parts the caller holds. The
-head then (name, bytes) per part not named, or nil when the head is absent (`get_parts`)."""
+head then (name, bytes) per part not named, or nil when the head is absent (`get_parts`); the
+held parts' bytes are never copied (their names are listed, then the others fetched, 1,000 at
+a time: Lua's `unpack` takes a few thousand values at most)."""
 
 
 class RedisStore:

@@ -144,3 +144,13 @@ async def test_a_held_name_straddling_two_known_names_is_not_left_out(store: Ses
     straddler = Part(x.key[8:] + y.key[:8], 5, b"zzzzz")
     assert await store.put_parts("t", "s", b"head", [x, straddler], TTL)
     assert await store.get_parts("t", "s", (x.key, y.key)) == (b"head", {straddler.key: b"zzzzz"})
+
+
+async def test_a_value_of_many_parts_is_read_whole_but_for_the_known_ones(store: SessionStore) -> None:
+    # Redis fetches the parts it sends 1,000 at a time: 2,500 parts, one known
+    parts = [part(b"p%04d" % i) for i in range(2500)]
+    assert await store.put_parts("t", "s", b"head", parts, TTL)
+    assert await store.get_parts("t", "s", frozenset({parts[1200].key})) == (
+        b"head",
+        {p.key: p.data for i, p in enumerate(parts) if i != 1200},
+    )
