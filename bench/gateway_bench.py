@@ -36,7 +36,7 @@ the rig (wrk and the fake upstream, on the same cores), the most one and two pro
 serve (`cpu_ceiling`) and their ratio: what `--workers 2` can reach on this machine at best. For
 each promptcache peer it prints what its session store lost during the cells (its `/metrics`:
 failed reads, i.e. turns without replay, failed writes, timeouts among them, records dropped
-before their write). Not a test.
+before their write, records evicted by the caps). Not a test.
 
     scripts/install-bench            # wrk, nginx (apt) and LiteLLM (own venv), once
     .venv/bin/python bench/gateway_bench.py [--seconds 5] [--peers bare,nginx,observe,...]
@@ -325,11 +325,13 @@ STORE_LOSSES: Final = (
     ("timeouts", "promptcache_session_store_faults_total", {"kind": "timeout"}),
     ("locked", "promptcache_session_store_faults_total", {"kind": "locked"}),
     ("dropped", "promptcache_session_store_writes_dropped_total", {}),
+    ("evicted", "promptcache_session_store_evictions_total", {}),
 )
 """What a promptcache peer's `/metrics` says its session store lost: reads and writes that failed
 (a failed read is a turn without replay), of them the timeouts and the locked file (another
-worker process holding the SQLite file's write lock too long), and records dropped before
-their write (too many pending)."""
+worker process holding the SQLite file's write lock too long), records dropped before
+their write (too many pending), and records evicted to stay within the store's caps (a cell
+that writes past the tenant cap makes the writer delete as it writes)."""
 
 
 def stop_peer(peer: Peer) -> None:

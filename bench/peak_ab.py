@@ -6,9 +6,9 @@ NAME=PEER[:VAR=VALUE,...]` each; a variable `ROOT=DIR` runs the peer from anothe
 `/work/main`, to compare a branch's code against main's). Each round starts every variant afresh, in order, and runs the
 chosen cells (`wrk` and `bench/gateway.lua` as the gateway bench does, default SQLite store);
 each cell prints its resident set when it started (what the cells before left), its peak, req/s,
-p50 and CPU per request, with the load average. The machine's other jobs move the peak by
-10-20 MB between runs of the same code, so compare variants within a round and across rounds,
-not single figures. Not a test.
+p50 and CPU per request, the session records its store dropped and evicted, with the load
+average. The machine's other jobs move the peak by 10-20 MB between runs of the same code, so
+compare variants within a round and across rounds, not single figures. Not a test.
 
     .venv/bin/python bench/peak_ab.py --variant now=optimise \
         --variant gate1m=optimise:PROMPTCACHE_PIPELINE_INFLIGHT_BYTES=1048576 \
@@ -75,6 +75,7 @@ def run_variant(
             parts.append(
                 f"{key} {cell['rss']:.0f} MB (from {cell['rss_start']:.0f}), {cell['rps']:.0f} req/s, "
                 f"p50 {cell['p50']:.2f} ms, {cell['cpu']:.2f} ms CPU/req, {int(cell['errors'])} errors"
+                + "".join(f", {int(cell[f'store {w}'])} {w}" for w in ("dropped", "evicted") if f"store {w}" in cell)
             )
     finally:
         gw.stop_peer(peer)
