@@ -435,19 +435,27 @@ class RecordStore:
         if self._keys is not None and not self._keys.may_hold(tenant, session):
             self._local_reads.inc()
             return None
-        got = await self._get(tenant, session, is_record=True)
+        # the parts of the record remembered are not read again: the answer carries the head
+        # and the parts added since (an appended turn's), decoded against that record
+        base = known
+        names = frozenset(p.key for p in base[0].parts) if base is not None else frozenset()
+        got = await self._get(tenant, session, is_record=True, known=names)
         if got is None:
             self._note_stored(key, None)  # absent (or unknown): a write sends every part
             return None
         head, parts = got
-        known = self._memo.get(key)
-        if known is not None and (known[0].head is head or known[0].head == head):
-            self._memo.move_to_end(key)
-            self._note_stored(key, known[0])
-            self._note_loaded(key, known[1], known[0])
-            return known[1]
+        known = self._memo.get(key)  # the memo may have changed while the read ran
+        for found in (known, base) if known is not base else (known,):
+            if found is not None and (found[0].head is head or found[0].head == head):
+                if found is known:
+                    self._memo.move_to_end(key)
+                self._note_stored(key, found[0])
+                self._note_loaded(key, found[1], found[0])
+                return found[1]
+        # the parts left out are `base`'s (a memo entry that replaced it meanwhile may lack them)
+        against = base if base is not None else known
         try:
-            record, layout = decode_layout(head, parts, (known[1], known[0]) if known is not None else None)
+            record, layout = decode_layout(head, parts, (against[1], against[0]) if against is not None else None)
         except RecordError as exc:
             self._get_errors.inc()
             self._note_stored(key, None)
@@ -491,16 +499,16 @@ class RecordStore:
         self._keys = keys
         return True
 
-    async def _get(self, tenant: str, key: str, *, is_record: bool) -> Any:
-        """One timed backend read (`get_parts` of a record, else `get`); a failure is counted,
-        logged and read as `None`."""
+    async def _get(self, tenant: str, key: str, *, is_record: bool, known: frozenset[bytes] = frozenset()) -> Any:
+        """One timed backend read (`get_parts` of a record, leaving out the parts named in
+        `known`, else `get`); a failure is counted, logged and read as `None`."""
         started = time.perf_counter()
         try:
             if self._is_in_process:
                 if is_record:
-                    return await self.backend.get_parts(tenant, key)
+                    return await self.backend.get_parts(tenant, key, known)
                 return await self.backend.get(tenant, key)
-            return await self._bounded_get(tenant, key, is_record)
+            return await self._bounded_get(tenant, key, is_record, known)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._get_errors.inc()
             kind = self._failed(exc)
@@ -509,16 +517,21 @@ class RecordStore:
         finally:
             self._get_time.observe(time.perf_counter() - started)
 
-    async def _bounded_get(self, tenant: str, key: str, is_record: bool) -> Any:
+    async def _bounded_get(self, tenant: str, key: str, is_record: bool, known: frozenset[bytes]) -> Any:
         """`backend.get` bounded by `get_timeout`; raises `TimeoutError` past it. A read that
         finished while the event loop was busy elsewhere counts as in time: the bound is on the
         store, not on how long the loop took to look (`asyncio.timeout` around the call would
         throw such a result away). A backend with `get_within` (SQLite) applies the bound to
         its own time itself (`SqliteStore.get_within`)."""
-        get_within = getattr(self.backend, "get_parts_within" if is_record else "get_within", None)
-        if get_within is not None:
-            return await get_within(tenant, key, self.get_timeout)
-        call = self.backend.get_parts(tenant, key) if is_record else self.backend.get(tenant, key)
+        if is_record:
+            get_parts_within = getattr(self.backend, "get_parts_within", None)
+            if get_parts_within is not None:
+                return await get_parts_within(tenant, key, self.get_timeout, known)
+        else:
+            get_within = getattr(self.backend, "get_within", None)
+            if get_within is not None:
+                return await get_within(tenant, key, self.get_timeout)
+        call = self.backend.get_parts(tenant, key, known) if is_record else self.backend.get(tenant, key)
         read = create_task(call, name="promptcache-store-get")
         done, _ = await asyncio.wait((read,), timeout=self.get_timeout)
         if not done:

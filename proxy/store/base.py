@@ -18,7 +18,9 @@ Contract (checked by `tests/store/test_contract.py` against every backend):
   of the old value the new one does not name are removed, `put`, `delete`, expiry and eviction
   remove them all. Atomic: `get_parts` returns `(head, {key: bytes})`, the old value whole or
   the new one whole, never a mix (`(value, {})` for one stored by `put`); `get` of a value in
-  parts returns its head.
+  parts returns its head. `get_parts(..., known)` may leave out the parts named in `known` (the
+  caller holds their bytes: the record it decoded before), so an appended turn's read carries
+  its head and new parts, not the whole history again; it never leaves out another part.
 - No method blocks the event loop.
 - Health (optional, `proxy.store.RecordStore.check`): a backend may offer `check()`, a cheap
   probe that raises what a real write would (the SQLite file gone, disk full, read-only;
@@ -29,7 +31,7 @@ Contract (checked by `tests/store/test_contract.py` against every backend):
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -93,8 +95,11 @@ class SessionStore(Protocol):
         given without data is not held, and nothing was stored."""
         ...
 
-    async def get_parts(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
-        """The key's head and its parts by key, or `None` when absent or expired."""
+    async def get_parts(
+        self, tenant: str, session: str, known: Collection[bytes] = ()
+    ) -> tuple[bytes, dict[bytes, bytes]] | None:
+        """The key's head and its parts by key, or `None` when absent or expired; the parts
+        named in `known` may be missing from the answer (module docstring)."""
         ...
 
     async def close(self) -> None: ...

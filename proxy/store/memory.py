@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Final
 
 from proxy.store.base import Part, check_key
@@ -63,14 +63,18 @@ class MemoryStore:
         self._data.move_to_end(key)
         return item[1]
 
-    async def get_parts(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+    async def get_parts(
+        self, tenant: str, session: str, known: Collection[bytes] = ()
+    ) -> tuple[bytes, dict[bytes, bytes]] | None:
         check_key(tenant, session)
         key = (tenant, session)
         item = self._live(key)
         if item is None:
             return None
         self._data.move_to_end(key)
-        return item[1], dict(item[2])
+        if not known:
+            return item[1], dict(item[2])
+        return item[1], {name: data for name, data in item[2].items() if name not in known}
 
     async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
         check_key(tenant, session)

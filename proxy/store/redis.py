@@ -7,8 +7,9 @@
 - In parts (`put_parts`, `proxy.store.base`): the head at the key, the parts in a hash at
   `<key>:parts` (a session id has no `:`, so no key of a session is another's), both written,
   checked and given the same expiry by one Lua script (`_PUT_PARTS`, sent with `EVAL`), which
-  Redis runs atomically; `get_parts` reads both in one `MULTI`/`EXEC`. `put` and `delete` remove the
-  hash with the head, in one transaction.
+  Redis runs atomically; `get_parts` reads both in one `MULTI`/`EXEC`, or, given the parts the
+  caller holds, in one Lua script that leaves those out of its answer (`_GET_PARTS`). `put` and
+  `delete` remove the hash with the head, in one transaction.
 - Failures raise `redis.exceptions.RedisError` (or `OSError`) at once: no client-side retries
   (a request must not wait on a dead server; `RecordStore` bounds every call with a timeout and
   counts the error). The client reconnects by itself once the server is back.
@@ -19,7 +20,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Final
 
 import redis.asyncio as aioredis
@@ -63,6 +64,32 @@ return 1
 then (key, bytes) per part sent. 0 (nothing written) when a kept part is not in the hash."""
 
 
+_GET_PARTS: Final = """
+local head = redis.call('GET', KEYS[1])
+if not head then return nil end
+local known = {}
+for i = 1, #ARGV do known[ARGV[i]] = true end
+local wanted = {}
+for _, name in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if not known[name] then wanted[#wanted + 1] = name end
+end
+local found = {head}
+for at = 1, #wanted, 1000 do
+  local last = math.min(at + 999, #wanted)
+  local values = redis.call('HMGET', KEYS[2], unpack(wanted, at, last))
+  for i = at, last do
+    found[#found + 1] = wanted[i]
+    found[#found + 1] = values[i - at + 1]
+  end
+end
+return found
+"""
+"""KEYS: the head's key, the parts hash; ARGV: the names of the parts the caller holds. The
+head then (name, bytes) per part not named, or nil when the head is absent (`get_parts`); the
+held parts' bytes are never copied (their names are listed, then the others fetched, 1,000 at
+a time: Lua's `unpack` takes a few thousand values at most)."""
+
+
 class RedisStore:
     """See the module docstring; `url` is `redis://host:port/db` (or `rediss://`)."""
 
@@ -87,8 +114,16 @@ class RedisStore:
         value = await self._client.get(self.key(tenant, session))
         return None if value is None else value if isinstance(value, bytes) else value.encode()
 
-    async def get_parts(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
+    async def get_parts(
+        self, tenant: str, session: str, known: Collection[bytes] = ()
+    ) -> tuple[bytes, dict[bytes, bytes]] | None:
         key = self.key(tenant, session)
+        if known:
+            # `EVAL`, not `EVALSHA` first: one round trip every time (as `put_parts`)
+            found = await self._client.eval(_GET_PARTS, 2, key, key + ":parts", *known)
+            if found is None:
+                return None
+            return bytes(found[0]), {bytes(found[i]): bytes(found[i + 1]) for i in range(1, len(found), 2)}
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.get(key)
             pipe.hgetall(key + ":parts")

@@ -32,7 +32,7 @@
   batch's transaction: a crash leaves the old value or the new one, never a mix. Triggers
   delete a row's parts when the row goes (delete, expiry purge, eviction) or is overwritten by
   a plain value. `get_parts` reads the head and its parts in one statement (one snapshot of
-  the WAL).
+  the WAL), but for the parts the caller says it holds (`known`), which stay in the file.
 - Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
   invisible to `get` and purged at most once a minute during `put` (after the batch's commit).
 - Bounded in bytes: at most `max_bytes` of values in the file and `max_tenant_bytes` per tenant
@@ -88,7 +88,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -279,12 +279,14 @@ def _read_statement(rows: int) -> str:
     the read's position) and every value back to back in the index's order (both aggregates
     see the rows in one pass, so in the same order). A read is left for later when the bytes
     of the reads found before it (`sessions.size`, head and parts; a plain read counts its
-    value) reach `READ_STATEMENT_BYTES`. Arguments: `(i, tenant, session, is_parted)` per read
-    (a padding row `(-1, '', '', 0)` matches nothing), the clock, then the byte bound three
-    times. One statement reads one snapshot."""
+    value) reach `READ_STATEMENT_BYTES`. Arguments: `(i, tenant, session, is_parted, known)`
+    per read (a padding row `(-1, '', '', 0, x'')` matches nothing; `known`: the 16-byte names
+    of the parts the caller holds, back to back, which are left out: a name found at a
+    multiple of 16 in it, so a match across two names' boundary leaves nothing out), the
+    clock, then the byte bound three times. One statement reads one snapshot."""
     return (
-        "WITH w(i, t, s, p) AS (VALUES " + ", ".join(["(?, ?, ?, ?)"] * rows) + "),"
-        " f AS (SELECT w.i AS i, w.t AS t, w.s AS s, w.p AS p, se.value AS v, se.parts AS n,"
+        "WITH w(i, t, s, p, k) AS (VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * rows) + "),"
+        " f AS (SELECT w.i AS i, w.t AS t, w.s AS s, w.p AS p, w.k AS k, se.value AS v, se.parts AS n,"
         " CASE WHEN w.p = 1 THEN se.size ELSE length(se.value) END AS z"
         " FROM w JOIN sessions AS se ON se.tenant = w.t AND se.session = w.s WHERE se.expires > ?),"
         " h AS (SELECT *, sum(z) OVER (ORDER BY i ROWS UNBOUNDED PRECEDING) - z AS before FROM f)"
@@ -292,8 +294,18 @@ def _read_statement(rows: int) -> str:
         " FROM (SELECT i, '-' AS k, v FROM h WHERE before < ?"
         " UNION ALL SELECT i, '+', x'' FROM h WHERE before >= ?"
         " UNION ALL SELECT h.i, hex(pa.key), pa.value FROM h JOIN parts AS pa ON pa.tenant = h.t AND pa.session = h.s"
-        " WHERE h.p = 1 AND h.n > 0 AND h.before < ?) AS r"
+        " WHERE h.p = 1 AND h.n > 0 AND h.before < ? AND (instr(h.k, pa.key) - 1) % 16 != 0) AS r"
     )
+
+
+def _known_names(known: Collection[bytes]) -> bytes:
+    """The names of `known` parts as `_read_statement` takes them: the 16-byte ones back to back
+    (a part name is an xxh3-128, `proxy.store.base.Part`; another length is never left out)."""
+    return b"".join(name for name in known if len(name) == 16)
+
+
+_Read = tuple[str, str, bool, bytes]
+"""One read: `(tenant, session, is_parted, known)` (`known`: `_known_names`, `b""` for none)."""
 
 
 READER_STUCK: Final = 0.25
@@ -309,22 +321,22 @@ _Found = tuple[bytes, dict[bytes, bytes]]
 
 def _read_rows(
     conn: sqlite3.Connection,
-    reads: Sequence[tuple[str, str, bool]],
+    reads: Sequence[_Read],
     size: int,
     now: float,
     max_bytes: int = READ_STATEMENT_BYTES,
 ) -> tuple[list[_Found | None], list[int]]:
-    """`(tenant, session, is_parted)` reads (at most `size`) in ONE statement of `size` rows
+    """`_Read`s (at most `size`) in ONE statement of `size` rows
     (`_read_statement`, padded): per read its answer (`None` for a key absent or expired),
     and the positions of the reads left for a later statement (`max_bytes` reached before
     them; never the first one found)."""
     args: list[Any] = []
     for i in range(size):
         if i < len(reads):
-            tenant, session, is_parted = reads[i]
-            args.extend((i, tenant, session, int(is_parted)))
+            tenant, session, is_parted, known = reads[i]
+            args.extend((i, tenant, session, int(is_parted), known))
         else:
-            args.extend((-1, "", "", 0))
+            args.extend((-1, "", "", 0, b""))
     args.extend((now, max_bytes, max_bytes, max_bytes))
     listing, blob = conn.execute(_read_statement(size), args).fetchone()
     found: list[_Found | None] = [None] * len(reads)
@@ -555,9 +567,8 @@ class _Reading:
 
     __slots__ = ("read", "done", "queued", "taken", "finished", "is_dropped")
 
-    def __init__(self, read: tuple[str, str, bool], done: asyncio.Future[_Found | None], queued: float) -> None:
+    def __init__(self, read: _Read, done: asyncio.Future[_Found | None], queued: float) -> None:
         self.read = read
-        """`(tenant, session, is_parted)`."""
         self.done = done
         """Settled on the event loop with the answer."""
         self.queued = queued
@@ -656,17 +667,19 @@ class SqliteStore:
         await self._call(self._connection)
 
     async def get(self, tenant: str, session: str) -> bytes | None:
-        found = await self._read((tenant, session, False), None)
+        found = await self._read((tenant, session, False, b""), None)
         return None if found is None else found[0]
 
-    async def get_parts(self, tenant: str, session: str) -> tuple[bytes, dict[bytes, bytes]] | None:
-        return await self._read((tenant, session, True), None)
+    async def get_parts(
+        self, tenant: str, session: str, known: Collection[bytes] = ()
+    ) -> tuple[bytes, dict[bytes, bytes]] | None:
+        return await self._read((tenant, session, True, _known_names(known)), None)
 
     async def get_parts_within(
-        self, tenant: str, session: str, timeout: float
+        self, tenant: str, session: str, timeout: float, known: Collection[bytes] = ()
     ) -> tuple[bytes, dict[bytes, bytes]] | None:
         """`get_parts` bounded by the store's own time, as `get_within` bounds `get`."""
-        return await self._read((tenant, session, True), timeout)
+        return await self._read((tenant, session, True, _known_names(known)), timeout)
 
     async def get_within(self, tenant: str, session: str, timeout: float) -> bytes | None:
         """`get` bounded by the store's own time: raises `TimeoutError` when the read's
@@ -676,10 +689,10 @@ class SqliteStore:
         Time queued behind reads the thread is working through does not count, nor does the
         time the event loop then takes to resume this coroutine (a busy loop is not a slow
         store). Reads queued meanwhile go in few statements (`_read_batch`)."""
-        found = await self._read((tenant, session, False), timeout)
+        found = await self._read((tenant, session, False, b""), timeout)
         return None if found is None else found[0]
 
-    async def _read(self, read: tuple[str, str, bool], timeout: float | None) -> _Found | None:
+    async def _read(self, read: _Read, timeout: float | None) -> _Found | None:
         """Queue `read` for the reader thread (`:memory:`: run it on the writer thread, which
         holds the only connection) and wait for its answer (`get_within`'s bound)."""
         check_key(read[0], read[1])
@@ -1074,7 +1087,7 @@ class SqliteStore:
 
     # Back on the writer thread.
 
-    def _get_rows(self, reads: list[tuple[str, str, bool]]) -> list[_Found | None]:
+    def _get_rows(self, reads: list[_Read]) -> list[_Found | None]:
         """`reads` on the read-write connection (`:memory:`, whose one connection holds it all)."""
         found, later = _read_rows(self._connection(), reads, len(reads), self._clock(), max_bytes=2**62)
         assert not later

@@ -119,3 +119,38 @@ async def test_parts_are_partitioned_by_tenant(store: SessionStore) -> None:
     assert await store.get_parts("tenant-a", "same") == (b"ha", {a.key: a.data})
     await store.delete("tenant-b", "same")
     assert await store.get_parts("tenant-a", "same") == (b"ha", {a.key: a.data})
+
+
+async def test_parts_the_caller_holds_are_left_out_and_no_other(store: SessionStore) -> None:
+    a, b, c = part(b"a" * 100), part(b"b" * 50), part(b"c" * 10)
+    assert await store.put_parts("t", "s", b"head", [a, b, c], TTL)
+    assert await store.get_parts("t", "s", frozenset({a.key, b.key})) == (b"head", {c.key: c.data})
+    assert await store.get_parts("t", "s", frozenset({a.key, b.key, c.key})) == (b"head", {})
+    # a name the value does not hold, or one of another length, changes nothing
+    stranger = xxhash.xxh3_128_digest(b"not a part")
+    assert await store.get_parts("t", "s", frozenset({stranger, b"short"})) == (
+        b"head",
+        {a.key: a.data, b.key: b.data, c.key: c.data},
+    )
+    assert await store.get_parts("t", "absent", frozenset({a.key})) is None
+    await store.put("t", "p", b"plain", TTL)
+    assert await store.get_parts("t", "p", frozenset({a.key})) == (b"plain", {})
+
+
+async def test_a_held_name_straddling_two_known_names_is_not_left_out(store: SessionStore) -> None:
+    # the known names go to SQLite back to back: a part whose name is the second half of one
+    # known name followed by the first half of the next is not known, and is read
+    x, y = part(b"x" * 30), part(b"y" * 30)
+    straddler = Part(x.key[8:] + y.key[:8], 5, b"zzzzz")
+    assert await store.put_parts("t", "s", b"head", [x, straddler], TTL)
+    assert await store.get_parts("t", "s", (x.key, y.key)) == (b"head", {straddler.key: b"zzzzz"})
+
+
+async def test_a_value_of_many_parts_is_read_whole_but_for_the_known_ones(store: SessionStore) -> None:
+    # Redis fetches the parts it sends 1,000 at a time: 2,500 parts, one known
+    parts = [part(b"p%04d" % i) for i in range(2500)]
+    assert await store.put_parts("t", "s", b"head", parts, TTL)
+    assert await store.get_parts("t", "s", frozenset({parts[1200].key})) == (
+        b"head",
+        {p.key: p.data for i, p in enumerate(parts) if i != 1200},
+    )

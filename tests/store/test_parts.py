@@ -9,7 +9,7 @@ import gc
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -299,6 +299,53 @@ async def test_interleaved_sessions_send_only_new_parts_though_the_memo_dropped_
     assert [await reader.load("t", sid) for sid in sessions] == [second] * 32
     await reader.close()
     await store.close()
+
+
+class ReadCountingSqlite(SqliteStore):
+    """The SQLite backend, keeping what every read in parts answered: the head's length and the
+    names of the parts it carried."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.answered: list[tuple[int, list[bytes]]] = []
+
+    async def get_parts_within(
+        self, tenant: str, session: str, timeout: float, known: Collection[bytes] = ()
+    ) -> tuple[bytes, dict[bytes, bytes]] | None:
+        found = await super().get_parts_within(tenant, session, timeout, known)
+        if found is not None:
+            self.answered.append((len(found[0]), sorted(found[1])))
+        return found
+
+
+async def test_a_replica_reads_only_the_parts_added_since_the_record_it_remembers(tmp_path: Path) -> None:
+    """Two processes on one file (`--workers 2`: neither is its sole writer): the one that read
+    a session's record reads, at its next turn written by the other, the new head and the new
+    parts only, and decodes the same record as a reader that remembers nothing."""
+    writer = RecordStore(SqliteStore(tmp_path / "s.db"), Metrics(CollectorRegistry()))
+    backend = ReadCountingSqlite(tmp_path / "s.db")
+    reader = RecordStore(backend, Metrics(CollectorRegistry()))
+    first, second = record(100), grown(record(100), 40)
+    whole, tail = encode_layout(first), encode_layout(second)
+    new = sorted({p.key for p in tail.parts} - {p.key for p in whole.parts})
+    assert (len(whole.parts), len(tail.parts), len(new)) == (6, 8, 2)
+    assert await writer.save("t", "s", first)
+    remembered = await reader.load("t", "s")
+    assert remembered == first
+    assert await writer.save("t", "s", second)
+    loaded = await reader.load("t", "s")
+    assert loaded == second
+    assert backend.answered == [(len(whole.head), sorted(p.key for p in whole.parts)), (len(tail.head), new)]
+    assert loaded is not None and remembered is not None and loaded.sidecars[0] is remembered.sidecars[0]
+    assert await reader.load("t", "s") is loaded  # the head it remembers: no part read
+    assert backend.answered[2] == (len(tail.head), [])
+    await writer.save("t", "s", first)  # the history rewritten: what the reader lacks is read
+    assert await reader.load("t", "s") == first
+    assert backend.answered[3] == (len(whole.head), [])  # first's parts: all held by the record remembered
+    fresh = RecordStore(SqliteStore(tmp_path / "s.db"), Metrics(CollectorRegistry()))
+    assert await fresh.load("t", "s") == first
+    for store in (writer, reader, fresh):
+        await store.close()
 
 
 async def test_a_part_gone_from_the_backend_after_the_memo_dropped_the_record_is_sent_again() -> None:

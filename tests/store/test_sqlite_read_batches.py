@@ -138,9 +138,9 @@ async def test_a_backlog_of_reads_after_a_restart_is_read_whole_in_few_statement
     assert loaded == [*records.values(), None, None, None]
     assert counted(metrics, "promptcache_session_store_errors_total", backend="sqlite", operation="get") == 0
     assert counted(metrics, "promptcache_session_store_faults_total", backend="sqlite", kind="timeout") == 0
-    reading = [s for s in statements if s.startswith("WITH w(i, t, s, p)")]
+    reading = [s for s in statements if s.startswith("WITH w(i, t, s, p, k)")]
     assert len(reading) == 12
-    assert [s for s in statements if not s.startswith("WITH w(i, t, s, p)")] == []
+    assert [s for s in statements if not s.startswith("WITH w(i, t, s, p, k)")] == []
 
 
 async def test_one_read_is_one_statement(tmp_path: Path) -> None:
@@ -160,7 +160,7 @@ async def test_one_read_is_one_statement(tmp_path: Path) -> None:
     finally:
         await backend.close()
     assert len(statements) == 4
-    assert all(s.startswith("WITH w(i, t, s, p)") for s in statements)
+    assert all(s.startswith("WITH w(i, t, s, p, k)") for s in statements)
 
 
 async def test_a_read_stuck_in_its_statement_is_bounded_and_so_is_the_read_behind_it(tmp_path: Path) -> None:
@@ -194,7 +194,7 @@ async def test_a_read_stuck_in_its_statement_is_bounded_and_so_is_the_read_behin
         with pytest.raises(TimeoutError, match="the reader thread has been in one statement over 0.25 s"):
             await backend.get_within("t", "s", 0.05)
         # not queued: only the second read waits, given up (the reader will skip it)
-        assert [(r.read, r.is_dropped) for r in backend._read_queue] == [(("t", "s", False), True)]
+        assert [(r.read, r.is_dropped) for r in backend._read_queue] == [(("t", "s", False, b""), True)]
         assert READER_STUCK == 0.25
         gate.set()
 
@@ -230,7 +230,7 @@ async def test_a_statement_answers_about_its_byte_bound_and_leaves_the_rest_for_
     finally:
         gate.set()
         await backend.close()
-    assert len([s for s in statements if s.startswith("WITH w(i, t, s, p)")]) == 2
+    assert len([s for s in statements if s.startswith("WITH w(i, t, s, p, k)")]) == 2
 
 
 async def test_the_keys_are_listed_in_a_few_statements_on_the_reader_thread(tmp_path: Path) -> None:
