@@ -109,6 +109,15 @@ async def expect_continue(request: web.Request) -> None:
     request.writer.output_size = 0  # the response's own size starts after the interim line
 
 
+async def _answer_then_close(request: web.Request, response: web.Response) -> None:
+    """Send `response` whole, then close the connection at once: a client that asked for
+    `100 Continue` and got a final answer instead sends no body (RFC 9110, 10.1.1), so there is
+    nothing for aiohttp's lingering close to drain (it held such a socket ~10 s)."""
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()  # the transport flushes what is written, then closes
+
+
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     """Every client request to an upstream goes through here."""
     services = request.app[SERVICES]
@@ -127,10 +136,14 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if request.method == "POST" and where.is_pipeline:
             if is_declared_too_large(request, services.settings.max_body_bytes):
                 # refused from the head: the body is not read (aiohttp drains what arrives for
-                # its lingering time after the answer, then closes)
+                # its lingering time after the answer, then closes, so a client sending the body
+                # reads the 413 rather than a reset)
                 pm.body_too_large.inc()
                 status = TOO_LARGE.status
-                return closing(local_error(adapter, TOO_LARGE, too_large_message(services.settings.max_body_bytes)))
+                refusal = closing(local_error(adapter, TOO_LARGE, too_large_message(services.settings.max_body_bytes)))
+                if request.headers.get("Expect", "").lower() == "100-continue":
+                    await _answer_then_close(request, refusal)
+                return refusal
             try:
                 wire = await read_wire(request, services.settings.max_body_bytes)
                 raw = decode_body(request, wire, services.settings.max_body_bytes)
