@@ -20,7 +20,9 @@ texts the prediction will count that the counter does not hold, of `AHEAD_TEXT_C
 each, are encoded on a worker thread (one at a time: tiktoken releases the GIL, and two such
 threads would take both cores from the loop) when they add up to `AHEAD_TOTAL_CHARS`; their
 counts are put in the counter, so the measurement finds them. Smaller work stays on the loop.
-Fails open: an error leaves the counting to the measurement, as before.
+A count is a task of its own: when its client hangs up, a thread already started runs on (it
+cannot be stopped) holding the one place, and its counts are kept for a retry; one still waiting
+for the place is dropped. Fails open: an error leaves the counting to the measurement, as before.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class TokenizerLoader:
         self._ahead_lock = asyncio.Lock()
         self.counted_ahead = 0
         """Requests whose texts `count_ahead` counted on a worker thread."""
+        self.waiting_ahead = 0
+        """Counts waiting now for the one place (a thread counting for another request)."""
 
     async def count_ahead(self, exchange: Exchange, services: Services) -> None:
         """Count the big texts the measurement of `exchange` (its body as sent) will count, on a
@@ -73,9 +77,40 @@ class TokenizerLoader:
             missing = _missing_texts(exchange, counter)
             if sum(map(len, missing)) < AHEAD_TOTAL_CHARS:
                 return
-            async with self._ahead_lock:
-                counts = await asyncio.to_thread(_encode_lengths, counter.encoding, missing)
         except Exception as exc:  # fail open: the measurement counts them
+            _log.debug("count ahead failed (%s): the measurement counts on the loop", type(exc).__name__)
+            return
+        # The count is a task of its own holding the lock until its thread is done: a client
+        # that hangs up (its handler cancelled) neither frees the lock for a second thread while
+        # the first still runs, nor loses the counts (its retry finds them); a count still
+        # waiting for the lock when its client leaves never starts.
+        job = _Count(missing)
+        task = create_task(self._count(counter, job), name="promptcache-count-ahead")
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not job.started:
+                task.cancel()
+            raise
+
+    async def _count(self, counter: TokenCounter, job: _Count) -> None:
+        """Count `job`'s texts on a worker thread, one count at a time, and remember them; never
+        raises (an error is logged at debug level: the measurement counts them)."""
+        try:
+            self.waiting_ahead += 1
+            try:
+                await self._ahead_lock.acquire()
+            finally:
+                self.waiting_ahead -= 1
+            try:
+                missing = [text for text in job.texts if not counter.holds(text)]  # counted meanwhile
+                if sum(map(len, missing)) < AHEAD_TOTAL_CHARS:
+                    return
+                job.started = True
+                counts = await asyncio.to_thread(_encode_lengths, counter.encoding, missing)
+            finally:
+                self._ahead_lock.release()
+        except Exception as exc:  # fail open
             _log.debug("count ahead failed (%s): the measurement counts on the loop", type(exc).__name__)
             return
         for text, n in zip(missing, counts, strict=True):
@@ -100,6 +135,16 @@ class TokenizerLoader:
             _log.warning("o200k_base tokenizer unavailable (%s): predictions estimate bytes/4", exc)
             return
         services.tokens = TokenCounter(encoding, max_counts=self.max_counts)
+
+
+class _Count:
+    """One `count_ahead` count: its texts, and whether its thread started."""
+
+    __slots__ = ("texts", "started")
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.started = False
 
 
 def _last_end(ends: tuple[int, ...]) -> int:

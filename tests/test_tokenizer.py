@@ -102,3 +102,80 @@ async def test_a_big_prediction_is_counted_off_the_loop(make_proxy: Any, fake_up
         assert await big_turn == 200
     assert services.tokens.holds(big) and encoding.gated == 1 and services.tokenizer.counted_ahead == 1
     assert proxy.sample("promptcache_stage_errors_total", stage="observe") == 0
+
+
+class ThreadCountingEncoding(GatedEncoding):
+    """`GatedEncoding` that also keeps the most encodings it saw at once on worker threads
+    (the event loop's own counts, on the main thread, are not counted)."""
+
+    def __init__(self, real: Any) -> None:
+        super().__init__(real)
+        self._lock = threading.Lock()
+        self._active = 0
+        self.most = 0
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        if threading.current_thread() is threading.main_thread():
+            return super().encode_ordinary(text)
+        with self._lock:
+            self._active += 1
+            self.most = max(self.most, self._active)
+        try:
+            return super().encode_ordinary(text)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+
+async def test_a_count_whose_client_left_keeps_its_place_and_its_counts(make_proxy: Any, fake_upstream: Any) -> None:
+    """Leftover of session 10's attack pass: a client hanging up while its big prediction was
+    counted on a thread freed the one place for counting (the thread ran on): the next big
+    request started a second thread beside it, both cores taken from the loop, and the first
+    count was thrown away. Now the count holds its place until its thread is done, the next
+    waits for it, and the counts made for the client that left are kept."""
+    proxy = await make_proxy(upstream=fake_upstream.url)
+    services = proxy.runner.app[SERVICES]
+    encoding = ThreadCountingEncoding(load_o200k())
+    services.tokens = TokenCounter(encoding)
+    gone = (f"{GATE} " + "lorem ipsum dolor sit amet " * 4_000).strip()
+    other = " ".join(["consectetur adipiscing elit"] * 4_000)
+    first = [{"role": "user", "content": "hello " * 300}]
+
+    def turn(big: str) -> list[dict[str, str]]:
+        return [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": big}]
+
+    async def in_flight() -> float:
+        return proxy.sample("promptcache_requests_in_flight", provider="openai")
+
+    async with aiohttp.ClientSession() as http, aiohttp.ClientSession() as leaving:
+
+        async def ask(client: aiohttp.ClientSession, messages: list[dict[str, str]], session: str) -> int:
+            body = io.BytesIO(orjson.dumps({"model": "gpt-5.1", "messages": messages}))
+            async with client.post(
+                proxy.url + "/v1/chat/completions", data=body, headers={**OPENAI, "x-session-id": session}
+            ) as r:
+                await r.read()
+                return r.status
+
+        assert await ask(leaving, first, "gone") == 200
+        assert await ask(http, first, "other") == 200
+        left = asyncio.ensure_future(ask(leaving, turn(gone), "gone"))
+        try:
+            assert await asyncio.to_thread(encoding.entered.wait, OUTER)
+            left.cancel()
+            await leaving.close()  # the client hangs up while its count runs
+            async with asyncio.timeout(OUTER):
+                while await in_flight() != 0:  # its handler unwinds on this loop: yield to it
+                    await asyncio.sleep(0)
+            waiting = asyncio.ensure_future(ask(http, turn(other), "other"))
+            async with asyncio.timeout(OUTER):  # its count waits for the place, or (as before) runs
+                while services.tokenizer.waiting_ahead == 0 and encoding.most == 1 and not waiting.done():
+                    await asyncio.sleep(0)
+            assert (services.tokenizer.waiting_ahead, encoding.most, waiting.done()) == (1, 1, False)
+        finally:
+            encoding.release.set()
+        assert await waiting == 200
+    assert encoding.most == 1
+    assert services.tokens.holds(gone) and services.tokens.holds(other)
+    assert encoding.gated == 1 and services.tokenizer.counted_ahead == 2
+    assert proxy.sample("promptcache_stage_errors_total", stage="observe") == 0
