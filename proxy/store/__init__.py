@@ -106,6 +106,9 @@ __all__ = [
 
 GET_TIMEOUT: Final = 0.05
 """Seconds a request waits for its session record before going on without it."""
+LATE_LOOP: Final = 0.5
+"""A bounded read (no `get_within`: Redis) whose bound's timer ran this many bounds late (the
+event loop busy elsewhere) waits one bound more before it is a timeout (`_bounded_get`)."""
 PUT_TIMEOUT: Final = 1.0
 """Seconds a record write may take (after the response went to the client)."""
 RECORD_TTL: Final = 3600.0 + 600.0
@@ -521,7 +524,8 @@ class RecordStore:
         """`backend.get` bounded by `get_timeout`; raises `TimeoutError` past it. A read that
         finished while the event loop was busy elsewhere counts as in time: the bound is on the
         store, not on how long the loop took to look (`asyncio.timeout` around the call would
-        throw such a result away). A backend with `get_within` (SQLite) applies the bound to
+        throw such a result away); one whose answer still needs a few loop turns when the late
+        timer fires gets one bound more (`LATE_LOOP`). A backend with `get_within` (SQLite) applies the bound to
         its own time itself (`SqliteStore.get_within`)."""
         if is_record:
             get_parts_within = getattr(self.backend, "get_parts_within", None)
@@ -533,7 +537,13 @@ class RecordStore:
                 return await get_within(tenant, key, self.get_timeout)
         call = self.backend.get_parts(tenant, key, known) if is_record else self.backend.get(tenant, key)
         read = create_task(call, name="promptcache-store-get")
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.get_timeout
         done, _ = await asyncio.wait((read,), timeout=self.get_timeout)
+        if not done and loop.time() - due > self.get_timeout * LATE_LOOP:
+            # the loop looked this late (busy elsewhere): the answer may be in, unread; the read
+            # gets one more bound, so a busy loop does not make a fast store's answer a timeout
+            done, _ = await asyncio.wait((read,), timeout=self.get_timeout)
         if not done:
             read.cancel()
             raise TimeoutError(f"no answer within {self.get_timeout:g} s")

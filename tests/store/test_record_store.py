@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Collection, Sequence
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,36 @@ async def test_a_write_sends_the_parts_its_save_encoded_the_newest_within_their_
     assert [await store.load("t", f"s{i}") for i in range(10)] == [record(1), *(record(i) for i in range(1, 10))]
     reread = RecordStore(backend, Metrics(CollectorRegistry()))
     assert [await reread.load("t", f"s{i}") for i in range(10)] == [record(1), *(record(i) for i in range(1, 10))]
+
+
+class BusyLoopRedis(RedisStore):
+    """Redis whose read finds the event loop busy (CPU work elsewhere) for `busy` seconds
+    before it is sent: the store itself answers at once."""
+
+    def __init__(self, url: str, busy: float) -> None:
+        super().__init__(url)
+        self.busy = busy
+
+    async def get_parts(
+        self, tenant: str, session: str, known: Collection[bytes] = ()
+    ) -> tuple[bytes, dict[bytes, bytes]] | None:
+        end = time.perf_counter() + self.busy
+        while time.perf_counter() < end:  # the loop busy, as under a burst of requests
+            pass
+        return await super().get_parts(tenant, session, known)
+
+
+async def test_a_busy_loop_does_not_make_a_fast_redis_answer_a_timeout(metrics: Metrics, redis_url: str) -> None:
+    """Leftover of session 10: a Redis read whose bound's timer fired late because the loop was
+    busy came back as a timeout though Redis answered at once (its answer needed a loop turn
+    more than the late timer); it now gets one bound more. A store that does not answer is
+    still a timeout."""
+    writer = RecordStore(RedisStore(redis_url), Metrics(CollectorRegistry()))
+    assert await writer.save("t", "s", RECORD)
+    reader = RecordStore(BusyLoopRedis(redis_url, busy=0.5), metrics, get_timeout=0.1)
+    assert await reader.load("t", "s") == RECORD
+    assert errors(metrics, "redis", "get") == 0
+    timeouts = {"backend": "redis", "kind": "timeout"}
+    assert metrics.registry.get_sample_value("promptcache_session_store_faults_total", timeouts) == 0.0
+    await writer.close()
+    await reader.close()
