@@ -21,8 +21,9 @@
   `serve`; never with `--workers N` or Redis, where another process may write): nobody else
   changes the backend, so a load skips the read when this process knows the answer, counted in
   `promptcache_session_store_local_reads_total`: a record it wrote is returned from the memo
-  until the backend's copy expires (a failed or timed-out write forgets it, since it may have
-  landed; a file the backend found replaced clears the memo), and a key outside `KeyFilter` (the
+  until the backend's copy expires (a failed or timed-out write keeps it there too: it is still
+  the session's newest, so its next turn replays it through a store outage; a file the backend
+  found replaced clears the memo), and a key outside `KeyFilter` (the
   keys `learn_keys` listed at start plus every key written since) is absent.
 - Records in parts: a record is written as a head and parts (`proxy.store.codec.encode_layout`,
   the backend's `put_parts`), encoded against the session's previous layout (the pending one, or
@@ -653,8 +654,11 @@ class RecordStore:
                 layout = encode_layout(record)
                 is_written = await self._put_bytes(key, layout.head, ttl, list(layout.parts))
         if not is_written:
-            self._forget(key)  # a failed write may still have landed (a timeout): read it next time
-            self._note_stored(key, None)
+            if self.is_sole_writer and record is not None and ttl > 0:
+                self._keep_unwritten(key, layout, record, expires)
+            else:
+                self._forget(key)  # a failed write may still have landed (a timeout): read it next time
+                self._note_stored(key, None)
             return False
         if record is not None and ttl > 0:
             self._note_stored(key, layout)
@@ -663,6 +667,24 @@ class RecordStore:
             self._note_stored(key, None)
             self._forget(key)
         return True
+
+    def _keep_unwritten(self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float) -> None:
+        """Sole writer: a write of `record` failed (a full disk, a read-only mount, a timeout).
+        Nobody else writes the backend, so `record` is still the session's newest: the memo keeps
+        it (until `expires`) and the session's next turn replays it rather than going without.
+        The backend holds either its older value or this one (a timed-out write may have
+        landed), so only the part names both hold are known to be stored: the next write sends
+        the others (and every part when the backend still refuses one it names)."""
+        old = self._stored.get(key)
+        before = {old[i : i + 16] for i in range(0, len(old), 16)} if old is not None else set()
+        self._remember(key, layout.without_data(), record, expires)
+        kept = [p.key for p in layout.parts if p.key in before]
+        self._note_stored(key, None)
+        self._stored[key] = names = b"".join(kept)
+        self._stored_bytes += STORED_ENTRY_BYTES + len(names)
+        while self._stored_bytes > STORED_PARTS_BYTES:
+            _, dropped = self._stored.popitem(last=False)
+            self._stored_bytes -= STORED_ENTRY_BYTES + len(dropped)
 
     def _keep_encoded(self, key: tuple[str, str], pending: Layout, encoded: Layout) -> None:
         """Keep `encoded` (`pending` with its parts' bytes) for `key`'s write (`_encoded`)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from proxy.appkeys import SERVICES
@@ -178,6 +179,43 @@ async def test_a_full_disk_is_unready_naming_it_requests_flow_and_it_recovers(
     # s-1, its pacing and s-4; s-3's write met the full disk (a WAL frame could not be appended)
     assert rows(state / "sessions.db") == 3
     assert proxy.sample("promptcache_session_store_errors_total", backend="sqlite", operation="put") == 2
+
+
+async def test_a_session_replays_through_a_full_disk_from_the_record_its_store_refused(
+    fake_upstream: FakeUpstream, make_proxy: Any, tmpfs: Path
+) -> None:
+    """The one process writing the file keeps the record a full disk refused: it is still the
+    session's newest, so the next turn replays it (its first message's bytes as first sent)
+    rather than going without, and the write after the disk is freed stores the turn."""
+    state = tmpfs / "state"
+    proxy = await make_proxy(upstream=fake_upstream.url, store="", state_dir=state)
+    store = store_of(proxy)
+    first = {"role": "user", "content": [{"type": "text", "text": "Summarise the design, please."}]}
+    reordered = {"content": [{"text": "Summarise the design, please.", "type": "text"}], "role": "user"}
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "Hello there"}]}
+    headers = {**HEADERS, "x-session-id": "s-full"}
+    url = proxy.url + "/v1/messages"
+    async with aiohttp.ClientSession() as http:
+        filler = fill(tmpfs)
+        async with http.post(url, json={**body(0), "messages": [first]}, headers=headers) as r:
+            assert r.status == 200
+        await store.flush()
+        # the record's write and the tenant's pacing's met the full disk
+        assert proxy.sample("promptcache_session_store_errors_total", backend="sqlite", operation="put") == 2
+        turn = {**body(0), "messages": [reordered, reply, {"role": "user", "content": "And the risks?"}]}
+        async with http.post(url, json=turn, headers=headers) as r:
+            assert r.status == 200
+        await store.flush()
+        sent = orjson.loads(fake_upstream.received[-1].body)["messages"]
+        assert orjson.dumps(sent[0]) == orjson.dumps(first)  # the refused record's bytes, replayed
+        assert proxy.sample("promptcache_replayed_messages_total", provider="anthropic") == 1
+        filler.unlink()
+        async with http.post(url, json={**turn, "messages": [*turn["messages"], reply]}, headers=headers) as r:
+            assert r.status == 200
+        await store.flush()
+    with sqlite3.connect(f"file:{state / 'sessions.db'}?mode=ro", uri=True) as conn:
+        query = "SELECT count(*) FROM sessions WHERE session = ?"
+        assert conn.execute(query, (explicit_id("s-full"),)).fetchone() == (1,)
 
 
 async def test_a_read_only_mount_is_unready_naming_it_and_recovers_when_writable(
