@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import xxhash
 from multidict import CIMultiDict
 
 from proxy.providers import ANTHROPIC, OPENAI_CHAT
@@ -114,3 +115,26 @@ def test_index_entries_expire() -> None:
     assert index.infer("t", b("m1", "m2")).session_id == "s"
     now[0] += 0.1
     assert index.infer("t", b("m1", "m2")).kind == "new"
+
+
+def chained(*names: str) -> list[bytes]:
+    """Boundaries as the message view makes them: each digest covers every message before it."""
+    out, previous = [], b""
+    for name in names:
+        previous = xxhash.xxh3_128_digest(previous + name.encode())
+        out.append(previous)
+    return out
+
+
+def test_an_appended_request_registers_its_new_boundaries_and_a_rewrite_all_of_them() -> None:
+    index = SessionIndex()
+    index.register("t", "s", chained("u1", "a1", "u2"))
+    index.register("t", "s", chained("u1", "a1", "u2", "a2", "u3"))  # appended: two new ones
+    assert index.boundaries_held == 5
+    fork = index.infer("t", chained("u1", "a1", "u2", "a2", "u3-edited"))
+    assert (fork.kind, fork.parent, fork.shared_messages) == ("fork", "s", 4)
+    # a rewritten history: no boundary of it was offered before, every one is registered
+    index.register("t", "s", chained("v1", "a1", "u2", "a2", "u3", "a3"))
+    assert index.boundaries_held == 11
+    again = index.infer("t", chained("v1", "a1", "x"))
+    assert (again.kind, again.parent, again.shared_messages) == ("fork", "s", 2)

@@ -80,3 +80,30 @@ def test_sent_markers_positions_and_ttls() -> None:
     assert sent_markers(blocks, sent, positions(sent)) == ((0, 1), ("1h", "5m"))
     automatic = {**sent, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
     assert sent_markers(blocks, automatic, positions(automatic)) == ((0, 1, 3), ("1h", "5m", "1h"))
+
+
+def test_calls_are_walked_from_the_first_block_the_previous_request_did_not_send() -> None:
+    from proxy.pipeline.session import calls_from, pins_after
+    from proxy.prefix import scan_prompt
+    from proxy.store.codec import SessionRecord
+
+    def call(i: int, name: str) -> dict:
+        return {"role": "assistant", "content": [{"type": "tool_use", "id": str(i), "name": name, "input": {"n": i}}]}
+
+    tools = [tool("read", {"type": "object"})]
+    history = [{"role": "user", "content": "hi"}, call(1, "read"), {"role": "user", "content": "ok"}]
+    before = scan_prompt(ANTHROPIC.layout(body(tools, history)))
+    pins = update_pins(None, ANTHROPIC.prefix_blocks(body(tools, history)), ANTHROPIC.tool_shape)
+    previous = SessionRecord(before.chain.chain, before.chain.ends, "m", b"", pins=pins)
+    appended = scan_prompt(ANTHROPIC.layout(body(tools, [*history, call(2, "grep")])))
+    assert (before.tools, len(before.values), len(appended.values)) == (1, 4, 5)
+    assert calls_from(appended, previous, pins) == 4  # only the new call
+    assert calls_from(appended, previous, None) == 1  # no pins: every call
+    assert calls_from(appended, None, pins) == 1
+    edited = scan_prompt(ANTHROPIC.layout(body(tools, [history[0], call(1, "edit"), *history[2:]])))
+    assert calls_from(edited, previous, pins) == 2  # from the block that differs
+    calls = [v for v in appended.values[calls_from(appended, previous, pins) :] if v.get("type") == "tool_use"]
+    assert pins_after(pins, appended.values[:1], calls, ANTHROPIC.tool_shape)["pinned_inputs"] == {
+        "read": {"n": 1},
+        "grep": {"n": 2},
+    }
