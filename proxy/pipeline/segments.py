@@ -389,6 +389,7 @@ class Classifier:
         n = len(masks)
         section_mask, paragraph_mask, line_mask = self._section_mask, self._paragraph_mask, self._line_mask
         rule_mask = self._rule_mask
+        partners: list[int] | None = None
         i = 0
         while i < n:
             if blank[i]:
@@ -396,7 +397,9 @@ class Classifier:
                 continue
             if levels[i] and masks[i] & rule_mask:
                 heading = self._heading_rule(masks[i])
-                j = self._heading_end(heading, i, masks, levels, infos)
+                if partners is None:
+                    partners = _tag_partners(infos)
+                j = self._heading_end(heading, i, masks, levels, infos, partners)
                 spans.append([i, j, heading])
                 i = j
                 continue
@@ -442,8 +445,13 @@ class Classifier:
         assert best is not None  # the caller checked `mask & _rule_mask`
         return best
 
-    def _heading_end(self, rule: Rule, i: int, masks: list[int], levels: list[int], infos: list[_LineInfo]) -> int:
-        """End (exclusive) of the heading section starting at line `i` (module docstring)."""
+    def _heading_end(
+        self, rule: Rule, i: int, masks: list[int], levels: list[int], infos: list[_LineInfo], partners: list[int]
+    ) -> int:
+        """End (exclusive) of the heading section starting at line `i` (module docstring);
+        `partners`: `_tag_partners(infos)`. A closing tag whose opening tag is not before the
+        heading (none at all: plain text) does not end it: had it ended it, the section would
+        end elsewhere once sorting moved that line away, and reordering would not be idempotent."""
         level = levels[i]
         stop = self._stop.get(rule.name) if rule.kind == "section" else None
         opened: list[str] = []
@@ -455,7 +463,9 @@ class Classifier:
             _, _, opening, closing, _ = infos[k]
             if closing is not None:
                 if closing not in opened:
-                    return k  # the closing tag of a wrapper around the heading
+                    if 0 <= partners[k] < i:
+                        return k  # the closing tag of a wrapper around the heading
+                    continue
                 del opened[len(opened) - 1 - opened[::-1].index(closing) :]
             elif opening is not None:
                 opened.append(opening)
@@ -471,6 +481,22 @@ class Classifier:
             elif masks[k] & stop:
                 return k + 1 if rule.end is not None else k
         return n
+
+
+def _tag_partners(infos: list[_LineInfo]) -> list[int]:
+    """Per line, the line of the opening tag a closing tag line closes (the latest one of its
+    name not closed yet), else -1 (not a closing tag, or no such opening tag). One pass."""
+    partners = [-1] * len(infos)
+    open_lines: dict[str, list[int]] = {}
+    for k, info in enumerate(infos):
+        opening, closing = info[2], info[3]
+        if opening is not None:
+            open_lines.setdefault(opening, []).append(k)
+        elif closing is not None:
+            waiting = open_lines.get(closing)
+            if waiting:
+                partners[k] = waiting.pop()
+    return partners
 
 
 def _wrappers(spans: list[list[Any]], infos: list[_LineInfo], blank: list[bool]) -> dict[int, str]:

@@ -403,3 +403,31 @@ def test_heading_sections_reorder_idempotently() -> None:
             out, plan = reorder_body(route(path)[0], body, rules)
             again, replan = reorder_body(route(path)[0], out, rules)
             assert again == out and replan.tiers == plan.tiers
+
+
+def test_a_closing_tag_never_opened_is_text_inside_a_heading_section() -> None:
+    """The property tests found it (session 12): `</context>` with no `<context>` before it ended
+    the `# Memory` section, sorting then put it first, and the section swallowed `<env>` and
+    left the timestamp line to move to the user message on the second pass only. A closing tag
+    ends a heading section only when its opening tag comes before the heading."""
+    classifier = classifier_for(RULES)
+    text = "# Memory\n</context>\n<env>\n# Current time: 2026-12-01T09:31:00Z"
+    assert [(s.text, s.tier) for s in classifier.segments(text)] == [
+        ("# Memory\n</context>\n<env>\n", "session"),
+        ("# Current time: 2026-12-01T09:31:00Z", "volatile"),
+    ]
+    wrapped = "<context>\n# Memory\nfoo\n</context>\nbar"
+    assert [(s.text, s.wrap) for s in classifier.segments(wrapped)] == [
+        ("<context>\n", 1),
+        ("# Memory\nfoo\n", 0),
+        ("</context>\n", -1),
+        ("bar", 0),
+    ]
+    body = {
+        "model": "gpt-4o",
+        "messages": [{"role": "system", "content": text}, {"role": "user", "content": "You are careful."}],
+    }
+    out, plan = reorder_body(route("/v1/chat/completions")[0], body, RULES)
+    again, replan = reorder_body(route("/v1/chat/completions")[0], out, RULES)
+    assert again == out and replan.moved == ()
+    assert plan.moved == ("# Current time: 2026-12-01T09:31:00Z",)
