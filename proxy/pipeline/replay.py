@@ -874,7 +874,7 @@ def stored_columns(sidecars: Sequence[Sidecar]) -> StoredColumns:
     return StoredColumns(sidecars, tuple(map(_DIGEST_OF, sidecars)) if contiguous else None)
 
 
-def _first_difference(a: Sequence[bytes], b: Sequence[bytes], stop: int) -> int:
+def first_difference(a: Sequence[bytes], b: Sequence[bytes], stop: int) -> int:
     """The first index below `stop` where `a` and `b` differ, else `stop` (both long enough)."""
     if tuple(a[:stop]) == tuple(b[:stop]):
         return stop
@@ -895,7 +895,7 @@ def first_mismatch(
         stop = min(len(digests) - 1, len(stored_digests))
         if stop <= 0:
             return None
-        found = _first_difference(digests, stored_digests, stop)
+        found = first_difference(digests, stored_digests, stop)
         return found if found < stop else None
     stored = {s.position: s.digest for s in sidecars}
     for i in range(len(digests) - 1):
@@ -927,7 +927,7 @@ def tail_rewritten(
     stored_digests = columns.of(sidecars, skip) if columns is not None else None
     if stored_digests is not None:  # positions 0..n-1: the last is n-1
         last = len(stored_digests) - 1
-        if last >= len(digests) or _first_difference(digests, stored_digests, last) < last:
+        if last >= len(digests) or first_difference(digests, stored_digests, last) < last:
             return False
         return stored_digests[last] != digests[last]
     last = max(s.position for s in sidecars)
@@ -971,7 +971,7 @@ def splice(
     stored_digests = columns.of(sidecars, skip) if columns is not None and view is not None else None
     if stored_digests is not None and view is not None and columns is not None:
         stop = min(end, len(stored_digests))
-        same = _first_difference(digests, stored_digests, stop) if stop > 0 else 0
+        same = first_difference(digests, stored_digests, stop) if stop > 0 else 0
         if (
             len(view.items) >= same
             and len(view.keys) >= same

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
+from operator import attrgetter, is_
 from typing import Any, Final
 
 import xxhash
@@ -63,8 +64,10 @@ from proxy.pipeline.replay import (
     Masker,
     MessageView,
     RawBody,
+    StoredColumns,
     aligned_items,
     compact,
+    first_difference,
     first_mismatch,
     stored_columns,
     stripped_bytes,
@@ -397,11 +400,38 @@ def record_pins(exchange: Exchange, tool_pins: dict[str, Any]) -> dict[str, Any]
     return {**tool_pins, PINS_KEY: segments} if segments else tool_pins
 
 
+def unchanged_sidecars(
+    items: Sequence[Any], view: MessageView, previous: Sequence[Sidecar], columns: StoredColumns
+) -> int:
+    """How many leading elements of `items` (the message array as sent) `build_sidecars` would
+    give the `previous` record's very sidecar: each the object `view` digested, with the masked
+    and exact digests and the sent bytes' digest (`MessageView.keys`) of that sidecar. Compared
+    as whole columns at memory speed (`columns`: `stored_columns(previous)`, positions `0..n-1`
+    only; 0 otherwise), so an appended turn's record walks its new elements only (the walk of a
+    600 KB history's elements was 13% of an appended turn's CPU under cProfile)."""
+    if columns.of(previous, frozenset()) is None:
+        return 0
+    stored = columns.digests or ()
+    stop = min(len(items), len(view.items), len(view.keys), len(view.digests), len(view.exact), len(stored))
+    if stop <= 0:
+        return 0
+    seen = view.items
+    if not all(map(is_, items[:stop], seen[:stop])):
+        stop = next(i for i in range(stop) if items[i] is not seen[i])
+    stop = first_difference(view.digests, stored, stop)
+    stop = first_difference(view.exact, tuple(map(_EXACT, previous[:stop])), stop)
+    return first_difference(view.keys, columns.sent(stop), stop)
+
+
+_EXACT: Final = attrgetter("exact")
+
+
 def build_sidecars(
     items: Sequence[Any],
     view: MessageView,
     replayed: Mapping[int, tuple[Any, bytes]],
     previous: Sequence[Sidecar],
+    columns: StoredColumns | None = None,
 ) -> tuple[Sidecar, ...]:
     """One sidecar per sent element (system positions excluded): its masked and exact client
     digests and `stripped_bytes` of what was sent.
@@ -411,15 +441,19 @@ def build_sidecars(
     (`MessageView.stripped`); one sent as replayed by its bytes (`replayed`: position ->
     `(value sent, its stripped bytes)`); a sidecar equal to the previous record's at the same
     position is that object, so only elements the view did not see are dumped here.
+    `columns`: `stored_columns(previous)` when the caller has it (the leading unchanged
+    sidecars are then found at memory speed: `unchanged_sidecars`; the same answer).
     """
-    before = {s.position: s for s in previous}
-    out = []
     skip = view.system_positions
     digests, exacts = view.digests, view.exact
     seen, keys = view.items, view.keys  # `view.key_of`, inlined: one pass over long histories
     known = min(len(seen), len(keys))
     dumped = view.stripped if len(view.stripped) == known else ()
-    for i, item in enumerate(items):
+    kept = unchanged_sidecars(items, view, previous, columns) if columns is not None and not skip else 0
+    out = list(previous[:kept])
+    before = {s.position: s for s in (previous[kept:] if kept else previous)}
+    for i in range(kept, len(items)):
+        item = items[i]
         if skip and i in skip:
             continue
         digest, exact = digests[i], exacts[i]
@@ -461,6 +495,7 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
                 view,
                 exchange.replayed_bytes or {},
                 previous.sidecars if previous is not None else (),
+                exchange.stored_columns,
             )
     shape = adapter.tool_shape
     values, kinds, call_kinds = prompt.values, prompt.kinds, shape.call_kinds
