@@ -23,8 +23,8 @@ budget does not cover: the interpreter and its imports (about 53 MB), the `o200k
 tokenizer (about 49 MB, `proxy.tokenizer`: built on the first OpenAI request only), the
 bounded text caches of `proxy.pipeline.segments` (their own character limits), the parsed
 elements of the newest request bodies kept for the incremental parse
-(`proxy.pipeline.rawprefix.MAX_PARSED_BYTES`: 4 MiB of raw bodies, about 8 MB of objects,
-shared with the requests that reuse them) and the requests in flight. Pure.
+(`MemoryBudget.parsed_bytes`: a quarter of the budget in raw bodies, 4 MiB at the default, about
+8 MB of objects, shared with the requests that reuse them) and the requests in flight. Pure.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ INDEX_SESSION_BYTES: Final = 512
 """Per session of the index (its `_Entry`, deque and LRU slot)."""
 MASKER_ENTRY_BYTES: Final = 192
 """Measured 170 B per entry of one masker memo (two 16-byte digests and the LRU slot)."""
+PARSED_DIVISOR: Final = 4
+"""The budget over the raw body bytes kept parsed (`MemoryBudget.parsed_bytes`)."""
 TOKEN_COUNT_ENTRY_BYTES: Final = 192
 """Measured 185 B per entry of the token count memo (a 128-bit int key, its count, the LRU slot)."""
 
@@ -76,6 +78,18 @@ class MemoryBudget:
     def masker_entries(self) -> int:
         """Entries of each of the masker's two memos."""
         return max(1, self.share("masker") // (2 * MASKER_ENTRY_BYTES))
+
+    @property
+    def parsed_bytes(self) -> int:
+        """Raw bytes of the newest request bodies whose parsed elements, layout and prompt scan
+        stay in memory for the incremental parse (`proxy.pipeline.rawprefix.RawPrefixIndex`):
+        a quarter of the budget in raw bytes (4 MiB at the default 16 MB, about six 600 KB
+        conversations), about twice that in objects, outside the budget's shares. A process
+        serving more concurrent long sessions than that re-parses and re-lays-out each turn in
+        full: `memory_budget_mb: 128` keeps 32 MiB (measured, two runs each: 32 sessions of 600 KB,
+        0.16-0.17 -> 0.21-0.30 of bare aiohttp's requests/s, peak RSS 166-168 -> 237-258 MB with
+        the other shares grown too, `bench/gateway_bench.py --peers bare,optimise --cells grow32`)."""
+        return self.total // PARSED_DIVISOR
 
     @property
     def token_counts(self) -> int:

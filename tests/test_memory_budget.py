@@ -79,3 +79,8 @@ async def test_serve_sizes_its_caches_from_the_budget(make_proxy: Any, fake_upst
     assert services.tokens is None  # built on the first request that counts tokens (proxy.tokenizer)
     await services.tokenizer.ensure(services)
     assert services.tokens is not None and services.tokens.max_counts == budget.token_counts
+    from proxy.pipeline.session import masker_for
+
+    masker = masker_for(services.sessions, services)
+    assert masker.raw_index.max_parsed_bytes == budget.parsed_bytes == MIB  # a quarter, raw bytes
+    assert MemoryBudget.of_mb(16).parsed_bytes == 4 * MIB

@@ -395,7 +395,10 @@ class Masker:
         patterns: Patterns = (),
         memo_size: int = MEMO_SIZE,
         system_text: Callable[[str, Budget | None], str] | None = None,
+        max_parsed_bytes: int = rawprefix.MAX_PARSED_BYTES,
     ) -> None:
+        """`max_parsed_bytes`: raw bytes of the newest bodies `raw_index` keeps parsed
+        (`proxy.memory_budget.MemoryBudget.parsed_bytes`)."""
         self.spans = tuple(span_pattern(p) for p in patterns)
         self.system_text = system_text
         """System-prompt text as identity sees it (`head_form`), given the request's segment
@@ -412,7 +415,7 @@ class Masker:
         """The current request's scan budget (`begin`); `None`: unlimited."""
         self._memo: OrderedDict[bytes, bytes] = OrderedDict()
         self._exact: OrderedDict[bytes, bytes] = OrderedDict()
-        self.raw_index = rawprefix.RawPrefixIndex()
+        self.raw_index = rawprefix.RawPrefixIndex(max_parsed_bytes=max_parsed_bytes)
         """Recent raw bodies' element results (`view_messages` with `raw`): digests, no content."""
 
     def digests(self, value: Any) -> tuple[bytes, bytes]:

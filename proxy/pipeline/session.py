@@ -100,12 +100,16 @@ def masker_for(state: SessionState, services: Services) -> Masker:
     cached = state.masker
     if cached is not None and cached[0] is rules:
         return cached[1]
-    memo_size = MemoryBudget.of_mb(services.settings.memory_budget_mb).masker_entries
+    budget = MemoryBudget.of_mb(services.settings.memory_budget_mb)
+    memo_size, parsed = budget.masker_entries, budget.parsed_bytes
     if rules is None:
-        masker = Masker((), memo_size)
+        masker = Masker((), memo_size, max_parsed_bytes=parsed)
     else:
         masker = Masker(
-            volatile_patterns(rules), memo_size, system_text=partial(without_volatile, classifier_for(rules))
+            volatile_patterns(rules),
+            memo_size,
+            system_text=partial(without_volatile, classifier_for(rules)),
+            max_parsed_bytes=parsed,
         )
     state.masker = (rules, masker)
     return masker
