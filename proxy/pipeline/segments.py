@@ -455,6 +455,7 @@ class Classifier:
         level = levels[i]
         stop = self._stop.get(rule.name) if rule.kind == "section" else None
         opened: list[str] = []
+        open_count: dict[str, int] = {}  # per name, its entries in `opened` (no list scans)
         for k in range(i + 1, len(masks)):
             if 0 < levels[k] <= level:
                 return k
@@ -462,13 +463,18 @@ class Classifier:
                 return k + 1 if rule.end is not None else k
             _, _, opening, closing, _ = infos[k]
             if closing is not None:
-                if closing not in opened:
+                if not open_count.get(closing):
                     if 0 <= partners[k] < i:
                         return k  # the closing tag of a wrapper around the heading
                     continue
-                del opened[len(opened) - 1 - opened[::-1].index(closing) :]
+                while True:  # close it and every tag opened after it
+                    name = opened.pop()
+                    open_count[name] -= 1
+                    if name == closing:
+                        break
             elif opening is not None:
                 opened.append(opening)
+                open_count[opening] = open_count.get(opening, 0) + 1
         return len(masks)
 
     def _section_end(self, rule: Rule, masks: list[int], blank: list[bool], i: int) -> int:

@@ -213,3 +213,29 @@ def test_the_ratio_test_fails_a_quadratic_model_pattern() -> None:
     quadratic = re.compile(r"^(?P<name>.*\..*)@x$")
     texts = profile_texts(quadratic, None, "a.", SMALL), profile_texts(quadratic, None, "a.", SMALL * GROWTH)
     assert growth(anchored("match"), quadratic, texts[0][0], texts[1][0]) > MAX_GROWTH
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["### Memory\n</a>\n<b>\n", "</x>\n", "<a>\n# Memory\n</b>\n", "<b>\n" * 3 + "</a>\n"],
+    ids=["tags-under-headings", "orphan-closing", "closing-across-headings", "opened-then-orphan"],
+)
+def test_heading_sections_with_many_tags_segment_in_linear_time(unit: str) -> None:
+    """Attack pass (session 12): a heading section holding many opened tags looked each closing
+    tag up in a list of the open ones, so `# Memory` followed by thousands of tag lines was
+    quadratic (4x the lines, 13-15x the time). Segmenting (a fresh classifier: no cache) is
+    timed against a plain scan of the same text at two sizes 8x apart."""
+    from proxy.pipeline.segments import Classifier
+
+    def texts(size: int) -> str:
+        return "# Memory\n" + unit * (size // len(unit))
+
+    def segmenting(pattern: re.Pattern[str]) -> Callable[[str], object]:
+        if pattern is PLAIN:
+            return lambda text: PLAIN.search(text)
+        return lambda text: Classifier(RULES).segments(text)
+
+    small, large = texts(SMALL * 16), texts(SMALL * 16 * GROWTH)
+    assert "".join(s.text for s in Classifier(RULES).segments(large)) == large
+    grew = growth(segmenting, re.compile("segments"), small, large)
+    assert grew < MAX_GROWTH, f"segmenting grows {grew:.1f}x"
