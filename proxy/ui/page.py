@@ -38,6 +38,10 @@ CONTENT_SECURITY_POLICY: Final = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+META_POLICY: Final = CONTENT_SECURITY_POLICY.replace("; frame-ancestors 'none'", "")
+"""The policy every page carries in a `<meta>` too, so a map saved to a file (`promptcache
+explain --html`) is held to it when opened from disk; `frame-ancestors` is honoured only as a
+header (CSP Level 3, 6.4.2), which `proxy.ui.routes` sends."""
 _SECTION_LABEL: Final = {"tools": "tools", "system": "system", "messages": "messages"}
 
 
@@ -68,6 +72,7 @@ def _time(epoch: float) -> str:
 def _document(title: str, body: str) -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{META_POLICY}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<title>{_e(title)}</title><link rel="icon" href="data:,"><style>{_asset("map.css")}</style></head>'
         f"<body>{body}</body></html>"

@@ -43,6 +43,11 @@ def test_html_file_is_self_contained(tmp_path: Path) -> None:
     assert SYSTEM[:200] not in page
     # The client's `</script>` cannot close the data script early.
     assert page.count("</script>") == 2
+    # Opened from disk, no header applies: the file carries the served pages' policy itself.
+    assert re.findall(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', page) == [
+        "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
+        "base-uri 'none'; form-action 'none'"
+    ]
 
 
 def test_html_unwritable_path_is_exit_2(tmp_path: Path) -> None:
@@ -60,6 +65,12 @@ async def test_html_file_offline_in_the_browser(tmp_path: Path, browser: Browser
     page.log.clear()
     await page.goto(out.as_uri())
     assert [p["request"]["url"] for name, p in page.log if name == "Network.requestWillBeSent"] == [out.as_uri()]
+    # the file's own policy applies offline: a fetch from the page is refused, naming the directive
+    refused = await page.js(
+        "new Promise(done => { document.addEventListener('securitypolicyviolation', e => done(e.effectiveDirective));"
+        " fetch('data:,x').then(() => done('allowed'), () => {}); })"
+    )
+    assert refused == "connect-src"
     causes = await page.js("[...document.querySelectorAll('tr[data-request] [data-cause]')].map(x => x.dataset.cause)")
     assert causes == ["first_request", "system_volatile_text"]
     tokens = await page.js("JSON.parse(document.getElementById('pc-data').textContent).tokens")
