@@ -257,7 +257,10 @@ def reorder_body(
         return body, as_sent(units)
     if not plan.changed:
         return body, plan
-    new_body = adapter.with_system(body, plan.parts)
+    settled = _settle(adapter, body, plan, classifier, True, budget)
+    if settled is None:
+        return body, replace(as_sent(units), is_budget_spent=False)
+    new_body, plan = settled
     if not plan.moved:
         return new_body, plan
     with_text = adapter.with_user_text(new_body, plan.moved)
@@ -272,7 +275,10 @@ def reorder_body(
     cache = cache if cache is not None else LayoutCache()
     if with_text is None:
         staying = plan_system(units, classifier, allow_move=False)  # classified above: no budget
-        return (adapter.with_system(body, staying.parts) if staying.changed else body), staying
+        if not staying.changed:
+            return body, staying
+        kept = _settle(adapter, body, staying, classifier, False, None)
+        return kept if kept is not None else (body, replace(as_sent(units), is_budget_spent=False))
     out = canonicalise_body(adapter, with_text, caps=caps, cache=cache)[0]
     # a system prompt outside the message array cannot take a message with it: nothing to count
     if plan.emptied and cache.system_messages(adapter, body):
@@ -280,6 +286,60 @@ def reorder_body(
         if dropped > 0:
             plan = replace(plan, dropped_messages=dropped)
     return out, plan
+
+
+SETTLE_PASSES: Final = 3
+"""Passes `_settle` makes over a reordered system prompt before giving up on it."""
+
+
+def _settle(
+    adapter: ProviderAdapter,
+    body: JSONObject,
+    plan: SystemPlan,
+    classifier: Classifier,
+    allow_move: bool,
+    budget: Budget | None,
+) -> tuple[JSONObject, SystemPlan] | None:
+    """`body` with `plan`'s system prompt, planned again until a pass changes nothing, and the
+    plans merged (`_merged`): `(new body, plan)`, or `None` when `SETTLE_PASSES` passes still
+    change it (the caller then sends the system prompt as it came). A sorted prompt can
+    segment differently from the one it came from: a heading section runs on over a line that
+    sorting put behind it, or stops at a tag line that sorting moved (the attack pass found
+    674 such outcomes in 120,000 generated prompts); without this the next request's pass
+    would change it again, so reordering was not idempotent. A pass the scan budget cannot pay
+    for ends the settling with what is planned so far."""
+    new_body = adapter.with_system(body, plan.parts)
+    for _ in range(SETTLE_PASSES):
+        try:
+            again = plan_system(adapter.system_units(new_body), classifier, allow_move, budget)
+        except BudgetSpent:
+            return new_body, plan
+        if not again.changed:
+            return new_body, plan
+        new_body = adapter.with_system(new_body, again.parts)
+        plan = _merged(plan, again)
+    return None
+
+
+def _merged(first: SystemPlan, then: SystemPlan) -> SystemPlan:
+    """`first` followed by `then` (planned over `first`'s output): `then`'s parts and tiers,
+    both passes' moved texts in order, their slots numbered again (a slot's ordinal counts the
+    texts of its rules over both passes) and their marker counts added."""
+    slots: list[str] = []
+    seen: dict[str, int] = {}
+    for slot in (*first.slots, *then.slots):
+        names = slot.split("\x1f")[1]
+        ordinal = seen[names] = seen.get(names, -1) + 1
+        slots.append(f"move\x1f{names}\x1f{ordinal}")
+    return replace(
+        then,
+        moved=first.moved + then.moved,
+        slots=tuple(slots),
+        changed=True,
+        markers_moved=first.markers_moved + then.markers_moved,
+        markers_dropped=first.markers_dropped + then.markers_dropped,
+        emptied=first.emptied or then.emptied,
+    )
 
 
 class ReorderStage:

@@ -431,3 +431,54 @@ def test_a_closing_tag_never_opened_is_text_inside_a_heading_section() -> None:
     again, replan = reorder_body(route("/v1/chat/completions")[0], out, RULES)
     assert again == out and replan.moved == ()
     assert plan.moved == ("# Current time: 2026-12-01T09:31:00Z",)
+
+
+def test_a_sorted_prompt_that_segments_differently_is_settled_in_the_same_request() -> None:
+    """Attack pass (session 12): sorting can put a line behind a heading section that then
+    takes it in, or move away the tag line that ended one, so the next pass over the output
+    changed it again (674 of 120,000 generated prompts). The reorder now plans its own output
+    again until nothing changes, in the same request: what it sends is what a second pass keeps."""
+    chat, responses = route("/v1/chat/completions")[0], route("/v1/responses")[0]
+    tag_mix = "# Current time: 2026-12-01T09:31:00Z\n</env>\n# Memory\n  <env>"
+    body = {"model": "gpt-5.6", "instructions": tag_mix, "input": [{"role": "user", "content": "hi"}]}
+    out, plan = reorder_body(responses, body, STAYING_RULES)
+    assert out["instructions"] == "</env>\n# Memory\n  <env>\n# Current time: 2026-12-01T09:31:00Z"
+    assert (plan.moved, plan.tiers, plan.changed) == ((), ("volatile",), True)
+    assert reorder_body(responses, out, STAYING_RULES)[0] == out
+    wrapped = (
+        "<system-reminder>\ngitStatus: clean\n# Current time: 2026-12-01T09:31:00Z\n</memory>\n<memory>\n"
+        "</system-reminder>"
+    )
+    body = {"model": "gpt-4o", "messages": [{"role": "system", "content": wrapped}, {"role": "user", "content": "hi"}]}
+    out, plan = reorder_body(chat, body, RULES)
+    assert out["messages"][0]["content"] == [
+        {"type": "text", "text": "<system-reminder>\n"},
+        {"type": "text", "text": "gitStatus: clean\n</system-reminder>"},
+    ]
+    assert plan.moved == (
+        "<system-reminder>\n# Current time: 2026-12-01T09:31:00Z\n</memory>\n<memory>\n</system-reminder>",
+    )
+    assert (plan.slots, plan.tiers) == (("move\x1ftimestamp\x1f0",), ("stable", "session"))
+    again, replan = reorder_body(chat, out, RULES)
+    assert again == out and replan.changed is False
+
+
+def test_settled_passes_number_their_moved_texts_over_both_passes() -> None:
+    from proxy.pipeline.reorder import SystemPlan, _merged
+
+    first = SystemPlan(parts=(), tiers=("stable",), moved=("a",), changed=True, slots=("move\x1ftimestamp\x1f0",))
+    then = SystemPlan(
+        parts=(),
+        tiers=("session",),
+        moved=("b", "c"),
+        changed=True,
+        markers_moved=1,
+        slots=("move\x1ftimestamp\x1f0", "move\x1fcwd\x1f0"),
+    )
+    merged = _merged(first, then)
+    assert (merged.moved, merged.slots, merged.tiers, merged.markers_moved) == (
+        ("a", "b", "c"),
+        ("move\x1ftimestamp\x1f0", "move\x1ftimestamp\x1f1", "move\x1fcwd\x1f0"),
+        ("session",),
+        1,
+    )
