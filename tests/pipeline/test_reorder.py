@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from proxy.pipeline.reorder import reorder_body
 from proxy.pipeline.segments import classifier_for
 from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, route
@@ -482,3 +485,57 @@ def test_settled_passes_number_their_moved_texts_over_both_passes() -> None:
         ("session",),
         1,
     )
+
+
+_LINES = [
+    "# Memory",
+    "## Memory",
+    "### claudeMd",
+    "# Notes",
+    "## Tools",
+    "#Memory",
+    "<env>",
+    "</env>",
+    "  <env>",
+    "<context>",
+    "</context>",
+    "<memory>",
+    "</memory>",
+    "<system-reminder>",
+    "</system-reminder>",
+    "Current time: 2026-12-01T09:31:00Z",
+    "# Current time: 2026-12-01T09:31:00Z",
+    "Today's date: 2026-11-29",
+    "Working directory: /home/alice/app",
+    "gitStatus: clean",
+    "Tokens used: 1234 of 200000",
+    "plain text",
+    "more text",
+    "",
+    "```",
+    "- request id: abc",
+]
+
+
+@given(st.lists(st.sampled_from(_LINES), min_size=1, max_size=12), st.booleans(), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_reorder_of_headings_tags_and_notes_is_idempotent(lines: list[str], newline: bool, staying: bool) -> None:
+    """Property: on system prompts mixing headings, tag lines (closing tags never opened too)
+    and volatile lines, on all three APIs, reordering the output again changes nothing."""
+    text = "\n".join(lines) + ("\n" if newline else "")
+    rules = STAYING_RULES if staying else RULES
+    for path, body in (
+        (
+            "/v1/messages",
+            {"model": "m", "max_tokens": 8, "system": text, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "system", "content": text}, {"role": "user", "content": "hi"}]},
+        ),
+        ("/v1/responses", {"model": "m", "instructions": text, "input": [{"role": "user", "content": "hi"}]}),
+    ):
+        adapter = route(path)[0]
+        out, _ = reorder_body(adapter, body, rules)
+        again, plan = reorder_body(adapter, out, rules)
+        assert again == out and plan.moved == ()
