@@ -40,8 +40,9 @@ CONTENT_SECURITY_POLICY: Final = (
 )
 META_POLICY: Final = CONTENT_SECURITY_POLICY.replace("; frame-ancestors 'none'", "")
 """The policy every page carries in a `<meta>` too, so a map saved to a file (`promptcache
-explain --html`) is held to it when opened from disk; `frame-ancestors` is honoured only as a
-header (CSP Level 3, 6.4.2), which `proxy.ui.routes` sends."""
+explain --html`) is held to it when opened from disk; `frame-ancestors` is not supported in a
+`<meta>` (https://www.w3.org/TR/CSP3/#directive-frame-ancestors), only in the header
+`proxy.ui.routes` sends."""
 _SECTION_LABEL: Final = {"tools": "tools", "system": "system", "messages": "messages"}
 
 
