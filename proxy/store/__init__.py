@@ -641,7 +641,7 @@ class RecordStore:
         if record is None or ttl <= 0:
             is_written = await self._put_bytes(key, b"", 0.0)
         else:
-            held = self._stored_parts(key)
+            held = self._stored_parts(key)  # of the value the backend holds before this write
             early = self._take_encoded(key, layout)
             if any(p.data is None and p.key not in held for p in layout.parts):
                 # a pending layout keeps no part's bytes: its save's encoding, else encoded again
@@ -651,11 +651,12 @@ class RecordStore:
             parts = [Part(p.key, p.size) if p.key in held else p for p in layout.parts]
             is_written = await self._put_bytes(key, layout.head, ttl, parts)
             if is_written is None:  # a part named was gone: send them all
+                held = set()
                 layout = encode_layout(record)
                 is_written = await self._put_bytes(key, layout.head, ttl, list(layout.parts))
         if not is_written:
             if self.is_sole_writer and record is not None and ttl > 0:
-                self._keep_unwritten(key, layout, record, expires)
+                self._keep_unwritten(key, layout, record, expires, held)
             else:
                 self._forget(key)  # a failed write may still have landed (a timeout): read it next time
                 self._note_stored(key, None)
@@ -668,23 +669,18 @@ class RecordStore:
             self._forget(key)
         return True
 
-    def _keep_unwritten(self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float) -> None:
+    def _keep_unwritten(
+        self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float, held: set[bytes]
+    ) -> None:
         """Sole writer: a write of `record` failed (a full disk, a read-only mount, a timeout).
         Nobody else writes the backend, so `record` is still the session's newest: the memo keeps
         it (until `expires`) and the session's next turn replays it rather than going without.
-        The backend holds either its older value or this one (a timed-out write may have
-        landed), so only the part names both hold are known to be stored: the next write sends
-        the others (and every part when the backend still refuses one it names)."""
-        old = self._stored.get(key)
-        before = {old[i : i + 16] for i in range(0, len(old), 16)} if old is not None else set()
+        The backend holds either its older value (whose parts are `held`) or this one (a
+        timed-out write may have landed), so only the part names both hold are known to be
+        stored: the next write sends the others (and every part when the backend still refuses
+        one it names)."""
         self._remember(key, layout.without_data(), record, expires)
-        kept = [p.key for p in layout.parts if p.key in before]
-        self._note_stored(key, None)
-        self._stored[key] = names = b"".join(kept)
-        self._stored_bytes += STORED_ENTRY_BYTES + len(names)
-        while self._stored_bytes > STORED_PARTS_BYTES:
-            _, dropped = self._stored.popitem(last=False)
-            self._stored_bytes -= STORED_ENTRY_BYTES + len(dropped)
+        self._set_stored(key, b"".join(p.key for p in layout.parts if p.key in held))
 
     def _keep_encoded(self, key: tuple[str, str], pending: Layout, encoded: Layout) -> None:
         """Keep `encoded` (`pending` with its parts' bytes) for `key`'s write (`_encoded`)."""
@@ -718,12 +714,19 @@ class RecordStore:
 
     def _note_stored(self, key: tuple[str, str], layout: Layout | None) -> None:
         """The backend's value for `key` is now `layout` (`None`: absent or unknown)."""
+        if layout is None or not layout.parts or any(len(p.key) != 16 for p in layout.parts):
+            old = self._stored.pop(key, None)
+            if old is not None:
+                self._stored_bytes -= STORED_ENTRY_BYTES + len(old)
+            return
+        self._set_stored(key, b"".join(p.key for p in layout.parts))
+
+    def _set_stored(self, key: tuple[str, str], names: bytes) -> None:
+        """The backend holds the parts `names` (16 bytes each, back to back; empty: none of the
+        memo's, which then no longer stands in for the index) for `key` (`_stored`, LRU)."""
         old = self._stored.pop(key, None)
         if old is not None:
             self._stored_bytes -= STORED_ENTRY_BYTES + len(old)
-        if layout is None or not layout.parts or any(len(p.key) != 16 for p in layout.parts):
-            return
-        names = b"".join(p.key for p in layout.parts)
         self._stored[key] = names
         self._stored_bytes += STORED_ENTRY_BYTES + len(names)
         while self._stored_bytes > STORED_PARTS_BYTES:
