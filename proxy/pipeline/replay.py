@@ -857,6 +857,10 @@ class StoredColumns:
         """`digests` when they describe `sidecars` and no position is skipped, else `None`."""
         return self.digests if self.sidecars is sidecars and not skip else None
 
+    def exacts(self, stop: int) -> tuple[bytes, ...]:
+        """`Sidecar.exact` of the first `stop` sidecars."""
+        return tuple(map(_EXACT_OF, self.sidecars[:stop]))
+
     def sent(self, stop: int) -> tuple[bytes, ...]:
         """`Sidecar.sent_digest()` of the first `stop` sidecars."""
         found = tuple(map(_VALUE_DIGEST, self.sidecars[:stop]))
@@ -868,6 +872,7 @@ class StoredColumns:
 _POSITION: Final = attrgetter("position")
 _DIGEST_OF: Final = attrgetter("digest")
 _VALUE_DIGEST: Final = attrgetter("value_digest")
+_EXACT_OF: Final = attrgetter("exact")
 
 
 def stored_columns(sidecars: Sequence[Sidecar]) -> StoredColumns:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
-from operator import attrgetter, is_
+from operator import is_
 from typing import Any, Final
 
 import xxhash
@@ -413,9 +413,9 @@ def unchanged_sidecars(
     as whole columns at memory speed (`columns`: `stored_columns(previous)`, positions `0..n-1`
     only; 0 otherwise), so an appended turn's record walks its new elements only (the walk of a
     600 KB history's elements was 13% of an appended turn's CPU under cProfile)."""
-    if columns.of(previous, frozenset()) is None:
+    stored = columns.of(previous, frozenset())
+    if stored is None:
         return 0
-    stored = columns.digests or ()
     stop = min(len(items), len(view.items), len(view.keys), len(view.digests), len(view.exact), len(stored))
     if stop <= 0:
         return 0
@@ -423,11 +423,9 @@ def unchanged_sidecars(
     if not all(map(is_, items[:stop], seen[:stop])):
         stop = next(i for i in range(stop) if items[i] is not seen[i])
     stop = first_difference(view.digests, stored, stop)
-    stop = first_difference(view.exact, tuple(map(_EXACT, previous[:stop])), stop)
+    stop = first_difference(view.exact, columns.exacts(stop), stop)
     return first_difference(view.keys, columns.sent(stop), stop)
 
-
-_EXACT: Final = attrgetter("exact")
 
 
 def build_sidecars(
