@@ -148,6 +148,17 @@ def _join_lines(pieces: Sequence[str]) -> str | None:
     return "\n".join(p[:-1] if p.endswith("\n") else p for p in pieces)
 
 
+_SLOT_SEP: Final = "\x1f"
+
+
+def _slot(names: str, seen: dict[str, int]) -> str:
+    """The slot (`SystemPlan.slots`) of the next moved text of the rules `names` (joined with
+    `+`): `move`, the names and its ordinal among the texts of those names so far (`seen`,
+    updated)."""
+    ordinal = seen[names] = seen.get(names, -1) + 1
+    return f"move{_SLOT_SEP}{names}{_SLOT_SEP}{ordinal}"
+
+
 def plan_system(
     units: Sequence[SystemUnit], classifier: Classifier, allow_move: bool = True, budget: Budget | None = None
 ) -> SystemPlan:
@@ -184,8 +195,7 @@ def plan_system(
         if away:
             moved.append(away)
             names = "+".join(dict.fromkeys(s.rule or "" for s, out in zip(segments, leaving, strict=True) if out))
-            ordinal = seen[names] = seen.get(names, -1) + 1
-            slots.append(f"move\x1f{names}\x1f{ordinal}")
+            slots.append(_slot(names, seen))
             changed = True
         if not texts:
             markers_dropped += unit.marker is not None
@@ -328,9 +338,7 @@ def _merged(first: SystemPlan, then: SystemPlan) -> SystemPlan:
     slots: list[str] = []
     seen: dict[str, int] = {}
     for slot in (*first.slots, *then.slots):
-        names = slot.split("\x1f")[1]
-        ordinal = seen[names] = seen.get(names, -1) + 1
-        slots.append(f"move\x1f{names}\x1f{ordinal}")
+        slots.append(_slot(slot.split(_SLOT_SEP)[1], seen))
     return replace(
         then,
         moved=first.moved + then.moved,
