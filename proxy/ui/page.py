@@ -34,15 +34,15 @@ from proxy.pricing import Prices
 from proxy.whatif import tail_price
 
 _HERE: Final = Path(__file__).parent
-CONTENT_SECURITY_POLICY: Final = (
+META_POLICY: Final = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
-    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    "base-uri 'none'; form-action 'none'"
 )
-META_POLICY: Final = CONTENT_SECURITY_POLICY.replace("; frame-ancestors 'none'", "")
 """The policy every page carries in a `<meta>` too, so a map saved to a file (`promptcache
-explain --html`) is held to it when opened from disk; `frame-ancestors` is not supported in a
-`<meta>` (https://www.w3.org/TR/CSP3/#directive-frame-ancestors), only in the header
-`proxy.ui.routes` sends."""
+explain --html`) is held to it when opened from disk."""
+CONTENT_SECURITY_POLICY: Final = META_POLICY + "; frame-ancestors 'none'"
+"""The header `proxy.ui.routes` sends: the same, and `frame-ancestors`, which a `<meta>` cannot
+carry (https://www.w3.org/TR/CSP3/#directive-frame-ancestors)."""
 _SECTION_LABEL: Final = {"tools": "tools", "system": "system", "messages": "messages"}
 
 
