@@ -271,7 +271,9 @@ async def read_wire(request: web.Request, limit: int) -> bytes:
         # `(b"", True)` marks the end of an HTTP chunk of a chunked upload, `(b"", False)` the end
         chunk, end_of_http_chunk = await payload.readchunk()
         if not chunk:
-            if end_of_http_chunk:
+            # aiohttp's empty payload (`Content-Length: 0`) answers `(b"", True)` every time,
+            # at once: at its end there is no next chunk to wait for (it spun the loop for ever)
+            if end_of_http_chunk and not payload.at_eof():
                 continue
             break
         size += len(chunk)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import signal
 from typing import Any
 
 import orjson
@@ -108,3 +109,45 @@ def test_the_openai_credential_shape_is_one_rule() -> None:
     assert is_openai_credential_shape({"authorization", "anthropic-version"}) is False
     assert is_openai_credential_shape(set()) is False
     assert is_openai_credential_shape(CIMultiDict({"Authorization": "Bearer k"})) is True
+
+
+async def test_empty_bodies_on_one_connection_are_refused_and_the_loop_goes_on(make_proxy: Any) -> None:
+    """Attack pass (session 12): a POST with `Content-Length: 0` hung the whole process on a
+    kept-alive connection: aiohttp's empty payload answers every `readchunk()` with the end of
+    an HTTP chunk, and the body reader waited for the next one on the event loop for ever.
+    The empty body goes on as sent (fail open), and the simulated API refuses it."""
+    proxy = await make_proxy(upstream="sim")
+    host, port = host_port(proxy.url)
+
+    def stuck(signum: int, frame: Any) -> None:  # the loop never yields: only a signal gets in
+        raise TimeoutError("the event loop did not come back")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(OUTER)
+    try:
+        await _empty_bodies(host, port)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+async def _empty_bodies(host: str, port: int) -> None:
+    head = (
+        f"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nx-api-key: {KEY}\r\nanthropic-version: 2023-06-01\r\n"
+        "content-type: application/json\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        async with asyncio.timeout(OUTER):
+            statuses = []
+            for _ in range(3):
+                writer.write(head)
+                response = await read_response(reader)
+                statuses.append((response.status, orjson.loads(response.body)["error"]["type"]))
+            assert statuses == [(400, "invalid_request_error")] * 3
+            health_reader, health_writer = await asyncio.open_connection(host, port)
+            health_writer.write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n")
+            assert (await read_response(health_reader)).status == 200
+            health_writer.close()
+    finally:
+        writer.close()
