@@ -24,6 +24,7 @@ record's sidecars, which the store holds anyway.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import orjson
 
 from proxy.forensics import excerpt, first_difference
 from proxy.frozen import fast_init
-from proxy.prefix import MARKER_KEYS, PromptScan, estimate_tokens
+from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, shared_blocks
 
 MAX_SESSIONS: Final = 512
 MAX_PER_TENANT: Final = 64
@@ -41,10 +42,10 @@ MAX_REQUESTS: Final = 200
 MAX_MAP_BLOCKS: Final = 2000
 ENTRY_BYTES: Final = 2048
 ROW_BYTES: Final = 512
-MAP_BLOCK_BYTES: Final = 64
+MAP_BLOCK_BYTES: Final = 80
 """Estimated memory of a `SessionEntry` (its fields and last measurement), of one
-`RequestRow` (with its excerpts) and of one block of a `PromptMap`; `entry_bytes` adds them to
-the head bytes held."""
+`RequestRow` (with its excerpts) and of one block of a `PromptMap` (its offset, kind and
+chain digest); `entry_bytes` adds them to the head bytes held."""
 HEAD_BYTES_CAP: Final = 64 * 1024
 """Tools + system bytes of the newest request kept for the next excerpt (per session)."""
 TENANT_PREFIX_CHARS: Final = 8
@@ -206,6 +207,11 @@ class PromptMap:
     tiers: dict[int, str]
     is_budget_spent: bool = False
     """The scan budget ran out: some system blocks show `stable`, unclassified."""
+    chain: PrefixChain | None = None
+    """The request's chain digests (`PromptScan.chain`), for the session's next map to reuse
+    the runs and tiers of the blocks the two requests share (`prompt_map`'s `previous`)."""
+    classifier: Any = None
+    """The classifier the tiers came from (reused tiers need the same one)."""
 
     def blocks(self) -> tuple[MapBlock, ...]:
         out: list[MapBlock] = []
@@ -229,20 +235,30 @@ class PromptMap:
 
 
 def prompt_map(
-    prompt: PromptScan, top_marker_ttl: str | None = None, classifier: Any = None, budget: Any = None
+    prompt: PromptScan,
+    top_marker_ttl: str | None = None,
+    classifier: Any = None,
+    budget: Any = None,
+    previous: PromptMap | None = None,
 ) -> PromptMap:
     """The `PromptMap` of one request from its `PromptScan` (`proxy.prefix.scan_prompt`).
 
     `top_marker_ttl`: TTL of a top-level marker (it marks the last block); `classifier`: a
     `proxy.pipeline.segments.Classifier` for the tier of system blocks (worst segment tier;
     `stable` without one), spending `budget` (`proxy.rules.Budget`, the request's: once it
-    runs out the remaining blocks are `stable` and `is_budget_spent` is set)."""
+    runs out the remaining blocks are `stable` and `is_budget_spent` is set).
+
+    `previous`: the session's previous map. Its runs and tiers are taken as they are for the
+    leading blocks the two chains share (`_reused`), so an appended turn walks its new runs
+    only; the result equals the map made without `previous` (a property test holds it), except
+    that the reused system blocks spend no budget."""
     is_spent = False
-    runs = []
-    tiers: dict[int, str] = {}
     layout = prompt.blocks
-    bounds = [*layout.starts[1:], len(prompt.values)]
-    for run, index, stop in zip(layout.runs, layout.starts, bounds, strict=True):
+    runs, tiers, at = _reused(previous, prompt, classifier)
+    starts = layout.starts
+    first_run = bisect_left(starts, at) if at else 0
+    bounds = [*starts[first_run + 1 :], len(prompt.values)] if first_run < len(starts) else []
+    for run, index, stop in zip(layout.runs[first_run:], starts[first_run:], bounds, strict=True):
         count = stop - index
         if not count:
             continue
@@ -267,7 +283,45 @@ def prompt_map(
     n = len(prompt.values)
     if n and top_marker_ttl is not None and (n - 1) not in ttls:
         ttls[n - 1] = top_marker_ttl
-    return PromptMap(prompt.chain.ends, prompt.kinds, tuple(runs), ttls, tiers, is_spent)
+    return PromptMap(prompt.chain.ends, prompt.kinds, tuple(runs), ttls, tiers, is_spent, prompt.chain, classifier)
+
+
+def _reused(
+    previous: PromptMap | None, prompt: PromptScan, classifier: Any
+) -> tuple[list[tuple[str, str | None, int | None, int, int]], dict[int, str], int]:
+    """The runs and tiers of `previous` that `prompt`'s map shares, and the block they end at.
+
+    A run is shared when it ends within the blocks whose chain digests the two requests share
+    (same bytes, sections, roles and message boundaries: `proxy.prefix.shared_blocks`) and
+    `prompt`'s layout has a run that starts where the last shared one ends and a run the same
+    as that last one (a message number shifted by an empty message, or a run split otherwise,
+    shows there). Nothing is shared when the previous map ran out of budget or was classified
+    by another classifier. Runs are compared by `(section, role, message, first, count)`."""
+    if previous is None or previous.chain is None or previous.is_budget_spent or previous.classifier is not classifier:
+        return [], {}, 0
+    shared = shared_blocks(previous.chain, prompt.chain)
+    old, starts, runs = previous.runs, prompt.blocks.starts, prompt.blocks.runs
+    j = bisect_right(old, shared, key=_run_end) if shared else 0
+    for candidate in (j, j - 1):  # the last shared run, else the one before (a message grew)
+        if candidate <= 0:
+            break
+        last = old[candidate - 1]
+        at = last[3] + last[4]
+        k = bisect_left(starts, at)  # the run after: the first one starting at `at` or later
+        mine = runs[k - 1]  # the run holding block `at - 1` (an empty run never starts before `at` here)
+        if (starts[k] == at if k < len(starts) else at == len(prompt.values)) and (
+            mine.section,
+            mine.role,
+            mine.message,
+            starts[k - 1],
+            at - starts[k - 1],
+        ) == last:
+            return list(old[:candidate]), {i: t for i, t in previous.tiers.items() if i < at}, at
+    return [], {}, 0
+
+
+def _run_end(run: tuple[str, str | None, int | None, int, int]) -> int:
+    return run[3] + run[4]
 
 
 def _budget_spent() -> type[Exception]:
@@ -495,7 +549,7 @@ class SessionHistory:
                 entry._head,
                 getattr(previous, "sidecars", ()),
             )
-            entry.map = prompt_map(prompt, top_ttl(body), classifier, budget)
+            entry.map = prompt_map(prompt, top_ttl(body), classifier, budget, entry.map)
             entry._head = head_bytes(prompt)
         if prices is not None:
             entry.prices = {
