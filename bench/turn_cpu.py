@@ -147,14 +147,21 @@ async def small(args: argparse.Namespace, http: aiohttp.ClientSession, url: str)
     for body in warm:
         async with http.post(url + "/v1/messages", data=body, headers=HEADERS) as r:
             await r.read()
+    profile = cProfile.Profile() if args.profile else None
     started, started_loop = time.process_time(), time.thread_time()
+    if profile is not None:
+        profile.enable()
     await asyncio.gather(*(client() for _ in range(args.concurrency)))
+    if profile is not None:
+        profile.disable()
     spent, spent_loop = time.process_time() - started, time.thread_time() - started_loop
     print(
         f"mode {args.mode}, store {args.store}: {args.requests} 1 KB first requests at concurrency "
         f"{args.concurrency}, CPU per request {1000 * spent / args.requests:.3f} ms, the event loop's "
         f"thread {1000 * spent_loop / args.requests:.3f} ms (the rest: the store's threads)"
     )
+    if profile is not None:
+        report_profile(profile, args.profile, args.profile_out)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -259,9 +266,7 @@ if __name__ == "__main__":
         help="send the sessions' turns round robin (turn k of each, then turn k + 1): with --sessions 32 "
         "the recent bodies the process keeps parsed no longer hold the previous turn (the grow32 cell)",
     )
-    parser.add_argument(
-        "--distinct", action="store_true", help="with --interleave: no message shared between sessions"
-    )
+    parser.add_argument("--distinct", action="store_true", help="with --interleave: no message shared between sessions")
     parser.add_argument("--turns", type=int, default=TURNS, help=f"turns per session (default {TURNS})")
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
     parser.add_argument("--workload", choices=("grow", "small"), default="grow")
