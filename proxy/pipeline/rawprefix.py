@@ -70,6 +70,8 @@ from typing import Any, Final
 import orjson
 import xxhash
 
+from proxy.cache_admission import admits
+
 CHUNK: Final = 4096
 """Bytes per compared chunk."""
 MIN_BYTES: Final = 16 * CHUNK
@@ -547,10 +549,17 @@ class Kept:
     """`(head digest, MessageView.boundaries of elements)` when the body had no system-section
     elements: the next request's view chains only its new elements onto them when its head
     digest is the same (`proxy.pipeline.replay.view_messages`)."""
+    at: int = 0
+    """`RawPrefixIndex`'s clock when it was kept or last matched (`keep_parsed`: its idle time)."""
 
 
 class RawPrefixIndex:
-    """Recent `RawState`s, per scope and first chunk (module docstring); LRU-bounded."""
+    """Recent `RawState`s, per scope and first chunk (module docstring); LRU-bounded.
+
+    The kept bodies are bounded in bytes by `proxy.cache_admission.admits`, so that more long
+    sessions than fit do not evict each other in turn. Its clock counts the bodies the index
+    is asked to keep; a session's `gap` is the clock since its previous body was remembered
+    (`since`)."""
 
     def __init__(
         self, max_states: int = MAX_STATES, max_per_head: int = MAX_PER_HEAD, max_parsed_bytes: int = MAX_PARSED_BYTES
@@ -562,6 +571,10 @@ class RawPrefixIndex:
         self._count = 0
         self._parsed: OrderedDict[int, Kept] = OrderedDict()
         self._parsed_bytes = 0
+        self._clock = 0
+        """Bodies asked to be kept so far (`keep_parsed`)."""
+        self._seen: dict[int, tuple[RawState, int]] = {}
+        """`id(state)` -> the state and the clock when it was remembered (`since`)."""
 
     def parsed(self, state: RawState) -> Kept | None:
         """What `state`'s body left in memory (`Kept`), when still kept."""
@@ -569,7 +582,14 @@ class RawPrefixIndex:
         if entry is None or entry.state is not state:
             return None
         self._parsed.move_to_end(id(state))
+        entry.at = self._clock
         return entry
+
+    def since(self, state: RawState | None) -> int | None:
+        """How many bodies the index was asked to keep since `state` was remembered; `None`
+        when it does not hold `state`."""
+        seen = self._seen.get(id(state)) if state is not None else None
+        return self._clock - seen[1] if seen is not None and seen[0] is state else None
 
     def keep_parsed(
         self,
@@ -578,18 +598,31 @@ class RawPrefixIndex:
         array_key: str,
         head: JSONObject | None = None,
         scope: str = "",
+        gap: int | None = None,
+        replaces_kept: bool = True,
     ) -> Kept | None:
         """Keep `elements` (the parsed array of `state`'s body of `scope`: never edited) for
-        `parse_tail` and `parse_around`, the newest first out of `max_parsed_bytes` of raw
-        body bytes."""
+        `parse_tail` and `parse_around`, within `max_parsed_bytes` of raw body bytes, by the
+        class docstring's admission rule: `replaces_kept` when the session's previous body was
+        still kept at the match (`RawMatch.kept`), else `gap` is how long ago its previous body
+        was remembered (`since`; `None`: no session known, `admits` counts it as away for as
+        many bodies as are held). Returns the body's `Kept` (this
+        request's located elements: `proxy.pipeline.serialise` copies them) whether or not the
+        index holds it (`parsed`); `None` when the body is larger than the whole budget."""
         if state.size > self.max_parsed_bytes:
             return None
-        kept = self._parsed[id(state)] = Kept(state, elements, array_key, head, scope=scope)
+        self._clock += 1
+        kept = Kept(state, elements, array_key, head, scope=scope, at=self._clock)
+        over = self._parsed_bytes + state.size - self.max_parsed_bytes
+        held = ((k.at, k.state.size) for k in self._parsed.values())  # least recently used first
+        if not replaces_kept and not admits(over, gap, self._clock, held, len(self._parsed)):
+            return kept  # not held: the next request of its session parses its body whole
+        self._parsed[id(state)] = kept
         self._parsed_bytes += state.size
         while self._parsed_bytes > self.max_parsed_bytes:
             _, oldest = self._parsed.popitem(last=False)
             self._parsed_bytes -= oldest.state.size
-        return kept if self._parsed.get(id(state)) is kept else None
+        return kept
 
     def find_around(self, scope: str, raw: bytes) -> tuple[Kept, int, int] | None:
         """`(kept, stop, shared)`: the kept body of `scope` whose array's end `raw` holds
@@ -654,13 +687,16 @@ class RawPrefixIndex:
             self.drop_parsed(replaces)
             for i, held in enumerate(states):
                 if held is replaces:
+                    self._seen.pop(id(held), None)
                     del states[i]
                     self._count -= 1
                     break
         states.append(state)
+        self._seen[id(state)] = (state, self._clock)
         self._count += 1
         if len(states) > self.max_per_head:
             self.drop_parsed(states[0])
+            self._seen.pop(id(states[0]), None)
             del states[0]
             self._count -= 1
         while self._count > self.max_states:
@@ -668,3 +704,4 @@ class RawPrefixIndex:
             self._count -= len(oldest)
             for dropped in oldest:
                 self.drop_parsed(dropped)
+                self._seen.pop(id(dropped), None)

@@ -816,8 +816,11 @@ def _examine_known(
             array_key,
         )
         covers = state is not None and k == len(state.ends)
+        gap = index.since(state)
         index.remember(raw.scope, fresh, state if covers else None)
-        match.fresh = index.keep_parsed(fresh, tuple(elements[:m]), array_key, match.head, raw.scope)
+        match.fresh = index.keep_parsed(
+            fresh, tuple(elements[:m]), array_key, match.head, raw.scope, gap, match.kept is not None
+        )
     return exact, digests, keys, len(known[0]) if known else 0, match
 
 

@@ -12,8 +12,10 @@
   failure (timeout, refused connection, locked or corrupt file, unreadable record) into
   `promptcache_session_store_errors_total{backend, operation}` and a `None` / `False` result. It
   never raises, so the request is forwarded without replay. It remembers the bytes and the
-  decoded record of the sessions it read or wrote last (LRU, bounded in bytes: `memo_bytes`,
-  the memory budget's `records` share, counting a record as what it holds: `_held`): a read
+  decoded record of the sessions it read or wrote last (bounded in bytes: `memo_bytes`, the
+  memory budget's `records` share, counting a record as what it holds: `_held`; when full, a
+  session it does not hold is taken in by `proxy.cache_admission`, not plain LRU, so that more
+  long sessions than fit do not evict each other in turn): a read
   whose bytes equal the remembered ones returns that record without
   decoding (the backend is still read, so a replica's newer write is seen). Records are
   immutable: callers never edit one (or its `pins`).
@@ -82,6 +84,7 @@ from typing import TYPE_CHECKING, Any, Final
 import xxhash
 
 from proxy.aio import TaskSet, create_task
+from proxy.cache_admission import admits
 from proxy.memory_budget import MemoryBudget
 from proxy.store.base import FAULT_KINDS, UNHEALTHY_KINDS, Part, SessionStore
 from proxy.store.codec import Layout, RecordError, SessionRecord, Sidecar, decode_layout, encode_layout
@@ -149,6 +152,9 @@ LOADED_SESSIONS: Final = 1024
 """Sessions whose loaded record `RecordStore` keeps a weak reference to (and its part names:
 a few KB for a 600 KB conversation), so the save of the same session encodes only its new
 parts though the memo dropped the record: 0.76 -> 0.03 ms CPU for a 600 KB record."""
+SEEN_SESSIONS: Final = 4096
+"""Sessions whose last two load times `RecordStore` keeps (`_used`: about 150 bytes each), for
+the memo's admission (`proxy.cache_admission`)."""
 ENCODED_BYTES: Final = 2 * 1024 * 1024
 """Part bytes the pending writes keep from their save's encoding in all (`RecordStore._encoded`,
 the newest first), so a write sends them without encoding the record again: a first turn's
@@ -304,6 +310,12 @@ class RecordStore:
         backend, `0.0` for a record that was read (its expiry unknown)."""
         self._memo_bytes = 0
         self.memo_bytes = MEMO_BYTES if memo_bytes is None else memo_bytes
+        self._loads = 0
+        """Loads so far: the memo's clock (`proxy.cache_admission`)."""
+        self._used: OrderedDict[tuple[str, str], tuple[int, int | None]] = OrderedDict()
+        """Per session, the clock at its last load and at the one before (`None`: none), also
+        for the sessions the memo does not hold (`SEEN_SESSIONS`, LRU): a held record's last
+        use, and how long a session was away (`_remember`)."""
         self._stored: OrderedDict[tuple[str, str], bytes] = OrderedDict()
         """Per session, the names (16 bytes each, back to back) of the parts of the value the
         backend holds, as last written or read here (LRU, `STORED_PARTS_BYTES`)."""
@@ -422,6 +434,8 @@ class RecordStore:
 
         A record saved on this replica and not yet written is returned without a backend read."""
         key = (tenant, session)
+        self._loads += 1
+        self._note_use(key)
         pending = self._pending.get(key)
         if pending is not None:
             return pending[0]  # `None`: a removal is pending
@@ -679,7 +693,7 @@ class RecordStore:
         timed-out write may have landed), so only the part names both hold are known to be
         stored: the next write sends the others (and every part when the backend still refuses
         one it names)."""
-        self._remember(key, layout.without_data(), record, expires)
+        self._remember(key, layout.without_data(), record, expires, is_forced=True)
         self._set_stored(key, b"".join(p.key for p in layout.parts if p.key in held))
 
     def _keep_encoded(self, key: tuple[str, str], pending: Layout, encoded: Layout) -> None:
@@ -805,13 +819,34 @@ class RecordStore:
         """Memory the records waiting for their write take (each counted as `_held`)."""
         return self._pending_bytes
 
-    def _remember(self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float) -> None:
-        """Keep `layout` and its decoded `record` for `key` (bounded LRU; see the module docstring);
-        `expires`: when the backend's copy expires (epoch seconds), `0.0` when unknown."""
+    def _note_use(self, key: tuple[str, str]) -> None:
+        """A load of `key` at the clock `_loads` (`_used`)."""
+        last = self._used.pop(key, None)
+        self._used[key] = (self._loads, last[0] if last is not None else None)
+        if len(self._used) > SEEN_SESSIONS:
+            self._used.popitem(last=False)
+
+    def _remember(
+        self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float, is_forced: bool = False
+    ) -> None:
+        """Keep `layout` and its decoded `record` for `key` (bounded in bytes; see the module
+        docstring); `expires`: when the backend's copy expires (epoch seconds), `0.0` when
+        unknown. A session the memo held replaces its record, evicting the least recently used;
+        another is taken in by `proxy.cache_admission.admits` (how long it was away, between
+        its last two loads, against the idle time of the records it would evict), or always
+        when `is_forced`."""
+        was_held = key in self._memo
         self._forget(key)
         size = _held(layout, record)
         if size > self.memo_bytes:
             return
+        if not was_held and not is_forced:
+            last, before = self._used.get(key, (self._loads, None))
+            used = self._used
+            held = ((used.get(k, (0, None))[0], _held(v[0], v[1])) for k, v in self._memo.items())
+            gap = None if before is None else last - before
+            if not admits(self._memo_bytes + size - self.memo_bytes, gap, self._loads, held, len(self._memo)):
+                return
         self._memo[key] = (layout, record, expires)
         self._memo_bytes += size
         while self._memo_bytes > self.memo_bytes:

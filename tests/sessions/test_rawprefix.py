@@ -143,6 +143,36 @@ def test_index_is_bounded() -> None:
     assert len(index) <= 4
 
 
+def test_kept_bodies_of_more_sessions_than_fit_stay_with_the_ones_that_come_back() -> None:
+    index = RawPrefixIndex(max_parsed_bytes=3 * 4 * CHUNK)
+    last: dict[int, RawState] = {}
+    turns: dict[int, int] = {}
+
+    def turn(session: int) -> bool:
+        """One request of `session` (its body a chunk longer each turn), as
+        `proxy.pipeline.replay` keeps it; whether its body is kept."""
+        turns[session] = turns.get(session, 0) + 1
+        raw = bytes([session]) * CHUNK * 3 + bytes([100 + turns[session]]) * CHUNK
+        previous = last.get(session)
+        had_kept = previous is not None and index.parsed(previous) is not None
+        gap = index.since(previous)
+        state = last[session] = RawState(chunk_digests(raw), b"", (1,), ((session,),))
+        index.remember("t", state, previous)
+        kept = index.keep_parsed(state, (), "messages", None, "t", gap, had_kept)
+        assert kept is not None and kept.state is state  # this request's, held or not
+        return index.parsed(state) is kept
+
+    # a new session counts as away for as many bodies as are kept: session 3 displaces session 0
+    assert [turn(s) for s in (0, 1, 2, 3)] == [True, True, True, True]
+    # four sessions take turns where three fit: session 0, away 4 bodies, displaces none of the
+    # three, idle 3 at most, and they stay kept (plain LRU: none ever reused)
+    assert [turn(s) for _ in range(3) for s in (0, 1, 2, 3)] == [False, True, True, True] * 3
+    # session 1 stops: a round later session 0, away 3 bodies, takes its place, idle 4
+    assert [turn(s) for s in (0, 2, 3)] == [False, True, True]
+    assert [turn(s) for s in (0, 2, 3)] == [True, True, True]
+    assert index.parsed(last[1]) is None
+
+
 EDITS = st.sampled_from(["append", "same", "edit_middle", "marker", "reformat", "duplicate", "truncate", "stamp"])
 
 

@@ -142,7 +142,37 @@ async def test_the_decoded_memo_is_bounded_in_bytes(metrics: Metrics) -> None:
     store = RecordStore(open_store("memory://"), metrics, memo_bytes=3 * size)
     for i in range(10):
         assert await store.save("t", f"s{i}", RECORD)
-    assert list(store._memo) == [("t", "s7"), ("t", "s8"), ("t", "s9")]
+    # sessions never seen again evict none of the held ones (proxy.cache_admission)
+    assert list(store._memo) == [("t", "s0"), ("t", "s1"), ("t", "s2")]
+    assert store._memo_bytes == 3 * size
+
+
+async def test_more_sessions_than_the_memo_holds_take_turns_and_the_ones_held_stay(metrics: Metrics) -> None:
+    from proxy.store.codec import encode_record
+
+    size = len(encode_record(RECORD)) + 256 * 1 + 40 * 2
+    store = RecordStore(open_store("memory://"), metrics, is_sole_writer=True, memo_bytes=3 * size)
+
+    async def rounds(sessions: Sequence[str], count: int) -> None:
+        for _ in range(count):
+            for s in sessions:
+                await store.load("t", s)
+                assert await store.save("t", s, RECORD)
+
+    # a new session counts as away for as many loads as the memo holds records: s3 displaces s0
+    await rounds(["s0", "s1", "s2", "s3"], 1)
+    assert list(store._memo) == [("t", "s1"), ("t", "s2"), ("t", "s3")]
+    before = local_reads(metrics, "memory")
+    await rounds(["s0", "s1", "s2", "s3"], 2)
+    # s0, away 4 loads, displaces none of the three, idle 3 at most; plain LRU evicted each
+    # record just before its next load: no local read at all
+    assert local_reads(metrics, "memory") - before == 6
+    assert list(store._memo) == [("t", "s1"), ("t", "s2"), ("t", "s3")]
+    # s1 stops: a round later s0, away 3 loads, takes the place of s1, idle 4
+    await rounds(["s0", "s2", "s3"], 1)
+    assert list(store._memo) == [("t", "s1"), ("t", "s2"), ("t", "s3")]
+    await rounds(["s0", "s2", "s3"], 1)
+    assert list(store._memo) == [("t", "s0"), ("t", "s2"), ("t", "s3")]
     assert store._memo_bytes == 3 * size
 
 
