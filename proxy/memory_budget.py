@@ -85,8 +85,9 @@ class MemoryBudget:
         stay in memory for the incremental parse (`proxy.pipeline.rawprefix.RawPrefixIndex`):
         a quarter of the budget in raw bytes (4 MiB at the default 16 MB, about six 600 KB
         conversations), about twice that in objects, outside the budget's shares. A process
-        serving more concurrent long sessions than that re-parses and re-lays-out each turn in
-        full: `memory_budget_mb: 128` keeps 32 MiB (measured, two runs each: 32 sessions of 600 KB,
+        serving more concurrent long sessions than that keeps the ones that fit
+        (`proxy.cache_admission`) and re-parses and re-lays-out the others' turns in full:
+        `memory_budget_mb: 128` keeps 32 MiB (measured, two runs each: 32 sessions of 600 KB,
         0.16-0.17 -> 0.21-0.30 of bare aiohttp's requests/s, peak RSS 166-168 -> 237-258 MB with
         the other shares grown too, `bench/gateway_bench.py --peers bare,optimise --cells grow32`)."""
         return self.total // PARSED_DIVISOR
