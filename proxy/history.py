@@ -308,14 +308,10 @@ def _reused(
         last = old[candidate - 1]
         at = last[3] + last[4]
         k = bisect_left(starts, at)  # the run after: the first one starting at `at` or later
-        mine = runs[k - 1]  # the run holding block `at - 1` (an empty run never starts before `at` here)
-        if (starts[k] == at if k < len(starts) else at == len(prompt.values)) and (
-            mine.section,
-            mine.role,
-            mine.message,
-            starts[k - 1],
-            at - starts[k - 1],
-        ) == last:
+        # the run holding block `at - 1` (not an empty one: that starts where the next run does)
+        mine = runs[k - 1]
+        here = (mine.section, mine.role, mine.message, starts[k - 1], at - starts[k - 1])
+        if (starts[k] == at if k < len(starts) else at == len(prompt.values)) and here == last:
             return list(old[:candidate]), {i: t for i, t in previous.tiers.items() if i < at}, at
     return [], {}, 0
 
