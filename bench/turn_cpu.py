@@ -155,6 +155,8 @@ async def small(args: argparse.Namespace, http: aiohttp.ClientSession, url: str)
     if profile is not None:
         profile.disable()
     spent, spent_loop = time.process_time() - started, time.thread_time() - started_loop
+    if args.store == "memory":
+        print("store: memory:// (a friendlier set-up than users run: the default is SQLite)")
     print(
         f"mode {args.mode}, store {args.store}: {args.requests} 1 KB first requests at concurrency "
         f"{args.concurrency}, CPU per request {1000 * spent / args.requests:.3f} ms, the event loop's "

@@ -427,7 +427,6 @@ def unchanged_sidecars(
     return first_difference(view.keys, columns.sent(stop), stop)
 
 
-
 def build_sidecars(
     items: Sequence[Any],
     view: MessageView,

@@ -841,8 +841,8 @@ class RecordStore:
         if size > self.memo_bytes:
             return
         if not was_held and not is_forced:
-            last, before = self._used.get(key, (self._loads, None))
             used = self._used
+            last, before = used.get(key, (self._loads, None))
             held = ((used.get(k, (0, None))[0], _held(v[0], v[1])) for k, v in self._memo.items())
             gap = None if before is None else last - before
             if not admits(self._memo_bytes + size - self.memo_bytes, gap, self._loads, held, len(self._memo)):
