@@ -41,8 +41,15 @@ def credential_of(headers: Mapping[str, str]) -> str:
 
 def tenant_id(secret: bytes, credential: str, host: str) -> str:
     """Keyed hash of (upstream host, credential): 32 lowercase hex characters."""
-    mac = hmac.new(secret, host.encode() + b"\x00" + credential.encode(), hashlib.sha256)
+    mac = hmac.new(secret, _raw(host) + b"\x00" + _raw(credential), hashlib.sha256)
     return mac.hexdigest()[:TENANT_HEX_CHARS]
+
+
+def _raw(text: str) -> bytes:
+    """The bytes a header value came as: aiohttp decodes header bytes as UTF-8 with
+    `surrogateescape`, so a credential that is not UTF-8 holds surrogates (plain `encode()`
+    raised on them: every stage of such a request failed and `/debug` answered 500)."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 _BLOCK: Final = 64
@@ -69,7 +76,7 @@ class TenantKey:
     def tenant(self, credential: str, host: str) -> str:
         """`tenant_id(self.secret, credential, host)`."""
         inner = self._inner.copy()
-        inner.update(host.encode() + b"\x00" + credential.encode())
+        inner.update(_raw(host) + b"\x00" + _raw(credential))
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.hexdigest()[:TENANT_HEX_CHARS]

@@ -261,7 +261,8 @@ def _tenant(request: web.Request, missing: str) -> str:
             key = auth[7:].strip()
     if not key:
         raise Rejected(401, missing)
-    return hashlib.sha256(key.encode()).hexdigest()
+    # the header's own bytes: aiohttp decodes them with `surrogateescape` (a key that is not UTF-8)
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

@@ -26,6 +26,16 @@ def test_tenant_id_is_hmac_of_host_and_credential() -> None:
     assert tenant_id(b"other-secret", "sk-1", "api.anthropic.com") != expected
 
 
+def test_a_credential_that_is_not_utf8_is_hashed_as_the_bytes_it_came_as() -> None:
+    # aiohttp hands such a header value over decoded with `surrogateescape`
+    credential = b"sk-ant-\xe9\xff".decode("utf-8", "surrogateescape")
+    expected = hmac.new(b"secret", b"api.anthropic.com\x00sk-ant-\xe9\xff", hashlib.sha256).hexdigest()[:32]
+    assert tenant_id(b"secret", credential, "api.anthropic.com") == expected
+    assert TenantKey(b"secret").tenant(credential, "api.anthropic.com") == expected
+    other = b"sk-ant-\xe9\xfe".decode("utf-8", "surrogateescape")
+    assert tenant_id(b"secret", other, "api.anthropic.com") != expected
+
+
 @pytest.mark.parametrize("secret", [b"", b"s", b"3f" * 32, b"k" * 64, b"k" * 65, bytes(range(256))])
 def test_tenant_key_is_the_hmac_for_every_secret_length(secret: bytes) -> None:
     # keys up to, at and beyond SHA-256's 64-byte block (a longer key is hashed first)

@@ -3,6 +3,7 @@ tenant, no credential, only short excerpts; `/debug/sessions/{id}` finds the pro
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -147,3 +148,35 @@ def test_message_excerpt_comes_from_the_previous_sidecar() -> None:
     )
     head = (orjson.dumps("t"),)
     assert divergence_excerpts("system", 0, prompt, body, head, []) == ("system", "t", "s")
+
+
+async def _raw_exchange(url: str, request: bytes) -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(request)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length"))
+    body = await reader.readexactly(length)
+    writer.close()
+    return int(head.split(b" ")[1]), body
+
+
+async def test_a_credential_that_is_not_utf8_is_a_tenant_of_its_own(admin_proxy) -> None:
+    proxy = await admin_proxy()
+    key = b"sk-ant-\xe9\xff-ui"
+    body = orjson.dumps(
+        {"model": "claude-sonnet-4-6", "max_tokens": 16, "messages": [{"role": "user", "content": "hello there"}]}
+    )
+    head = b"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nx-api-key: " + key
+    head += b"\r\nanthropic-version: 2023-06-01\r\nx-session-id: latin\r\ncontent-type: application/json"
+    status, _ = await _raw_exchange(proxy.url, head + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert status == 200
+    registry = proxy.services.metrics.registry
+    for stage in ("session", "usage", "measure"):
+        assert registry.get_sample_value("promptcache_stage_errors_total", {"stage": stage}) in (None, 0.0)
+    listing = b"GET /debug/sessions HTTP/1.1\r\nHost: proxy\r\nx-api-key: " + key + b"\r\n\r\n"
+    status, answer = await _raw_exchange(proxy.admin_url, listing)
+    assert status == 200
+    assert [s["session_id"] for s in orjson.loads(answer)["sessions"]] == [explicit_id("latin")]
