@@ -28,6 +28,10 @@ Pure core:
   bytes: a content key, never an object identity).
 - `first_mismatch(...)`: the first earlier message whose digest differs from its stored
   sidecar: the client rewrote history there (`Exchange.history_rewritten`).
+- `first_volatile_edit(...)`: the first message that masks equal to its sidecar but is not a
+  re-render of it (`proxy.rerender`: a person's edit of a date-time, counter or id);
+  `with_edits(...)` makes it compare as changed (replay stops there, inference diverges
+  there) while the session record keeps its masked digest (`MessageView.recorded`).
 - `tail_rewritten(...)`: the previous request's newest message is the first one changed (the
   breakpoint planner's wasted-tail count, `SessionRecord.tail_misses`).
 - `splice(...)`: earlier messages (never the newest) whose digest matches their sidecar, up to
@@ -55,7 +59,7 @@ from __future__ import annotations
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter, is_
 from typing import Any, Final
@@ -70,6 +74,7 @@ from proxy.pipeline import rawprefix
 from proxy.pipeline.prefilter import LiteralGate, Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value, may_hold_marker
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
+from proxy.rerender import is_rerender
 from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
 from proxy.store.codec import Sidecar
@@ -561,6 +566,12 @@ class Masker:
             self._remember(exact, masked)  # a partly masked digest is never remembered
         return masked
 
+    def mask_text(self, text: str) -> str:
+        """`text` with the values its volatile spans hold masked, as every digest here masks a
+        string (no budget)."""
+        masked: str = mask_filtered(text, self.filters)
+        return masked
+
     def digest(self, value: Any) -> bytes:
         """The masked digest of `value`."""
         return self.digests(value)[1]
@@ -619,6 +630,14 @@ class MessageView:
     """`compact(stripped_bytes(element))` of each element this view serialised (`None` for the
     leading elements it knew from a recent body's results: their sidecars are the record's),
     so the record builder stores a sidecar without serialising its element again."""
+    masked: tuple[bytes, ...] | None = None
+    """The masked digests when `digests` marks a volatile edit (`with_edit`): what the
+    session record keeps, so the edited message is the same message on the next turn."""
+
+    @property
+    def recorded(self) -> tuple[bytes, ...]:
+        """The masked digest per element, as the session record keeps them."""
+        return self.digests if self.masked is None else self.masked
 
     def key_of(self, position: int, value: Any) -> bytes | None:
         """The xxh3-128 of `stripped_bytes(value)` when `value` is the element digested at
@@ -917,6 +936,111 @@ def first_mismatch(
             return None
         if digest != digests[i]:
             return i
+    return None
+
+
+def comparable(message: Any, optional: Mapping[str, frozenset[str]] | None) -> Any:
+    """`message` as its masked digest sees it, before masking: markers stripped, string content
+    as its text block (`canonical_value`), the identity-optional keys of its role left out."""
+    value = canonical_value(strip_markers(message))
+    if optional and type(value) is dict:
+        role = value.get("role")
+        dropped = optional.get(role) if type(role) is str else None
+        if dropped and not dropped.isdisjoint(value):
+            value = {k: v for k, v in value.items() if k not in dropped}
+    return value
+
+
+EDIT_MARK: Final = b"volatile-edit\x00"
+
+
+def edit_digest(view: MessageView, position: int) -> bytes:
+    """The digest an element edited in a volatile value compares as (`with_edits`)."""
+    return xxhash.xxh3_128_digest(EDIT_MARK + view.exact[position])
+
+
+def with_edits(view: MessageView, compared: int | None, chained: Iterable[int]) -> MessageView:
+    """`view` with the element at `compared` compared as a changed message
+    (`first_volatile_edit`: its digest replaced by `edit_digest`), and its identity chain
+    following `edit_digest` at each position of `chained` (the edits found against each record
+    session inference tried), so neither replay nor inference takes an edited message for the
+    stored one it only masks equal to. `MessageView.recorded` keeps the masked digests for the
+    session record."""
+    marks = sorted(set(chained))
+    if compared is None and not marks:
+        return view
+    base = view.recorded
+    digests = list(base)
+    if compared is not None:
+        digests[compared] = edit_digest(view, compared)
+    boundaries: tuple[bytes, ...] = view.boundaries
+    if marks:
+        linked = list(base)
+        for position in marks:
+            linked[position] = edit_digest(view, position)
+        start = marks[0]
+        out = list(view.boundaries[:start])
+        chain = out[-1] if out else view.head
+        for digest in linked[start:]:
+            chain = xxhash.xxh3_128_digest(chain + digest)
+            out.append(chain)
+        boundaries = tuple(out)
+    return replace(view, digests=tuple(digests), boundaries=boundaries, masked=base)
+
+
+def first_volatile_edit(
+    view: MessageView,
+    sidecars: Sequence[Sidecar],
+    mask: Callable[[str], str],
+    elapsed: float,
+    optional: Mapping[str, frozenset[str]] | None = None,
+    columns: StoredColumns | None = None,
+) -> int | None:
+    """The first position whose masked digest equals its sidecar's while its exact digest does
+    not, and whose change is not a re-render (`proxy.rerender.is_rerender` of the stored value
+    and the client's element, `elapsed` seconds into the session): a person's edit of a
+    volatile value, which replay must not undo, or another conversation that differs only
+    there, which inference must not join. Only positions before the first masked mismatch
+    are looked at (the newest element too: a retried last prompt), and only those with a stored
+    exact digest. `None` when there is none. `mask(text)`: the masker's volatile masking of
+    one string. `view` is the client's (unmarked: `MessageView.recorded` is compared)."""
+    digests = view.recorded
+    n = len(digests)
+    stored_digests = columns.of(sidecars, view.system_positions) if columns is not None else None
+    candidates: list[Sidecar] = []
+    if stored_digests is not None and columns is not None:
+        stop = min(n, len(stored_digests), len(view.exact))
+        stop = first_difference(digests, stored_digests, stop) if stop > 0 else 0
+        if stop <= 0 or tuple(view.exact[:stop]) == columns.exacts(stop):
+            return None
+        candidates = [sidecars[i] for i in range(stop) if view.exact[i] != sidecars[i].exact]
+    else:
+        positions = list(map(_POSITION, sidecars))
+        if (
+            positions
+            and max(positions) < len(view.exact)
+            and list(map(view.exact.__getitem__, positions)) == list(map(_EXACT_OF, sidecars))
+        ):
+            return None  # no stored message changed at all (C speed: the usual turn)
+        stored = {s.position: s for s in sidecars}
+        for i in range(min(n, len(view.exact))):
+            if i in view.system_positions:
+                continue
+            sidecar = stored.get(i)
+            if sidecar is None or sidecar.digest != digests[i]:
+                break
+            if sidecar.exact != view.exact[i]:
+                candidates.append(sidecar)
+    for sidecar in candidates:
+        if not sidecar.exact:  # written before exact digests were kept: nothing to tell by
+            continue
+        try:
+            old = orjson.loads(sidecar.value)
+        except orjson.JSONDecodeError:
+            return sidecar.position
+        new = view.items[sidecar.position]
+        if not is_rerender(comparable(old, optional), comparable(new, optional), mask, elapsed):
+            return sidecar.position
     return None
 
 

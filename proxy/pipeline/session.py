@@ -8,7 +8,9 @@ Stage (`STAGE`, after `parse`, before `canonicalise`; measuring only, so it also
    ONE bounded store read that never fails the request: `Exchange.previous`, the
    `SessionRecord` of the session's last 2xx request (of the parent session for a fork), or
    `None`. An explicit id is read first and its sidecars seed the masking memo; an inferred
-   one needs the message view first;
+   one needs the message view first. A record the request only masks equal to, where a
+   message was edited in a volatile value rather than re-rendered, is told apart
+   (`told_apart`: the edit compares as changed, and an inferred session diverges there);
 3. `Exchange.message_view`: masked digests of the client's messages
    (`proxy.pipeline.replay.view_messages`, volatile patterns of the rules in use), over the
    layout runs the rewriting stages share (`support.layout_cache`); the runs per prefix key
@@ -43,6 +45,7 @@ record's own object.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from operator import is_
@@ -69,10 +72,12 @@ from proxy.pipeline.replay import (
     compact,
     first_difference,
     first_mismatch,
+    first_volatile_edit,
     stored_columns,
     stripped_bytes,
     tail_rewritten,
     view_messages,
+    with_edits,
 )
 from proxy.pipeline.segments import classifier_for, without_volatile
 from proxy.pipeline.support import layout_cache, rules_for, scan_budget
@@ -80,7 +85,7 @@ from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, shared_blocks
 from proxy.providers.base import Block, JSONObject, Run, ToolShape
 from proxy.rules import RuleSet, volatile_patterns
 from proxy.services import Services
-from proxy.session_identity import Inference, SessionState, explicit_id, explicit_session
+from proxy.session_identity import Inference, SessionState, explicit_id, explicit_session, fork_id, root_id
 from proxy.store import RecordStore
 from proxy.store.codec import SessionRecord, Sidecar
 
@@ -153,6 +158,9 @@ class SessionStage:
             source = inference.parent if inference.kind == "fork" else inference.session_id
             if source is not None and store is not None:
                 previous = await store.load(tenant, source)
+        if previous is not None:
+            found = await told_apart(state, store, tenant, view, inference, previous, masker, exchange)
+            view, inference, previous = found
         if view.is_budget_spent:
             services.metrics.rules_budget_exceeded.labels("session").inc()
         fresh = raw.match.fresh if raw is not None and raw.match is not None else None
@@ -173,7 +181,7 @@ class SessionStage:
         shared_arrivals = state.heads.observe(tenant, view.head, now)
         tail_misses = 0
         if previous is not None:
-            columns = exchange.stored_columns = stored_columns(previous.sidecars)
+            columns = exchange.stored_columns = previous_columns(exchange, previous)
             rewritten = first_mismatch(view.digests, previous.sidecars, view.system_positions, columns)
             exchange.history_rewritten = rewritten
             if tail_rewritten(view.digests, previous.sidecars, view.system_positions, columns) or (
@@ -186,6 +194,74 @@ class SessionStage:
         exchange.plan_context = make_plan_context(
             previous, "5m", "5m", tail_misses, exchange.history_rewritten, pacing
         )
+
+
+def previous_columns(exchange: Exchange, previous: SessionRecord) -> StoredColumns:
+    """`stored_columns(previous.sidecars)`, made once per request (`told_apart` made them)."""
+    known = exchange.stored_columns
+    if known is not None and known.sidecars is previous.sidecars:
+        return known
+    return stored_columns(previous.sidecars)
+
+
+MAX_RETRIES: Final = 3
+"""Records session inference tries for one request when each differs from it in an edited
+volatile value (`told_apart`)."""
+
+
+async def told_apart(
+    state: SessionState,
+    store: RecordStore | None,
+    tenant: str,
+    view: MessageView,
+    inference: Inference,
+    previous: SessionRecord,
+    masker: Masker,
+    exchange: Exchange,
+) -> tuple[MessageView, Inference, SessionRecord | None]:
+    """The message view, inference and previous record once the request is told apart from a
+    record it only masks equal to (`proxy.pipeline.replay.first_volatile_edit`: a person's edit
+    of a date-time, counter or id, not a re-render).
+
+    An explicit session keeps its record; the edited message compares as changed
+    (`with_edits`), so replay sends it as the client wrote it. An inferred one diverges there:
+    its identity chain follows the edit and inference is asked again (at most `MAX_RETRIES`
+    records), so a conversation of the same tenant that differs only in such a value is
+    another session, not a fork that would hand this request its messages. When inference
+    lands on the same record again, the request is a fork of it at the edit (that record is
+    its previous request, compared as changed from the edit on; its own record goes under the
+    fork's id, never over the other conversation's). After `MAX_RETRIES` records that each
+    differ, the request starts a session of its own (an id of its marked chain) with no
+    previous record."""
+    optional = exchange.adapter.identity_optional
+    chained: list[int] = []
+    source = inference.parent if inference.kind == "fork" else inference.session_id
+    record: SessionRecord | None = previous
+    marked = view
+    for _ in range(MAX_RETRIES):
+        if record is None:
+            return marked, inference, None
+        elapsed = state.clock() - record.started if record.started > 0 else math.inf
+        columns = exchange.stored_columns = stored_columns(record.sidecars)
+        edit = first_volatile_edit(view, record.sidecars, masker.mask_text, elapsed, optional, columns)
+        if edit is None:
+            return marked, inference, record
+        chained.append(edit)
+        if inference.kind == "explicit" or source is None:
+            return with_edits(view, edit, chained), inference, record
+        marked = with_edits(view, None, chained)
+        again = state.index.infer(tenant, marked.boundaries)
+        again_source = again.parent if again.kind == "fork" else again.session_id
+        if again_source == source:
+            if again.kind != "fork":
+                # what inference answers when the index holds the record's chain (a restart
+                # emptied it, or the record's session fell out): the same fork id either way
+                again = Inference(fork_id(source, marked.boundaries[max(edit - 1, 0)]), "fork", source, edit)
+            return with_edits(view, edit, chained), again, record
+        inference, source = again, again_source
+        record = await store.load(tenant, source) if source is not None and store is not None else None
+    # every record tried differs: the last one loaded is not compared, and not used
+    return marked, Inference(root_id(marked.boundaries[-1]), "new"), None
 
 
 def raw_scope(tenant: str, exchange: Exchange) -> str:
@@ -446,7 +522,7 @@ def build_sidecars(
     sidecars are then found at memory speed: `unchanged_sidecars`; the same answer).
     """
     skip = view.system_positions
-    digests, exacts = view.digests, view.exact
+    digests, exacts = view.recorded, view.exact
     seen, keys = view.items, view.keys  # `view.key_of`, inlined: one pass over long histories
     known = min(len(seen), len(keys))
     dumped = view.stripped if len(view.stripped) == known else ()
@@ -527,6 +603,7 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         pacing=session_pacing.with_response(turn) if not is_subagent(exchange.headers) else session_pacing,
         turn=turn,
         delivered=record_delivered(exchange),
+        started=previous.started if previous is not None else exchange.arrivals[0] if exchange.arrivals else 0.0,
     )
 
 

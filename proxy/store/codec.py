@@ -16,7 +16,7 @@ same layout without the trailer) are read as they are, deliberately: an upgrade 
 its state, and the session's next save writes its record checked.
 
 The header is a small orjson object (scalars, tuples, pins; a key added later, such as `tm`,
-`pc` or `lt`, is optional on reading, so older records of the same version still decode;
+`pc`, `lt` or `st`, is optional on reading, so older records of the same version still decode;
 version 2 added `dl`, and version 1 records still decode); the blob holds the binary fields
 back to back: `chain`, `params_digest`, then per sidecar its masked digest, exact digest and
 value bytes, with lengths recorded in the header. Sidecar values stay raw bytes: replay
@@ -46,6 +46,7 @@ are.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -146,6 +147,10 @@ class SessionRecord:
     """Notes moved onto a user message and still in the history: `(slot, text, position)`, the
     position being the last message of the request that delivered it
     (`proxy.pipeline.delivered`: a note is not delivered again while its value is the same)."""
+    started: float = 0.0
+    """Epoch seconds of the session's first recorded request (a fork's: its parent's); `0.0`
+    when unknown (a record written before it was kept). Bounds how far a re-rendered moment in
+    the history may have moved (`proxy.rerender`)."""
 
 
 @fast_init
@@ -171,7 +176,7 @@ class Layout:
 
 
 def _header(record: SessionRecord, sidecars: tuple[Sidecar, ...], version: int) -> dict[str, Any]:
-    return {
+    header = {
         "v": version,
         "n_chain": len(record.chain),
         "n_params": len(record.params_digest),
@@ -190,6 +195,9 @@ def _header(record: SessionRecord, sidecars: tuple[Sidecar, ...], version: int) 
         "lt": record.turn,
         "dl": [list(entry) for entry in record.delivered],
     }
+    if record.started:  # unknown (0.0) is left out, as records written before it have it
+        header["st"] = record.started
+    return header
 
 
 def _join(record: SessionRecord, header: dict[str, Any], sidecars: tuple[Sidecar, ...]) -> bytes:
@@ -369,12 +377,20 @@ def decode_layout(
             pacing=Pacing.from_json(header.get("pc")),
             turn=header.get("lt") if header.get("lt") in (HUMAN, TOOL) else None,
             delivered=_delivered(header.get("dl")),
+            started=_started(header.get("st")),
         )
         return record, Layout(data, tuple(layout_parts), tuple(counts))
     except RecordError:
         raise
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"unreadable record header ({type(exc).__name__})") from exc
+
+
+def _started(value: Any) -> float:
+    """The `st` header value when it is a finite number of seconds, else `0.0` (unknown)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return 0.0
+    return float(value)
 
 
 def _delivered(value: Any) -> tuple[tuple[str, str, int], ...]:

@@ -115,6 +115,26 @@ def test_malformed_delivered_entries_are_left_out() -> None:
     assert record.delivered == (("a", "x", 1),)
 
 
+def test_the_session_start_round_trips_and_is_left_out_when_unknown() -> None:
+    record = replace(FULL, started=1_800_000_000.25)
+    data = encode_record(record)
+    assert orjson.loads(data[8 : 8 + int.from_bytes(data[4:8], "big")])["st"] == 1_800_000_000.25
+    assert decode_record(data) == record
+    unknown = encode_record(FULL)
+    assert "st" not in orjson.loads(unknown[8 : 8 + int.from_bytes(unknown[4:8], "big")])
+    assert decode_record(unknown).started == 0.0
+
+
+def test_a_malformed_session_start_reads_as_unknown() -> None:
+    data = encode_record(replace(FULL, started=5.0))
+    header = orjson.loads(data[8 : 8 + int.from_bytes(data[4:8], "big")])
+    for bad in ("5", True, -1.0, None, [5]):
+        header["st"] = bad
+        assert decode_record(with_header(data, header)).started == 0.0, bad
+    header["st"] = 7
+    assert decode_record(with_header(data, header)).started == 7.0
+
+
 def test_minimal_record_round_trips() -> None:
     record = SessionRecord(chain=b"", ends=(), model="", params_digest=b"")
     assert decode_record(encode_record(record)) == record
