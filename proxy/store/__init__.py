@@ -272,6 +272,15 @@ class KeyFilter:
         return all(bits[i >> 3] & (1 << (i & 7)) for i in self._probes(tenant, key))
 
 
+def _failure_level(kind: str, known: str | None) -> int:
+    """The log level of a failed read or write of cause `kind` while the store's known problem
+    was `known`: a failure of the problem already reported as unhealthy (a full disk fails
+    every write until space is freed) is DEBUG, counted by the metrics as every failure is;
+    the unhealthy and healthy-again transitions are WARNINGs once each (`_failed`,
+    `_succeeded`), so a full disk does not log a line per request."""
+    return logging.DEBUG if known is not None and kind == known else logging.WARNING
+
+
 class RecordStore:
     """`SessionRecord`s over a backend, timed, bounded and failing soft (module docstring)."""
 
@@ -529,8 +538,15 @@ class RecordStore:
             return await self._bounded_get(tenant, key, is_record, known)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._get_errors.inc()
+            problem = self.health.problem
             kind = self._failed(exc)
-            _log.warning("session store %s get failed (%s, %s)", self.backend.backend, type(exc).__name__, kind)
+            _log.log(
+                _failure_level(kind, problem),
+                "session store %s get failed (%s, %s)",
+                self.backend.backend,
+                type(exc).__name__,
+                kind,
+            )
             return None
         finally:
             self._get_time.observe(time.perf_counter() - started)
@@ -613,8 +629,15 @@ class RecordStore:
                         await self.backend.put(slot[0], slot[1], data, ttl)
         except Exception as exc:  # noqa: BLE001 - a store failure never fails a request
             self._put_errors.inc()
+            problem = self.health.problem
             kind = self._failed(exc)
-            _log.warning("session store %s put failed (%s, %s)", self.backend.backend, type(exc).__name__, kind)
+            _log.log(
+                _failure_level(kind, problem),
+                "session store %s put failed (%s, %s)",
+                self.backend.backend,
+                type(exc).__name__,
+                kind,
+            )
             return False
         finally:
             self._put_time.observe(time.perf_counter() - started)

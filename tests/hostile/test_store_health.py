@@ -10,6 +10,7 @@ no privilege."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import sqlite3
@@ -144,8 +145,12 @@ async def test_a_deleted_wal_is_noticed_like_a_deleted_file(
 
 
 async def test_a_full_disk_is_unready_naming_it_requests_flow_and_it_recovers(
-    fake_upstream: FakeUpstream, make_proxy: Any, tmpfs: Path
+    fake_upstream: FakeUpstream, make_proxy: Any, tmpfs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Also: the full disk is logged once as unhealthy, once as healthy again, and its first
+    failed write once at WARNING; the second failed write (s-3) is counted but not logged again
+    (attack pass, session 13: a WARNING per failed write)."""
+    caplog.set_level(logging.DEBUG, logger="promptcache.store")
     state = tmpfs / "state"
     proxy = await make_proxy(upstream=fake_upstream.url, store="", state_dir=state)
     store = store_of(proxy)
@@ -179,6 +184,14 @@ async def test_a_full_disk_is_unready_naming_it_requests_flow_and_it_recovers(
     # s-1, its pacing and s-4; s-3's write met the full disk (a WAL frame could not be appended)
     assert rows(state / "sessions.db") == 3
     assert proxy.sample("promptcache_session_store_errors_total", backend="sqlite", operation="put") == 2
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    store_lines = [(level, text.split(" (")[0]) for level, text in messages if "session store" in text]
+    assert store_lines == [
+        ("WARNING", "session store sqlite unhealthy: disk_full"),
+        ("WARNING", "session store sqlite put failed"),
+        ("DEBUG", "session store sqlite put failed"),
+        ("WARNING", "session store sqlite healthy again"),
+    ]
 
 
 async def test_a_session_replays_through_a_full_disk_from_the_record_its_store_refused(
