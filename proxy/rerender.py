@@ -23,11 +23,12 @@ Pure core:
   own zone), `epoch` (10 or 13 digits) and `clock` (`HH:MM[:SS]`: seconds of the day).
 - `is_forward(kind, old, new, elapsed)`: whether a moment moving from `old` to `new` is a
   re-render in a session `elapsed` seconds old.
-- `is_rerender(old, new, mask, elapsed)`: for two JSON values (the message as stored, the
-  message as the client sends it now) whose masked forms are equal, whether every string of
-  `new` either occurs unchanged in `old` or pairs with a string of `old` of the same masked form
-  (`mask`) that differs only in moments moved forward (`is_forward`). Strings of `old` with no
-  partner (notes reorder moved onto the message, `proxy.pipeline.delivered`) are ignored.
+- `edits(old, new, mask, elapsed)`: for two JSON values (the message as stored, the message
+  as the client sends it now) whose masked forms are equal, what in `new` is edited: every
+  string of `new` either occurs unchanged in `old` or pairs with a string of `old` of the same
+  masked form (`mask`), whose changed tokens are edits unless they are moments moved forward
+  (`string_edits`). Strings of `old` with no partner (notes reorder moved onto the message,
+  `proxy.pipeline.delivered`) are ignored. `is_rerender`: `edits` finds none.
 """
 
 from __future__ import annotations
@@ -131,22 +132,27 @@ def _covering(found: list[Moment], span: tuple[int, int]) -> Moment | None:
     return None
 
 
-def is_string_rerender(old: str, new: str, elapsed: float) -> bool:
-    """Whether `new` is `old` with only moments moved forward (`is_forward`); both strings are
-    of the same masked form."""
+def string_edits(old: str, new: str, elapsed: float) -> tuple[str, ...]:
+    """The tokens of `new` that are not `old`'s moments moved forward (`is_forward`), in order;
+    `()` when `new` is a re-render of `old`. Both strings are of the same masked form; when
+    their tokens do not line up, `new` itself is the edit."""
     changed = changed_tokens(old, new)
     if changed is None:
-        return False
+        return (new,)
     if not changed:
-        return True
+        return ()
     old_moments, new_moments = moments(old), moments(new)
+    out: list[str] = []
     for old_span, new_span in changed:
         before, after = _covering(old_moments, old_span), _covering(new_moments, new_span)
-        if before is None or after is None or before[2] != after[2]:  # a zone added or dropped too
-            return False
-        if not is_forward(before[2], before[3], after[3], elapsed):
-            return False
-    return True
+        if (
+            before is None
+            or after is None
+            or before[2] != after[2]  # a zone added or dropped too
+            or not is_forward(before[2], before[3], after[3], elapsed)
+        ):
+            out.append(new[new_span[0] : new_span[1]])
+    return tuple(out)
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -161,13 +167,15 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
-def is_rerender(old: Any, new: Any, mask: Callable[[str], str], elapsed: float) -> bool:
-    """Module docstring. `old`: the message as last stored (parsed sidecar bytes: what was
-    sent); `new`: the client's message now; `mask(text)`: `text` with its volatile values
-    masked, as the digests saw it; `elapsed`: seconds since the session's first request
-    (`math.inf` when unknown: any forward move)."""
-    if math.isnan(elapsed):
-        return False
+def edits(old: Any, new: Any, mask: Callable[[str], str], elapsed: float) -> tuple[str, ...]:
+    """What in `new` is edited rather than re-rendered against `old` (module docstring): the
+    tokens `string_edits` finds, and the masked form of each string of `new` with no partner
+    in `old`; `()` when `new` is a re-render of `old`. `old`: the message as last stored
+    (parsed sidecar bytes: what was sent); `new`: the client's message now; `mask(text)`:
+    `text` with its volatile values masked, as the digests saw it; `elapsed`: seconds since
+    the session's first request (`math.inf` when unknown: any forward move; NaN: nothing is a
+    re-render). What is returned names the edit whatever the client re-renders around it, so
+    a session told apart by it is found again on its next turn (`proxy.pipeline.replay.with_edits`)."""
     pool: dict[str, int] = {}
     for text in _strings(old):
         pool[text] = pool.get(text, 0) + 1
@@ -179,15 +187,25 @@ def is_rerender(old: Any, new: Any, mask: Callable[[str], str], elapsed: float) 
         else:
             unpaired.append(text)
     if not unpaired:
-        return True
+        return ()
     by_mask: dict[str, list[str]] = {}
     for text, count in pool.items():
         if count:
             by_mask.setdefault(mask(text), []).extend([text] * count)
+    out: list[str] = []
     for text in unpaired:
-        partners = by_mask.get(mask(text))
+        masked = mask(text)
+        partners = by_mask.get(masked)
         if not partners:
-            return False
-        if not is_string_rerender(partners.pop(0), text, elapsed):
-            return False
-    return True
+            out.append(masked)
+        elif math.isnan(elapsed):
+            out.append(masked)
+            partners.pop(0)
+        else:
+            out.extend(string_edits(partners.pop(0), text, elapsed))
+    return tuple(out)
+
+
+def is_rerender(old: Any, new: Any, mask: Callable[[str], str], elapsed: float) -> bool:
+    """Whether `new` is a re-render of `old` (`edits` finds nothing)."""
+    return not edits(old, new, mask, elapsed)

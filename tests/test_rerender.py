@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.pipeline.replay import Masker
-from proxy.rerender import SKEW_S, changed_tokens, is_forward, is_rerender, moments
+from proxy.rerender import SKEW_S, changed_tokens, edits, is_forward, is_rerender, moments
 from proxy.rules import load_rules, volatile_patterns
 
 MASKER = Masker(volatile_patterns(load_rules()))
@@ -80,6 +80,15 @@ def test_re_rendered_moments_are_re_renders() -> None:
     for old, new in cases:
         assert MASK(old) == MASK(new), old
         assert is_rerender(text(old), text(new), MASK, 60.0), new
+
+
+def test_edits_name_the_edited_tokens_whatever_is_re_rendered_around_them() -> None:
+    stored = text("Current time: 2026-12-03T10:00:00Z\nBook it for 2026-12-05T15:00:00Z, budget remaining: 500")
+    later = text("Current time: 2026-12-03T10:00:40Z\nBook it for 2026-12-06T15:00:00Z, budget remaining: 5")
+    again = text("Current time: 2026-12-03T10:01:10Z\nBook it for 2026-12-06T15:00:00Z, budget remaining: 5")
+    assert edits(stored, later, MASK, 60.0) == ("2026-12-06T15:00:00Z,", "5")
+    assert edits(stored, again, MASK, 90.0) == ("2026-12-06T15:00:00Z,", "5")
+    assert edits(stored, stored, MASK, 0.0) == ()
 
 
 def test_a_note_moved_onto_the_stored_message_is_ignored() -> None:

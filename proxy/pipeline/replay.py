@@ -74,7 +74,7 @@ from proxy.pipeline import rawprefix
 from proxy.pipeline.prefilter import LiteralGate, Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value, may_hold_marker
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
-from proxy.rerender import is_rerender
+from proxy.rerender import edits
 from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
 from proxy.store.codec import Sidecar
@@ -874,6 +874,9 @@ class StoredColumns:
     """The sidecars the columns were made from (the functions check it is theirs)."""
     digests: tuple[bytes, ...] | None
     """`Sidecar.digest` by position; `None` when the positions are not exactly `0..n-1`."""
+    exact_column: tuple[bytes, ...] | None = None
+    """`Sidecar.exact` by position, made with `digests` (read by the session stage's edit check
+    and the record builder: once per request)."""
 
     def of(self, sidecars: Sequence[Sidecar], skip: frozenset[int]) -> tuple[bytes, ...] | None:
         """`digests` when they describe `sidecars` and no position is skipped, else `None`."""
@@ -881,6 +884,8 @@ class StoredColumns:
 
     def exacts(self, stop: int) -> tuple[bytes, ...]:
         """`Sidecar.exact` of the first `stop` sidecars."""
+        if self.exact_column is not None:
+            return self.exact_column[:stop]
         return tuple(map(_EXACT_OF, self.sidecars[:stop]))
 
     def sent(self, stop: int) -> tuple[bytes, ...]:
@@ -900,8 +905,9 @@ _EXACT_OF: Final = attrgetter("exact")
 def stored_columns(sidecars: Sequence[Sidecar]) -> StoredColumns:
     """The `StoredColumns` of `sidecars` (two C-speed passes, no per-element Python code)."""
     positions = list(map(_POSITION, sidecars))
-    contiguous = positions == list(range(len(positions)))
-    return StoredColumns(sidecars, tuple(map(_DIGEST_OF, sidecars)) if contiguous else None)
+    if positions != list(range(len(positions))):
+        return StoredColumns(sidecars, None)
+    return StoredColumns(sidecars, tuple(map(_DIGEST_OF, sidecars)), tuple(map(_EXACT_OF, sidecars)))
 
 
 def first_difference(a: Sequence[bytes], b: Sequence[bytes], stop: int) -> int:
@@ -954,31 +960,45 @@ def comparable(message: Any, optional: Mapping[str, frozenset[str]] | None) -> A
 EDIT_MARK: Final = b"volatile-edit\x00"
 
 
-def edit_digest(view: MessageView, position: int) -> bytes:
-    """The digest an element edited in a volatile value compares as (`with_edits`)."""
-    return xxhash.xxh3_128_digest(EDIT_MARK + view.exact[position])
+@dataclass(frozen=True, slots=True)
+class VolatileEdit:
+    """A message edited in a volatile value (`first_volatile_edit`)."""
+
+    position: int
+    """Its position in the message array."""
+    values: tuple[str, ...]
+    """What was edited (`proxy.rerender.edits`: the edited tokens as the client wrote them)."""
+
+    def digest(self, view: MessageView) -> bytes:
+        """The digest the message compares as (`with_edits`): of its masked digest and the
+        edited values, so the same edit gives the same digest whatever the client re-renders
+        around it on later turns, and another edit another digest (16 bytes)."""
+        data = EDIT_MARK + view.recorded[self.position] + "\x00".join(self.values).encode("utf-8", "surrogatepass")
+        return xxhash.xxh3_128_digest(data)
 
 
-def with_edits(view: MessageView, compared: int | None, chained: Iterable[int]) -> MessageView:
-    """`view` with the element at `compared` compared as a changed message
-    (`first_volatile_edit`: its digest replaced by `edit_digest`), and its identity chain
-    following `edit_digest` at each position of `chained` (the edits found against each record
-    session inference tried), so neither replay nor inference takes an edited message for the
-    stored one it only masks equal to. `MessageView.recorded` keeps the masked digests for the
-    session record."""
-    marks = sorted(set(chained))
+def with_edits(view: MessageView, compared: VolatileEdit | None, chained: Iterable[VolatileEdit]) -> MessageView:
+    """`view` with the message of `compared` compared as a changed message (its digest replaced
+    by `VolatileEdit.digest`), and its identity chain following that digest at each edit of
+    `chained` (the edits found against each record session inference tried; the first one per
+    position counts), so neither replay nor inference takes an edited message for the stored
+    one it only masks equal to. `MessageView.recorded` keeps the masked digests for the session
+    record."""
+    marks: dict[int, bytes] = {}
+    for edit in chained:
+        marks.setdefault(edit.position, edit.digest(view))
     if compared is None and not marks:
         return view
     base = view.recorded
     digests = list(base)
     if compared is not None:
-        digests[compared] = edit_digest(view, compared)
+        digests[compared.position] = compared.digest(view)
     boundaries: tuple[bytes, ...] = view.boundaries
     if marks:
         linked = list(base)
-        for position in marks:
-            linked[position] = edit_digest(view, position)
-        start = marks[0]
+        for position, digest in marks.items():
+            linked[position] = digest
+        start = min(marks)
         out = list(view.boundaries[:start])
         chain = out[-1] if out else view.head
         for digest in linked[start:]:
@@ -995,9 +1015,9 @@ def first_volatile_edit(
     elapsed: float,
     optional: Mapping[str, frozenset[str]] | None = None,
     columns: StoredColumns | None = None,
-) -> int | None:
+) -> VolatileEdit | None:
     """The first position whose masked digest equals its sidecar's while its exact digest does
-    not, and whose change is not a re-render (`proxy.rerender.is_rerender` of the stored value
+    not, and whose change is not a re-render (`proxy.rerender.edits` of the stored value
     and the client's element, `elapsed` seconds into the session): a person's edit of a
     volatile value, which replay must not undo, or another conversation that differs only
     there, which inference must not join. Only positions before the first masked mismatch
@@ -1011,7 +1031,7 @@ def first_volatile_edit(
     if stored_digests is not None and columns is not None:
         stop = min(n, len(stored_digests), len(view.exact))
         stop = first_difference(digests, stored_digests, stop) if stop > 0 else 0
-        if stop <= 0 or tuple(view.exact[:stop]) == columns.exacts(stop):
+        if stop <= 0 or view.exact[:stop] == columns.exacts(stop):
             return None
         candidates = [sidecars[i] for i in range(stop) if view.exact[i] != sidecars[i].exact]
     else:
@@ -1034,13 +1054,14 @@ def first_volatile_edit(
     for sidecar in candidates:
         if not sidecar.exact:  # written before exact digests were kept: nothing to tell by
             continue
+        new = comparable(view.items[sidecar.position], optional)
         try:
-            old = orjson.loads(sidecar.value)
+            old = comparable(orjson.loads(sidecar.value), optional)
         except orjson.JSONDecodeError:
-            return sidecar.position
-        new = view.items[sidecar.position]
-        if not is_rerender(comparable(old, optional), comparable(new, optional), mask, elapsed):
-            return sidecar.position
+            return VolatileEdit(sidecar.position, ("\x00unreadable stored value",))
+        found = edits(old, new, mask, elapsed)
+        if found:
+            return VolatileEdit(sidecar.position, found)
     return None
 
 

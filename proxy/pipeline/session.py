@@ -68,6 +68,7 @@ from proxy.pipeline.replay import (
     MessageView,
     RawBody,
     StoredColumns,
+    VolatileEdit,
     aligned_items,
     compact,
     first_difference,
@@ -234,7 +235,7 @@ async def told_apart(
     differ, the request starts a session of its own (an id of its marked chain) with no
     previous record."""
     optional = exchange.adapter.identity_optional
-    chained: list[int] = []
+    chained: list[VolatileEdit] = []
     source = inference.parent if inference.kind == "fork" else inference.session_id
     record: SessionRecord | None = previous
     marked = view
@@ -256,7 +257,8 @@ async def told_apart(
             if again.kind != "fork":
                 # what inference answers when the index holds the record's chain (a restart
                 # emptied it, or the record's session fell out): the same fork id either way
-                again = Inference(fork_id(source, marked.boundaries[max(edit - 1, 0)]), "fork", source, edit)
+                at = edit.position
+                again = Inference(fork_id(source, marked.boundaries[max(at - 1, 0)]), "fork", source, at)
             return with_edits(view, edit, chained), again, record
         inference, source = again, again_source
         record = await store.load(tenant, source) if source is not None and store is not None else None

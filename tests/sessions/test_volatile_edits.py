@@ -210,3 +210,35 @@ async def test_a_conversation_told_apart_keeps_its_own_messages_after_a_restart(
     await client.messages(second, turn(opening, REPLY, mine, REPLY, user("Which build?")))
     assert sent(fake_upstream, 2)[2] == orjson.dumps(yours)
     assert sent(fake_upstream, 3)[2] == orjson.dumps(mine)
+
+
+async def test_a_header_less_conversation_edited_goes_on_replaying_its_re_rendered_reminders(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client
+) -> None:
+    """Every user message starts with `Current time: <now>`, re-rendered on every request; in
+    turn 3 the person moves the date in the first message a day on (fresh-user check, session
+    14: turn 4 was a new session again, replaying nothing, because the edited message's identity
+    followed its re-rendered reminder). Turn 3 starts the edited conversation (the edit is in its
+    first message, as a content edit there would); turn 4 continues it and is sent with turn 3's
+    bytes for its three earlier user messages."""
+    proxy = await start_proxy(upstream=fake_upstream.url)
+    questions = ["Book the review for 2026-12-05T15:00:00Z.", "Risks?", "Action items?", "Draft a note."]
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}
+
+    def body(n: int, now: float) -> dict[str, Any]:
+        messages: list[Any] = []
+        for i in range(n):
+            question = questions[i].replace("12-05", "12-06") if n >= 3 and i == 0 else questions[i]
+            messages += [user(f"Current time: {stamp(now)}\n{question}"), reply]
+        return turn(*messages[:-1])
+
+    for n in range(1, 5):
+        at(proxy, START + 7 * n)
+        status, _ = await client.messages(proxy, body(n, START + 7 * n))
+        assert status == 200
+        await client.settle(proxy)
+    third, fourth = sent(fake_upstream, 2), sent(fake_upstream, 3)
+    assert fourth[:5] == third[:5]
+    assert fourth[:5] != [orjson.dumps(m) for m in body(4, START + 28)["messages"][:5]]
+    assert replayed(proxy) == 1 + 3
+    assert causes(proxy) == {"first_request": 2, "none": 2}
