@@ -8,13 +8,20 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.pipeline.replay import Masker
-from proxy.rerender import SKEW_S, changed_tokens, edits, is_forward, is_rerender, moments
-from proxy.rules import load_rules, volatile_patterns
+from proxy.rerender import (
+    MAX_CHANGED_PER_STRING,
+    MAX_EDITS,
+    SKEW_S,
+    Allowance,
+    edits,
+    is_forward,
+    is_rerender,
+    moments,
+    string_edits,
+)
 
-MASKER = Masker(volatile_patterns(load_rules()))
-MASK = MASKER.mask_text
 BASE = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC)
+DIGITS = str.maketrans("", "", "0123456789")
 
 
 def text(value: str) -> dict[str, Any]:
@@ -25,23 +32,23 @@ def iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_changed_tokens_are_the_tokens_that_differ() -> None:
-    assert changed_tokens("at 10:00 on 2026-12-03", "at 10:05 on 2026-12-03") == [((3, 8), (3, 8))]
-    assert changed_tokens("a b", "a b") == []
-    assert changed_tokens("a b", "a b c") is None
-
-
 def test_moments_by_kind() -> None:
-    found = moments("at 2026-12-03T10:00:00Z, 2026-12-03 11:30, epoch 1796292000, clock 14:05")
+    found = moments("at 2026-12-03T10:00:00Z, 2026-12-03 11:30, epoch 1796292000, current time 14:05")
     assert found == [
         (3, 23, "instant", 1796292000.0),
         (25, 41, "local", 1796297400.0),
         (49, 59, "epoch", 1796292000.0),
-        (67, 72, "clock", 50700.0),
+        (74, 79, "clock", 50700.0),
     ]
     assert moments("2026-12-03T10:00:00+01:00") == [(0, 25, "instant", 1796288400.0)]
-    assert moments("ms 1796292000123") == [(3, 16, "epoch", 1796292000.123)]
-    assert moments("2026-02-30T10:00:00Z 25:61 99:99") == []
+    assert moments("timestamp: 1796292000123") == [(11, 24, "epoch", 1796292000.123)]
+    assert moments("Current time: 1:05 PM") == [(14, 21, "clock", 47100.0)]
+    assert moments("Current time: 12:59 am") == [(14, 22, "clock", 3540.0)]
+
+
+def test_only_labelled_epochs_and_clocks_are_moments() -> None:
+    assert moments("tokens used: 1796292000, ratio 4:32") == []
+    assert moments("2026-02-30T10:00:00Z, current time 25:61, current time 13:05 PM") == []
 
 
 def test_is_forward_bounds() -> None:
@@ -63,10 +70,15 @@ def test_the_attack_pass_edits_are_not_re_renders() -> None:
         ("Current time: 2026-12-03T10:00:00Z", "Current time: 2026-12-03T09:00:00Z"),
         ("Current time: 2026-12-03T10:00:00Z", "Current time: 2026-12-03T10:00:30"),  # zone dropped
         ("current time 14:05", "current time 15:05"),
+        # session 14: a digit beside a moment in one token, an unlabelled epoch or clock
+        ("2026-12-03T10:00:00Z,login,user=ALICE,ip=10.0.0.1", "2026-12-03T10:00:10Z,login,user=ALICE,ip=10.0.0.2"),
+        ("Row: 2026-12-03T10:00:00Z,amount=500", "Row: 2026-12-03T10:00:00Z,amount=5"),
+        ("2026-12-03 10:00,ALICE,4242,500.00", "2026-12-03 10:00,ALICE,4242,5.00"),
+        ("tokens used: 1796292000", "tokens used: 1796292100"),
+        ("the ratio was 4:32", "the ratio was 4:33"),
     ]
     for old, new in cases:
-        assert MASK(old) == MASK(new), old
-        assert not is_rerender(text(old), text(new), MASK, 60.0), new
+        assert not is_rerender(text(old), text(new), 60.0), new
 
 
 def test_re_rendered_moments_are_re_renders() -> None:
@@ -76,23 +88,43 @@ def test_re_rendered_moments_are_re_renders() -> None:
         ("Current time: 2026-12-03 23:59 local", "Current time: 2026-12-04 00:00 local"),
         ("timestamp: 1796292000", "timestamp: 1796292060"),
         ("current time 23:59", "current time 00:00"),
+        ("Current time: 12:59 PM", "Current time: 1:00 PM"),
+        ("2026-12-03T10:00:00Z,login,user=ALICE", "2026-12-03T10:00:30Z,login,user=ALICE"),
     ]
     for old, new in cases:
-        assert MASK(old) == MASK(new), old
-        assert is_rerender(text(old), text(new), MASK, 60.0), new
+        assert is_rerender(text(old), text(new), 60.0), new
 
 
 def test_edits_name_the_edited_tokens_whatever_is_re_rendered_around_them() -> None:
     stored = text("Current time: 2026-12-03T10:00:00Z\nBook it for 2026-12-05T15:00:00Z, budget remaining: 500")
     later = text("Current time: 2026-12-03T10:00:40Z\nBook it for 2026-12-06T15:00:00Z, budget remaining: 5")
     again = text("Current time: 2026-12-03T10:01:10Z\nBook it for 2026-12-06T15:00:00Z, budget remaining: 5")
-    assert edits(stored, later, MASK, 60.0) == ("2026-12-06T15:00:00Z,", "5")
-    assert edits(stored, again, MASK, 90.0) == ("2026-12-06T15:00:00Z,", "5")
-    assert edits(stored, stored, MASK, 0.0) == ()
+    assert edits(stored, later, 60.0) == ("\x00,\x002026-12-06T15:00:00Z", "5\x00")
+    assert edits(stored, again, 90.0) == edits(stored, later, 60.0)
+    assert edits(stored, stored, 0.0) == ()
+    assert string_edits("a b", "a c", 0.0) == ("a c",)
+    assert string_edits("a 1", "a 1 2", 0.0) == ("a  ",)
 
 
-def test_a_note_moved_onto_the_stored_message_is_ignored() -> None:
-    """Reorder put a leading note block on the message as sent; the client's has none."""
+def test_at_most_max_edits_are_named_and_too_many_changes_are_not_looked_at() -> None:
+    def amounts(n: int, shift: int) -> str:
+        return " ".join(f"amount={i + shift}" for i in range(n))
+
+    assert len(edits(text(amounts(20, 0)), text(amounts(20, 1)), 60.0)) == MAX_EDITS
+    many = amounts(MAX_CHANGED_PER_STRING + 1, 1)
+    assert edits(text(amounts(MAX_CHANGED_PER_STRING + 1, 0)), text(many), 60.0) == (many.translate(DIGITS),)
+    allowance = Allowance(tokens=3)
+    old, new = "Current time: 2026-12-03T10:00:00Z", "Current time: 2026-12-03T10:00:09Z"
+    assert edits(text(old), text(new), 60.0, allowance) == ()
+    assert allowance.tokens == 2
+    two_old, two_new = f"{old} {old} {old}", f"{new} {new} {new}"
+    assert edits(text(two_old), text(two_new), 60.0, allowance) == (two_new.translate(DIGITS),)
+    assert allowance.tokens == 2
+
+
+def test_a_note_moved_onto_the_stored_message_and_an_empty_block_are_ignored() -> None:
+    """Reorder put a leading note block on the message as sent, and canonicalise dropped the
+    client's empty text block from it; the client's has no note and still its empty block."""
     stored = {
         "role": "user",
         "content": [
@@ -100,20 +132,27 @@ def test_a_note_moved_onto_the_stored_message_is_ignored() -> None:
             {"type": "text", "text": "<r>Current time: 2026-12-03T10:00:00Z</r> hi"},
         ],
     }
-    assert is_rerender(stored, text("<r>Current time: 2026-12-03T10:00:30Z</r> hi"), MASK, 60.0)
-    assert not is_rerender(stored, text("<r>Current time: 2026-12-04T10:00:30Z</r> hi"), MASK, 60.0)
+    client = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": ""},
+            {"type": "text", "text": "<r>Current time: 2026-12-03T10:00:30Z</r> hi"},
+        ],
+    }
+    assert is_rerender(stored, client, 60.0)
+    assert not is_rerender(stored, text("<r>Current time: 2026-12-04T10:00:30Z</r> hi"), 60.0)
 
 
 def test_an_unknown_session_age_takes_any_forward_move_and_nan_none() -> None:
     old, new = text("Current time: 2026-12-03T10:00:00Z"), text("Current time: 2026-12-09T10:00:00Z")
-    assert is_rerender(old, new, MASK, float("inf"))
-    assert not is_rerender(old, new, MASK, float("nan"))
+    assert is_rerender(old, new, float("inf"))
+    assert not is_rerender(old, new, float("nan"))
 
 
 @given(
     seconds=st.integers(min_value=-7 * 86_400, max_value=7 * 86_400),
     elapsed=st.integers(min_value=0, max_value=86_400),
-    words=st.lists(st.sampled_from(["fix", "the", "bug", "now", "Current", "time:"]), max_size=6),
+    words=st.lists(st.sampled_from(["fix", "the", "bug", "now", "Current", "time:", "7", "a1"]), max_size=12),
 )
 def test_a_time_is_a_re_render_exactly_when_it_moved_forward_within_the_session(
     seconds: int, elapsed: int, words: list[str]
@@ -124,7 +163,7 @@ def test_a_time_is_a_re_render_exactly_when_it_moved_forward_within_the_session(
     old = text(f"{prose} Current time: {iso(BASE)} {prose}")
     new = text(f"{prose} Current time: {iso(BASE + timedelta(seconds=seconds))} {prose}")
     before = (repr(old), repr(new))
-    verdict = is_rerender(old, new, MASK, float(elapsed))
+    verdict = is_rerender(old, new, float(elapsed))
     assert verdict == (-SKEW_S <= seconds <= elapsed + SKEW_S)
     assert (repr(old), repr(new)) == before
-    assert is_rerender(new, new, MASK, 0.0)
+    assert is_rerender(new, new, 0.0)

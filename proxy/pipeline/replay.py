@@ -74,7 +74,7 @@ from proxy.pipeline import rawprefix
 from proxy.pipeline.prefilter import LiteralGate, Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value, may_hold_marker
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
-from proxy.rerender import edits
+from proxy.rerender import Allowance, edits
 from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget
 from proxy.services import Services
 from proxy.store.codec import Sidecar
@@ -566,12 +566,6 @@ class Masker:
             self._remember(exact, masked)  # a partly masked digest is never remembered
         return masked
 
-    def mask_text(self, text: str) -> str:
-        """`text` with the values its volatile spans hold masked, as every digest here masks a
-        string (no budget)."""
-        masked: str = mask_filtered(text, self.filters)
-        return masked
-
     def digest(self, value: Any) -> bytes:
         """The masked digest of `value`."""
         return self.digests(value)[1]
@@ -1011,7 +1005,6 @@ def with_edits(view: MessageView, compared: VolatileEdit | None, chained: Iterab
 def first_volatile_edit(
     view: MessageView,
     sidecars: Sequence[Sidecar],
-    mask: Callable[[str], str],
     elapsed: float,
     optional: Mapping[str, frozenset[str]] | None = None,
     columns: StoredColumns | None = None,
@@ -1022,8 +1015,8 @@ def first_volatile_edit(
     volatile value, which replay must not undo, or another conversation that differs only
     there, which inference must not join. Only positions before the first masked mismatch
     are looked at (the newest element too: a retried last prompt), and only those with a stored
-    exact digest. `None` when there is none. `mask(text)`: the masker's volatile masking of
-    one string. `view` is the client's (unmarked: `MessageView.recorded` is compared)."""
+    exact digest. `None` when there is none. `view` is the client's (unmarked:
+    `MessageView.recorded` is compared)."""
     digests = view.recorded
     n = len(digests)
     stored_digests = columns.of(sidecars, view.system_positions) if columns is not None else None
@@ -1051,6 +1044,7 @@ def first_volatile_edit(
                 break
             if sidecar.exact != view.exact[i]:
                 candidates.append(sidecar)
+    allowance = Allowance()
     for sidecar in candidates:
         if not sidecar.exact:  # written before exact digests were kept: nothing to tell by
             continue
@@ -1059,7 +1053,7 @@ def first_volatile_edit(
             old = comparable(orjson.loads(sidecar.value), optional)
         except orjson.JSONDecodeError:
             return VolatileEdit(sidecar.position, ("\x00unreadable stored value",))
-        found = edits(old, new, mask, elapsed)
+        found = edits(old, new, elapsed, allowance)
         if found:
             return VolatileEdit(sidecar.position, found)
     return None

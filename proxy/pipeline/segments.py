@@ -570,16 +570,27 @@ def _first(candidates: list[tuple[int, Rule]], mask: int) -> Rule | None:
 
 
 def without_volatile(classifier: Classifier, text: str, budget: Budget | None = None) -> str:
-    """`text` without its `volatile` segments (wrapper tag lines kept): what stays the same
-    across a conversation's turns, for session identity (`proxy.pipeline.replay.head_form`).
+    """`text` without its `volatile` segments of more than one line (wrapper tag lines kept):
+    what stays the same across a conversation's turns, for session identity
+    (`proxy.pipeline.replay.head_form`). A volatile segment of one line stays: the masked
+    digest identity takes of it masks its values (`proxy.pipeline.replay.Masker`), and the
+    words around them tell conversations apart (attack pass, session 14: `You are helping
+    alice@example.com. Current time: ...` and the same line for bob were one conversation,
+    and replay sent alice's note, moved onto her first message, in bob's history). A section
+    (a todo list under a timestamped heading) changes every turn and is left out whole.
     `text` itself when the `budget` cannot cover classifying it (reorder then sends it as is)."""
     try:
         segments = classifier.segments(text, budget)
     except BudgetSpent:
         return text
-    if all(s.wrap or s.tier != "volatile" for s in segments):
+    if all(s.wrap or s.tier != "volatile" or _is_one_line(s.text) for s in segments):
         return text
-    return "".join(s.text for s in segments if s.wrap or s.tier != "volatile")
+    return "".join(s.text for s in segments if s.wrap or s.tier != "volatile" or _is_one_line(s.text))
+
+
+def _is_one_line(text: str) -> bool:
+    """Whether `text` is one line (a trailing newline allowed)."""
+    return "\n" not in text.rstrip("\n")
 
 
 _CLASSIFIERS: dict[int, tuple[RuleSet, Classifier]] = {}

@@ -160,7 +160,7 @@ class SessionStage:
             if source is not None and store is not None:
                 previous = await store.load(tenant, source)
         if previous is not None:
-            found = await told_apart(state, store, tenant, view, inference, previous, masker, exchange)
+            found = await told_apart(state, store, tenant, view, inference, previous, exchange)
             view, inference, previous = found
         if view.is_budget_spent:
             services.metrics.rules_budget_exceeded.labels("session").inc()
@@ -217,7 +217,6 @@ async def told_apart(
     view: MessageView,
     inference: Inference,
     previous: SessionRecord,
-    masker: Masker,
     exchange: Exchange,
 ) -> tuple[MessageView, Inference, SessionRecord | None]:
     """The message view, inference and previous record once the request is told apart from a
@@ -244,7 +243,7 @@ async def told_apart(
             return marked, inference, None
         elapsed = state.clock() - record.started if record.started > 0 else math.inf
         columns = exchange.stored_columns = stored_columns(record.sidecars)
-        edit = first_volatile_edit(view, record.sidecars, masker.mask_text, elapsed, optional, columns)
+        edit = first_volatile_edit(view, record.sidecars, elapsed, optional, columns)
         if edit is None:
             return marked, inference, record
         chained.append(edit)
@@ -605,8 +604,20 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         pacing=session_pacing.with_response(turn) if not is_subagent(exchange.headers) else session_pacing,
         turn=turn,
         delivered=record_delivered(exchange),
-        started=previous.started if previous is not None else exchange.arrivals[0] if exchange.arrivals else 0.0,
+        started=session_started(previous, exchange.arrivals),
     )
+
+
+def session_started(previous: SessionRecord | None, arrivals: Sequence[float]) -> float:
+    """`SessionRecord.started` of the new record: the previous record's; for a record written
+    before it was kept, its oldest arrival held (a later time than the session's start when the
+    session had more turns than it holds, so a re-render of its first messages may read as an
+    edit once); this request's arrival for a new session."""
+    if previous is not None and previous.started:
+        return previous.started
+    if previous is not None and previous.arrivals:
+        return previous.arrivals[0]
+    return arrivals[0] if arrivals else 0.0
 
 
 def record_delivered(exchange: Exchange) -> tuple[tuple[str, str, int], ...]:

@@ -242,3 +242,53 @@ async def test_a_header_less_conversation_edited_goes_on_replaying_its_re_render
     assert fourth[:5] != [orjson.dumps(m) for m in body(4, START + 28)["messages"][:5]]
     assert replayed(proxy) == 1 + 3
     assert causes(proxy) == {"first_request": 2, "none": 2}
+
+
+async def test_a_digit_changed_beside_a_moment_in_one_token_is_another_conversation(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client
+) -> None:
+    """The timestamp rule masks the whole token a date-time starts (`...Z,login,user=ALICE,...`),
+    so two header-less conversations differing in the rest of it masked equal (attack pass,
+    session 14: the first one's next turn went upstream with the second one's message)."""
+    proxy = await start_proxy(upstream=fake_upstream.url)
+    mine = user("Audit log:\n2026-12-03T10:00:00Z,login,user=ALICE,ip=10.0.0.1")
+    yours = user("Audit log:\n2026-12-03T10:00:00Z,login,user=BOB,ip=10.0.0.2")
+    at(proxy, START)
+    await client.messages(proxy, turn(mine))
+    await client.settle(proxy)
+    at(proxy, START + 5)
+    await client.messages(proxy, turn(yours))
+    await client.settle(proxy)
+    at(proxy, START + 10)
+    await client.messages(proxy, turn(mine, REPLY, user("Who?")))
+    assert sent(fake_upstream, 2)[0] == orjson.dumps(mine)
+
+
+async def test_system_prompts_differing_in_a_volatile_line_s_words_are_other_conversations(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client
+) -> None:
+    """Reorder moves a volatile line onto the user message whole; identity left it out, so two
+    support conversations whose only difference was that line (the customer, the time) were one
+    session, and replay sent the first customer's note in the second's history (attack pass,
+    session 14). Identity now keeps a one-line volatile segment, its values masked."""
+    proxy = await start_proxy(upstream=fake_upstream.url)
+
+    def system(who: str, minute: int) -> str:
+        note = f"You are helping {who} (order #{who[0]}-7). Current time: 2026-12-03 10:0{minute}"
+        return f"You are a support assistant.\n{note}"
+
+    question = user("Where is my order?")
+    bodies = [
+        (system("alice@example.com", 0), [question]),
+        (system("bob@example.com", 2), [question]),
+        (system("alice@example.com", 4), [question, REPLY, user("Thanks.")]),
+        (system("bob@example.com", 6), [question, REPLY, user("Thanks.")]),
+    ]
+    for i, (prompt, messages) in enumerate(bodies):
+        at(proxy, START + 60 * i)
+        status, _ = await client.messages(proxy, {**turn(*messages), "system": prompt})
+        assert status == 200
+        await client.settle(proxy)
+    assert b"bob@example.com" not in fake_upstream.received[2].body
+    assert b"alice@example.com" not in fake_upstream.received[3].body
+    assert b"alice@example.com" in fake_upstream.received[2].body
