@@ -625,7 +625,7 @@ class MessageView:
     leading elements it knew from a recent body's results: their sidecars are the record's),
     so the record builder stores a sidecar without serialising its element again."""
     masked: tuple[bytes, ...] | None = None
-    """The masked digests when `digests` marks a volatile edit (`with_edit`): what the
+    """The masked digests when `digests` marks a volatile edit (`with_edits`): what the
     session record keeps, so the edited message is the same message on the next turn."""
 
     @property
@@ -897,7 +897,7 @@ _EXACT_OF: Final = attrgetter("exact")
 
 
 def stored_columns(sidecars: Sequence[Sidecar]) -> StoredColumns:
-    """The `StoredColumns` of `sidecars` (two C-speed passes, no per-element Python code)."""
+    """The `StoredColumns` of `sidecars` (C-speed passes, no per-element Python code)."""
     positions = list(map(_POSITION, sidecars))
     if positions != list(range(len(positions))):
         return StoredColumns(sidecars, None)
@@ -961,7 +961,8 @@ class VolatileEdit:
     position: int
     """Its position in the message array."""
     values: tuple[str, ...]
-    """What was edited (`proxy.rerender.edits`: the edited tokens as the client wrote them)."""
+    """What names the edit (`proxy.rerender.edits`: the edited tokens, without the moments
+    around them that moved forward)."""
 
     def digest(self, view: MessageView) -> bytes:
         """The digest the message compares as (`with_edits`): of its masked digest and the
