@@ -59,10 +59,17 @@ MAX_EDITS: Final = 8
 MAX_CHANGED_PER_STRING: Final = 32
 """Changed tokens a string may have and still be looked at: a re-render changes a time or
 two per message; more is taken for an edit unlooked (named by the string without its digits)."""
-MAX_CHANGED_PER_REQUEST: Final = 512
-"""Changed tokens looked at per request (`Allowance`); past it the rest is taken for edits.
-Each costs about 60 us (two windows through the moment patterns): a body of 16,000 changed
-times held the event loop 20 s before (attack pass, session 14), about 30 ms at most now."""
+MAX_CHANGED_PER_REQUEST: Final = 2048
+"""Changed tokens looked at per request (`Allowance`); past it the rest is taken for edits
+(a history of 2,048 re-rendered times is replayed whole). Each costs at most two windows of
+`MAX_CONTEXT_CHARS`-bounded tokens through the moment patterns (about 30 us): a body of
+16,000 changed times held the event loop 20 s before (attack pass, session 14)."""
+MAX_TOKEN_CHARS: Final = 96
+"""A changed token longer than this is taken for an edit unlooked (a re-rendered moment's
+token is short: `<current_time>2026-12-03T10:00:00Z</current_time>` is 49 characters)."""
+MAX_CONTEXT_CHARS: Final = 64
+"""Characters of each neighbouring token a window keeps (the end of one before, the start of
+one after): enough for a label or a date, never a whole 16 KB token (attack pass, session 14)."""
 WINDOW: Final = 6
 """Tokens before a changed token (and 3 after) its moments are looked for in: a date before
 its time, a label before its epoch or clock."""
@@ -72,7 +79,7 @@ Moment = tuple[int, int, MomentKind, float]
 """`(start, end, kind, seconds)` of one moment in a string (`moments`)."""
 
 _INSTANT: Final = re.compile(
-    r"(?<!\d)(\d{4})-(\d{2})-(\d{2})[T ](\d{1,2}):(\d{2})(?::(\d{2})(?:[.,]\d+)?)?"
+    r"(?<!\d)(\d{4})-(\d{2})-(\d{2})[T ](\d{1,2}):(\d{2})(?::(\d{2})(?:[.,]\d{1,9})?)?"
     r"(?:\s?(Z|UTC|GMT|[+-]\d{2}:?\d{2}))?(?![\d:])"
 )
 _EPOCH: Final = re.compile(r"(?i)\b(?:timestamp|epoch|unix time)\b\D{0,20}?(?<!\d)(\d{10}|\d{13})(?!\d)")
@@ -170,11 +177,18 @@ def _token_edit(before: list[str], after: list[str], k: int, elapsed: float) -> 
     """`None` when token `k` of `after` is token `k` of `before` with only its moments moved
     forward (`is_forward`; its moments are looked for in a window of tokens around it), else
     what names the edit: the token with its moments that did move forward cut out, so the
-    same edit is named the same while the client re-renders the rest."""
+    same edit is named the same while the client re-renders the rest. A token over
+    `MAX_TOKEN_CHARS` is an edit, named without its digits; neighbours are cut to
+    `MAX_CONTEXT_CHARS`."""
+    if len(after[k]) > MAX_TOKEN_CHARS or len(before[k]) > MAX_TOKEN_CHARS:
+        return after[k].translate(_DIGITS)
     lo, hi = max(0, k - WINDOW), k + 4
-    old_window, new_window = " ".join(before[lo:hi]), " ".join(after[lo:hi])
-    old_at = sum(len(t) + 1 for t in before[lo:k])
-    new_at = sum(len(t) + 1 for t in after[lo:k])
+    old_head = [t[-MAX_CONTEXT_CHARS:] for t in before[lo:k]]
+    new_head = [t[-MAX_CONTEXT_CHARS:] for t in after[lo:k]]
+    old_window = " ".join([*old_head, before[k], *(t[:MAX_CONTEXT_CHARS] for t in before[k + 1 : hi])])
+    new_window = " ".join([*new_head, after[k], *(t[:MAX_CONTEXT_CHARS] for t in after[k + 1 : hi])])
+    old_at = sum(len(t) + 1 for t in old_head)
+    new_at = sum(len(t) + 1 for t in new_head)
     old_rest, old_moments = _cut(old_window, old_at, old_at + len(before[k]), moments(old_window))
     new_rest, new_moments = _cut(new_window, new_at, new_at + len(after[k]), moments(new_window))
     if old_rest == new_rest and new_moments and len(old_moments) == len(new_moments):

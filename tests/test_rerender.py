@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from proxy.rerender import (
     MAX_CHANGED_PER_STRING,
     MAX_EDITS,
+    MAX_TOKEN_CHARS,
     SKEW_S,
     Allowance,
     edits,
@@ -76,6 +77,9 @@ def test_the_attack_pass_edits_are_not_re_renders() -> None:
         ("2026-12-03 10:00,ALICE,4242,500.00", "2026-12-03 10:00,ALICE,4242,5.00"),
         ("tokens used: 1796292000", "tokens used: 1796292100"),
         ("the ratio was 4:32", "the ratio was 4:33"),
+        # session 14, second pass: digits after the seconds are not a fraction past 9 digits
+        ("Refund:\n2026-12-03 10:00:00,4111111111111111", "Refund:\n2026-12-03 10:00:00,5500000000000004"),
+        ("2026-12-03T10:00:00.1234567890123456Z", "2026-12-03T10:00:00.6543210987654321Z"),
     ]
     for old, new in cases:
         assert not is_rerender(text(old), text(new), 60.0), new
@@ -120,6 +124,18 @@ def test_at_most_max_edits_are_named_and_too_many_changes_are_not_looked_at() ->
     two_old, two_new = f"{old} {old} {old}", f"{new} {new} {new}"
     assert edits(text(two_old), text(two_new), 60.0, allowance) == (two_new.translate(DIGITS),)
     assert allowance.tokens == 2
+
+
+def test_a_long_changed_token_is_an_edit_unlooked() -> None:
+    """A changed token over MAX_TOKEN_CHARS is an edit named without its digits; a neighbour
+    token of any length is cut to MAX_CONTEXT_CHARS in the window (so its cost is bounded)."""
+    glued = ",".join(["2026-12-03T10:00Z,timestamp:1796292000"] * 4)
+    later = glued.replace("10:00Z", "10:01Z")
+    assert len(later) > MAX_TOKEN_CHARS
+    assert string_edits(glued, later, 600.0) == (later.translate(DIGITS),)
+    pad = "x" * 100_000
+    assert string_edits(f"{pad} Current time: 10:00Z", f"{pad} Current time: 10:01Z", 600.0) == ()
+    assert string_edits(f"{pad} 2026-12-03T10:00Z", f"{pad} 2026-12-03T10:01Z", 600.0) == ()
 
 
 def test_a_note_moved_onto_the_stored_message_and_an_empty_block_are_ignored() -> None:

@@ -572,9 +572,9 @@ def _first(candidates: list[tuple[int, Rule]], mask: int) -> Rule | None:
 def without_volatile(classifier: Classifier, text: str, budget: Budget | None = None) -> str:
     """`text` without its `volatile` segments of more than one line (wrapper tag lines kept):
     what stays the same across a conversation's turns, for session identity
-    (`proxy.pipeline.replay.head_form`). A volatile segment of one line stays: the masked
-    digest identity takes of it masks its values (`proxy.pipeline.replay.Masker`), and the
-    words around them tell conversations apart (attack pass, session 14: `You are helping
+    (`proxy.pipeline.replay.head_form`). Of a volatile segment of one line its words stay,
+    without its values (`_words_of`: any token holding a digit), so they tell conversations
+    apart while the values change every turn (attack pass, session 14: `You are helping
     alice@example.com. Current time: ...` and the same line for bob were one conversation,
     and replay sent alice's note, moved onto her first message, in bob's history). A section
     (a todo list under a timestamped heading) changes every turn and is left out whole.
@@ -583,14 +583,32 @@ def without_volatile(classifier: Classifier, text: str, budget: Budget | None = 
         segments = classifier.segments(text, budget)
     except BudgetSpent:
         return text
-    if all(s.wrap or s.tier != "volatile" or _is_one_line(s.text) for s in segments):
+    if all(s.wrap or s.tier != "volatile" for s in segments):
         return text
-    return "".join(s.text for s in segments if s.wrap or s.tier != "volatile" or _is_one_line(s.text))
+    kept = []
+    for s in segments:
+        if s.wrap or s.tier != "volatile":
+            kept.append(s.text)
+        elif _is_one_line(s.text):
+            kept.append(_words_of(s.text))
+    return "".join(kept)
 
 
 def _is_one_line(text: str) -> bool:
     """Whether `text` is one line (a trailing newline allowed)."""
     return "\n" not in text.rstrip("\n")
+
+
+def _words_of(line: str) -> str:
+    """`line` without its tokens that hold a digit or are 4+ hex characters (a value), in one
+    space-separated run: what of a volatile line stays while its values change
+    (`Session cost: $0.41 (5 requests)` -> `Session cost: requests)`)."""
+    return " ".join(t for t in line.split() if not _is_value(t)) + "\n"
+
+
+def _is_value(token: str) -> bool:
+    """Whether `token` is a value (`_words_of`)."""
+    return any(c.isdigit() for c in token) or (len(token) >= 4 and all(c in "0123456789abcdefABCDEF" for c in token))
 
 
 _CLASSIFIERS: dict[int, tuple[RuleSet, Classifier]] = {}

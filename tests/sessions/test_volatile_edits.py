@@ -292,3 +292,27 @@ async def test_system_prompts_differing_in_a_volatile_line_s_words_are_other_con
     assert b"bob@example.com" not in fake_upstream.received[2].body
     assert b"alice@example.com" not in fake_upstream.received[3].body
     assert b"alice@example.com" in fake_upstream.received[2].body
+
+
+async def test_a_volatile_system_line_whose_values_change_keeps_its_session(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client
+) -> None:
+    """Identity keeps a one-line volatile segment's words, not its values: a header-less client
+    whose `Session cost: $0.4N (N requests)` line changes every turn, and which re-renders the
+    time in its first message, stays one session and has that message replayed each turn
+    (attack pass, session 14: with the whole line kept, each turn was a new session)."""
+    proxy = await start_proxy(upstream=fake_upstream.url)
+    for n in range(1, 5):
+        now = START + 30 * n
+        at(proxy, now)
+        messages: list[Any] = [user(f"Current time: {stamp(now)}\nList the open bugs.")]
+        for i in range(1, n):
+            messages += [REPLY, user(f"And bug {i}?")]
+        body = {**turn(*messages), "system": f"You are terse.\nSession cost: $0.4{n} ({n} requests)"}
+        status, _ = await client.messages(proxy, body)
+        assert status == 200
+        await client.settle(proxy)
+    assert causes(proxy) == {"first_request": 1, "none": 3}
+    # each turn the re-rendered first message, and each earlier user message that carries the
+    # cost line reorder moved onto it when it was the newest: 1 + 2 + 3
+    assert replayed(proxy) == 6
