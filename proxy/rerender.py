@@ -33,10 +33,12 @@ Pure core:
   `proxy.pipeline.delivered`) and empty strings of `new` (canonicalise drops empty text
   blocks from what is sent) are ignored. `is_rerender`: `edits` finds none.
 
-Cost: linear in the strings' lengths (C-speed comparisons and splits), plus a small window of
-tokens around each changed one for the moment patterns, for at most `MAX_CHANGED_PER_STRING`
-changed tokens per string and `MAX_CHANGED_PER_REQUEST` per request (`Allowance`); past
-those a change is taken for an edit without looking. At most `MAX_EDITS` edits are named.
+Cost: linear in the strings' lengths (C-speed comparisons and splits), plus a window of
+tokens around each changed one for the moment patterns (each neighbour cut to
+`MAX_CONTEXT_CHARS`; a changed token over `MAX_TOKEN_CHARS` is an edit), for at most
+`MAX_CHANGED_PER_STRING` changed tokens per string and `MAX_CHANGED_PER_REQUEST` per request
+(`Allowance`); past those a change is taken for an edit without looking. At most `MAX_EDITS`
+edits are named.
 """
 
 from __future__ import annotations
@@ -59,11 +61,14 @@ MAX_EDITS: Final = 8
 MAX_CHANGED_PER_STRING: Final = 32
 """Changed tokens a string may have and still be looked at: a re-render changes a time or
 two per message; more is taken for an edit unlooked (named by the string without its digits)."""
-MAX_CHANGED_PER_REQUEST: Final = 2048
+MAX_CHANGED_PER_REQUEST: Final = 1024
 """Changed tokens looked at per request (`Allowance`); past it the rest is taken for edits
-(a history of 2,048 re-rendered times is replayed whole). Each costs at most two windows of
-`MAX_CONTEXT_CHARS`-bounded tokens through the moment patterns (about 30 us): a body of
-16,000 changed times held the event loop 20 s before (attack pass, session 14)."""
+(a history of 1,024 re-rendered times is replayed whole; past it replay stops at the message
+the allowance ran out in). Each costs two windows of `MAX_CONTEXT_CHARS`-bounded tokens
+through the moment patterns: 30 us for a plain reminder, about 110 us for windows full of
+labelled digits, so a request spends at most about 0.11 s here (a body of 16,000 changed
+times held the event loop 20 s before: attack pass, session 14); the rules' own scan budget
+(`classify_budget_chars`, 4 MiB at about 6 MB/s) allows more."""
 MAX_TOKEN_CHARS: Final = 96
 """A changed token longer than this is taken for an edit unlooked (a re-rendered moment's
 token is short: `<current_time>2026-12-03T10:00:00Z</current_time>` is 49 characters)."""
