@@ -75,9 +75,14 @@ token is short: `<current_time>2026-12-03T10:00:00Z</current_time>` is 49 charac
 MAX_CONTEXT_CHARS: Final = 64
 """Characters of each neighbouring token a window keeps (the end of one before, the start of
 one after): enough for a label or a date, never a whole 16 KB token (attack pass, session 14)."""
-WINDOW: Final = 6
-"""Tokens before a changed token (and 3 after) its moments are looked for in: a date before
-its time, a label before its epoch or clock."""
+WINDOW: Final = 16
+"""At most this many tokens before a changed token, and `LOOK_BACK_CHARS` of them, with 3
+after, make the window its moments are looked for in: a date before its time, a label before
+its epoch or clock (`Current time: Thursday, December 3, 2026 at 10:00:00 AM` has 7 tokens
+before its clock: attack pass, session 14)."""
+LOOK_BACK_CHARS: Final = 72
+"""Characters of tokens before a changed token a window reaches back to (the rules look 40
+characters past a 21-character label)."""
 
 MomentKind = Literal["instant", "local", "epoch", "clock"]
 Moment = tuple[int, int, MomentKind, float]
@@ -187,7 +192,10 @@ def _token_edit(before: list[str], after: list[str], k: int, elapsed: float) -> 
     `MAX_CONTEXT_CHARS`."""
     if len(after[k]) > MAX_TOKEN_CHARS or len(before[k]) > MAX_TOKEN_CHARS:
         return after[k].translate(_DIGITS)
-    lo, hi = max(0, k - WINDOW), k + 4
+    lo, hi, reach = k, k + 4, 0
+    while lo > 0 and k - lo < WINDOW and reach < LOOK_BACK_CHARS:
+        lo -= 1
+        reach += min(len(after[lo]), MAX_CONTEXT_CHARS) + 1
     old_head = [t[-MAX_CONTEXT_CHARS:] for t in before[lo:k]]
     new_head = [t[-MAX_CONTEXT_CHARS:] for t in after[lo:k]]
     old_window = " ".join([*old_head, before[k], *(t[:MAX_CONTEXT_CHARS] for t in before[k + 1 : hi])])
@@ -249,13 +257,19 @@ def string_edits(
     return tuple(out)
 
 
+LOOKAHEAD: Final = 128
+"""Strings of the stored message a string of the client's may skip to find its partner (the
+notes reorder and the pin stage put before the client's text: at most 64 of each)."""
+
+
 def _strings(value: Any) -> Iterator[str]:
-    """The string values inside `value` (not its keys), depth first."""
+    """The string values inside `value` (not its keys), depth first, an object's in the order
+    of its sorted keys (as the digests see it: a client that reorders keys sends the same)."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
+        for key in sorted(value):
+            yield from _strings(value[key])
     elif isinstance(value, list):
         for v in value:
             yield from _strings(v)
@@ -264,36 +278,42 @@ def _strings(value: Any) -> Iterator[str]:
 def edits(old: Any, new: Any, elapsed: float, allowance: Allowance | None = None) -> tuple[str, ...]:
     """What in `new` is edited rather than re-rendered against `old` (module docstring): the
     tokens `string_edits` finds, and each string of `new` with no partner in `old`, at most
-    `MAX_EDITS`; `()` when `new` is a re-render of `old`. `old`: the message as last stored
-    (parsed sidecar bytes: what was sent); `new`: the client's message now; `elapsed`: seconds
-    since the session's first request (`math.inf` when unknown: any forward move; NaN:
-    nothing is a re-render); `allowance`: the request's (`string_edits`). What is returned
-    names the edit whatever the client re-renders around it, so a session told apart by it is
-    found again on its next turn (`proxy.pipeline.replay.with_edits`)."""
-    pool: dict[str, int] = {}
-    for text in _strings(old):
-        pool[text] = pool.get(text, 0) + 1
-    unpaired: list[str] = []
-    for text in _strings(new):
-        count = pool.get(text, 0)
-        if count:
-            pool[text] = count - 1
-        elif text:
-            unpaired.append(text)
-    if not unpaired:
+    `MAX_EDITS`; `()` when `new` is a re-render of `old`. Strings pair in order: each string of
+    `new` with the next one of `old`, within `LOOKAHEAD`, that is equal to it or equal but for
+    its digits (so values swapped between two places are compared place by place: attack pass,
+    session 14). `old`: the message as last stored (parsed sidecar bytes: what was sent);
+    `new`: the client's message now; `elapsed`: seconds since the session's first request
+    (`math.inf` when unknown: any forward move; NaN: nothing is a re-render); `allowance`: the
+    request's (`string_edits`). What is returned names the edit whatever the client re-renders
+    around it, so a session told apart by it is found again on its next turn
+    (`proxy.pipeline.replay.with_edits`)."""
+    olds, news = list(_strings(old)), list(_strings(new))
+    if olds == news:
         return ()
-    partners: dict[str, list[str]] = {}
-    for text, count in pool.items():
-        if count:
-            partners.setdefault(text.translate(_DIGITS), []).extend([text] * count)
+    keys: list[str | None] = [None] * len(olds)
     out: list[str] = []
-    for text in unpaired:
+    at = 0
+    for text in news:
+        if not text:
+            continue  # canonicalise drops an empty text block from what is sent
         key = text.translate(_DIGITS)
-        found = partners.get(key)
-        if not found or math.isnan(elapsed):
+        found = -1
+        for j in range(at, min(len(olds), at + LOOKAHEAD)):
+            if olds[j] == text:
+                found = j
+                break
+            known = keys[j]
+            if known is None:
+                known = keys[j] = olds[j].translate(_DIGITS)
+            if known == key:
+                found = j
+                break
+        if found < 0 or math.isnan(elapsed):
             out.append(key)  # digits left out: the same edit re-rendered names the same
         else:
-            out.extend(string_edits(found.pop(0), text, elapsed, MAX_EDITS - len(out), allowance, True))
+            if olds[found] != text:
+                out.extend(string_edits(olds[found], text, elapsed, MAX_EDITS - len(out), allowance, True))
+            at = found + 1
         if len(out) >= MAX_EDITS:
             break
     return tuple(out[:MAX_EDITS])

@@ -23,6 +23,8 @@ from proxy.rerender import (
 
 BASE = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC)
 DIGITS = str.maketrans("", "", "0123456789")
+LONG = "Current time: Thursday, December 3, 2026"
+DATED = "Current date and time: Thursday, December 3, 2026"
 
 
 def text(value: str) -> dict[str, Any]:
@@ -93,6 +95,9 @@ def test_re_rendered_moments_are_re_renders() -> None:
         ("timestamp: 1796292000", "timestamp: 1796292060"),
         ("current time 23:59", "current time 00:00"),
         ("Current time: 12:59 PM", "Current time: 1:00 PM"),
+        # a weekday and a spelled-out date before the clock (7 tokens back: attack pass 3)
+        (f"{LONG} at 10:00:00 AM UTC", f"{LONG} at 10:00:40 AM UTC"),
+        (f"{DATED} 10:00", f"{DATED} 10:01"),
         ("2026-12-03T10:00:00Z,login,user=ALICE", "2026-12-03T10:00:30Z,login,user=ALICE"),
     ]
     for old, new in cases:
@@ -124,6 +129,18 @@ def test_at_most_max_edits_are_named_and_too_many_changes_are_not_looked_at() ->
     two_old, two_new = f"{old} {old} {old}", f"{new} {new} {new}"
     assert edits(text(two_old), text(two_new), 60.0, allowance) == (two_new.translate(DIGITS),)
     assert allowance.tokens == 2
+
+
+def test_values_swapped_between_two_places_are_compared_place_by_place() -> None:
+    """Strings pair in order, an object's by sorted key: swapping two dates is two moves, one of
+    them back (attack pass 3: paired by value, every string was found unchanged)."""
+    call = {"type": "tool_use", "input": {"start": "2026-12-03T10:00Z", "end": "2026-12-05T10:00Z"}}
+    swapped = {"type": "tool_use", "input": {"end": "2026-12-03T10:00Z", "start": "2026-12-05T10:00Z"}}
+    assert not is_rerender(call, swapped, 7 * 86_400.0)
+    reordered = {"input": {"end": "2026-12-05T10:00Z", "start": "2026-12-03T10:00Z"}, "type": "tool_use"}
+    assert edits(call, reordered, 0.0) == ()
+    blocks = [{"type": "text", "text": "due 2026-12-03T10:00Z"}, {"type": "text", "text": "due 2026-12-09T10:00Z"}]
+    assert not is_rerender(blocks, blocks[::-1], 7 * 86_400.0)
 
 
 def test_a_long_changed_token_is_an_edit_unlooked() -> None:
