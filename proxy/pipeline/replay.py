@@ -1009,6 +1009,7 @@ def first_volatile_edit(
     elapsed: float,
     optional: Mapping[str, frozenset[str]] | None = None,
     columns: StoredColumns | None = None,
+    allowance: Allowance | None = None,
 ) -> VolatileEdit | None:
     """The first position whose masked digest equals its sidecar's while its exact digest does
     not, and whose change is not a re-render (`proxy.rerender.edits` of the stored value
@@ -1017,7 +1018,8 @@ def first_volatile_edit(
     there, which inference must not join. Only positions before the first masked mismatch
     are looked at (the newest element too: a retried last prompt), and only those with a stored
     exact digest. `None` when there is none. `view` is the client's (unmarked:
-    `MessageView.recorded` is compared)."""
+    `MessageView.recorded` is compared); `allowance`: the request's (`proxy.rerender.Allowance`,
+    shared by every record it is compared with), a fresh one when `None`."""
     digests = view.recorded
     n = len(digests)
     stored_digests = columns.of(sidecars, view.system_positions) if columns is not None else None
@@ -1045,7 +1047,8 @@ def first_volatile_edit(
                 break
             if sidecar.exact != view.exact[i]:
                 candidates.append(sidecar)
-    allowance = Allowance()
+    if allowance is None:
+        allowance = Allowance()
     for sidecar in candidates:
         if not sidecar.exact:  # written before exact digests were kept: nothing to tell by
             continue

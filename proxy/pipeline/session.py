@@ -84,6 +84,7 @@ from proxy.pipeline.segments import classifier_for, without_volatile
 from proxy.pipeline.support import layout_cache, rules_for, scan_budget
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, shared_blocks
 from proxy.providers.base import Block, JSONObject, Run, ToolShape
+from proxy.rerender import Allowance
 from proxy.rules import RuleSet, volatile_patterns
 from proxy.services import Services
 from proxy.session_identity import Inference, SessionState, explicit_id, explicit_session, fork_id, root_id
@@ -238,12 +239,13 @@ async def told_apart(
     source = inference.parent if inference.kind == "fork" else inference.session_id
     record: SessionRecord | None = previous
     marked = view
+    allowance = Allowance()  # one for the request, whichever records it is compared with
     for _ in range(MAX_RETRIES):
         if record is None:
             return marked, inference, None
         elapsed = state.clock() - record.started if record.started > 0 else math.inf
         columns = exchange.stored_columns = stored_columns(record.sidecars)
-        edit = first_volatile_edit(view, record.sidecars, elapsed, optional, columns)
+        edit = first_volatile_edit(view, record.sidecars, elapsed, optional, columns, allowance)
         if edit is None:
             return marked, inference, record
         chained.append(edit)
