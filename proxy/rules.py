@@ -47,6 +47,18 @@ LINE_SCAN_COST: Final = 64
 every pattern: many distinct short lines are not free)."""
 
 
+_HEX_DIGITS: Final = frozenset("0123456789abcdefABCDEF")
+
+
+def is_value_token(token: str) -> bool:
+    """Whether a whitespace token is a value a volatile rule's match may change every request:
+    it holds a digit (`2026-11-29T20:09:13Z`, `1,046`, `(0.5%)`, `$1.25`) or is 4+ hex
+    characters (an id without a digit). Replay masks these inside a volatile span
+    (`proxy.pipeline.replay`), and session identity leaves them out of a one-line volatile
+    segment (`proxy.pipeline.segments.without_volatile`)."""
+    return any(c.isdigit() for c in token) or (len(token) >= 4 and _HEX_DIGITS.issuperset(token))
+
+
 class Budget:
     """Characters the rules may still scan for one request. Replay masking
     (`proxy.pipeline.replay.Masker.budget`): each pattern run over a text costs its length;

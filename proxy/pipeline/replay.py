@@ -75,7 +75,7 @@ from proxy.pipeline.prefilter import LiteralGate, Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value, may_hold_marker
 from proxy.providers.base import JSONObject, ProviderAdapter, Run
 from proxy.rerender import Allowance, edits
-from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget
+from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget, is_value_token
 from proxy.services import Services
 from proxy.store.codec import Sidecar
 
@@ -206,14 +206,13 @@ def span_pattern(pattern: re.Pattern[str]) -> re.Pattern[str]:
 
 
 _TOKEN: Final = re.compile(r"\S+")
-_HEX: Final = frozenset("0123456789abcdefABCDEF")
 
 
 def _mask_token(token: re.Match[str]) -> str:
     """`MASK` for a value: a whitespace-delimited token holding a digit (`2026-11-29T20:09:13Z`,
     `1,046`, `(0.5%)`, `$1.25`), or a hex token of 4+ (an id without a digit)."""
     text = token.group()
-    if any(c.isdigit() for c in text) or (len(text) >= 4 and _HEX.issuperset(text)):
+    if is_value_token(text):
         return MASK
     return text
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Final, TypeVar, cast
 
-from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget, Rule, RuleSet
+from proxy.rules import LINE_SCAN_COST, MAX_RULE_LINE_CHARS, Budget, Rule, RuleSet, is_value_token
 
 TIER_RANK: Final = {"stable": 0, "session": 1, "volatile": 2}
 _LINE_CACHE_LIMIT: Final = 16384
@@ -600,15 +600,10 @@ def _is_one_line(text: str) -> bool:
 
 
 def _words_of(line: str) -> str:
-    """`line` without its tokens that hold a digit or are 4+ hex characters (a value), in one
-    space-separated run: what of a volatile line stays while its values change
+    """`line` without its value tokens (`proxy.rules.is_value_token`), in one space-separated
+    run: what of a volatile line stays while its values change
     (`Session cost: $0.41 (5 requests)` -> `Session cost: requests)`)."""
-    return " ".join(t for t in line.split() if not _is_value(t)) + "\n"
-
-
-def _is_value(token: str) -> bool:
-    """Whether `token` is a value (`_words_of`)."""
-    return any(c.isdigit() for c in token) or (len(token) >= 4 and all(c in "0123456789abcdefABCDEF" for c in token))
+    return " ".join(t for t in line.split() if not is_value_token(t)) + "\n"
 
 
 _CLASSIFIERS: dict[int, tuple[RuleSet, Classifier]] = {}

@@ -161,7 +161,7 @@ class SessionStage:
             if source is not None and store is not None:
                 previous = await store.load(tenant, source)
         if previous is not None:
-            found = await told_apart(state, store, tenant, view, inference, previous, exchange)
+            found = await told_apart(state, store, tenant, view, inference, previous, exchange, now)
             view, inference, previous = found
         if view.is_budget_spent:
             services.metrics.rules_budget_exceeded.labels("session").inc()
@@ -219,6 +219,7 @@ async def told_apart(
     inference: Inference,
     previous: SessionRecord,
     exchange: Exchange,
+    now: float,
 ) -> tuple[MessageView, Inference, SessionRecord | None]:
     """The message view, inference and previous record once the request is told apart from a
     record it only masks equal to (`proxy.pipeline.replay.first_volatile_edit`: a person's edit
@@ -233,7 +234,7 @@ async def told_apart(
     its previous request, compared as changed from the edit on; its own record goes under the
     fork's id, never over the other conversation's). After `MAX_RETRIES` records that each
     differ, the request starts a session of its own (an id of its marked chain) with no
-    previous record."""
+    previous record. `now`: the request's arrival (epoch seconds, `SessionState.clock`)."""
     optional = exchange.adapter.identity_optional
     chained: list[VolatileEdit] = []
     source = inference.parent if inference.kind == "fork" else inference.session_id
@@ -243,7 +244,7 @@ async def told_apart(
     for _ in range(MAX_RETRIES):
         if record is None:
             return marked, inference, None
-        elapsed = state.clock() - record.started if record.started > 0 else math.inf
+        elapsed = now - record.started if record.started > 0 else math.inf
         columns = exchange.stored_columns = stored_columns(record.sidecars)
         edit = first_volatile_edit(view, record.sidecars, elapsed, optional, columns, allowance)
         if edit is None:

@@ -63,11 +63,16 @@ def replayed(proxy: Proxy) -> float:
     return proxy.sample("promptcache_replayed_messages_total", provider="anthropic")
 
 
-async def two_turns(proxy: Proxy, client: Client, first: str, edited: str, gap: float, **kw: Any) -> None:
-    at(proxy, START)
-    status, _ = await client.messages(proxy, turn(user(first)), **kw)
+async def send(proxy: Proxy, client: Client, seconds: float, body: Any, **kw: Any) -> None:
+    """Post `body` at `seconds` on the sessions' clock, expect a 200, and wait for its record."""
+    at(proxy, seconds)
+    status, _ = await client.messages(proxy, body, **kw)
     assert status == 200
     await client.settle(proxy)
+
+
+async def two_turns(proxy: Proxy, client: Client, first: str, edited: str, gap: float, **kw: Any) -> None:
+    await send(proxy, client, START, turn(user(first)), **kw)
     at(proxy, START + gap)
     status, _ = await client.messages(proxy, turn(user(edited), REPLY, user("Go on.")), **kw)
     assert status == 200
@@ -134,9 +139,7 @@ async def test_an_edited_tool_result_reaches_the_upstream_as_edited(
     def result(text: str) -> dict[str, Any]:
         return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": text}]}
 
-    at(proxy, START)
-    await client.messages(proxy, turn(user("Time?"), call, result("tokens used: 1200")), headers=SESSION)
-    await client.settle(proxy)
+    await send(proxy, client, START, turn(user("Time?"), call, result("tokens used: 1200")), headers=SESSION)
     at(proxy, START + 10)
     body = turn(user("Time?"), call, result("tokens used: 1500"), REPLY, user("Thanks."))
     await client.messages(proxy, body, headers=SESSION)
@@ -168,15 +171,9 @@ async def test_conversations_differing_only_in_a_date_time_are_not_joined(
     each one's next turn is sent with its own first message."""
     proxy = await start_proxy(upstream=fake_upstream.url)
     mine, yours = user("Plan the launch for 2026-12-07 09:00."), user("Plan the launch for 2026-12-21 09:00.")
-    at(proxy, START)
-    await client.messages(proxy, turn(mine))
-    await client.settle(proxy)
-    at(proxy, START + 5)
-    await client.messages(proxy, turn(yours))
-    await client.settle(proxy)
-    at(proxy, START + 10)
-    await client.messages(proxy, turn(mine, REPLY, user("Who is invited?")))
-    await client.settle(proxy)
+    await send(proxy, client, START, turn(mine))
+    await send(proxy, client, START + 5, turn(yours))
+    await send(proxy, client, START + 10, turn(mine, REPLY, user("Who is invited?")))
     at(proxy, START + 15)
     await client.messages(proxy, turn(yours, REPLY, user("Which room?")))
     assert sent(fake_upstream, 2)[0] == orjson.dumps(mine)
@@ -195,17 +192,11 @@ async def test_a_conversation_told_apart_keeps_its_own_messages_after_a_restart(
     opening = user("Here is the release plan.")
     mine, yours = user("Ship it on 2026-12-07 09:00."), user("Ship it on 2026-12-21 09:00.")
     first = await start_proxy(**settings)
-    at(first, START)
-    await client.messages(first, turn(opening, REPLY, mine))
-    await client.settle(first)
-    at(first, START + 5)
-    await client.messages(first, turn(opening, REPLY, yours))
-    await client.settle(first)
+    await send(first, client, START, turn(opening, REPLY, mine))
+    await send(first, client, START + 5, turn(opening, REPLY, yours))
     await first.stop()
     second = await start_proxy(**settings)
-    at(second, START + 10)
-    await client.messages(second, turn(opening, REPLY, yours, REPLY, user("Who signs off?")))
-    await client.settle(second)
+    await send(second, client, START + 10, turn(opening, REPLY, yours, REPLY, user("Who signs off?")))
     at(second, START + 15)
     await client.messages(second, turn(opening, REPLY, mine, REPLY, user("Which build?")))
     assert sent(fake_upstream, 2)[2] == orjson.dumps(yours)
@@ -233,10 +224,7 @@ async def test_a_header_less_conversation_edited_goes_on_replaying_its_re_render
         return turn(*messages[:-1])
 
     for n in range(1, 5):
-        at(proxy, START + 7 * n)
-        status, _ = await client.messages(proxy, body(n, START + 7 * n))
-        assert status == 200
-        await client.settle(proxy)
+        await send(proxy, client, START + 7 * n, body(n, START + 7 * n))
     third, fourth = sent(fake_upstream, 2), sent(fake_upstream, 3)
     assert fourth[:5] == third[:5]
     assert fourth[:5] != [orjson.dumps(m) for m in body(4, START + 28)["messages"][:5]]
@@ -253,12 +241,8 @@ async def test_a_digit_changed_beside_a_moment_in_one_token_is_another_conversat
     proxy = await start_proxy(upstream=fake_upstream.url)
     mine = user("Audit log:\n2026-12-03T10:00:00Z,login,user=ALICE,ip=10.0.0.1")
     yours = user("Audit log:\n2026-12-03T10:00:00Z,login,user=BOB,ip=10.0.0.2")
-    at(proxy, START)
-    await client.messages(proxy, turn(mine))
-    await client.settle(proxy)
-    at(proxy, START + 5)
-    await client.messages(proxy, turn(yours))
-    await client.settle(proxy)
+    await send(proxy, client, START, turn(mine))
+    await send(proxy, client, START + 5, turn(yours))
     at(proxy, START + 10)
     await client.messages(proxy, turn(mine, REPLY, user("Who?")))
     assert sent(fake_upstream, 2)[0] == orjson.dumps(mine)
@@ -285,10 +269,7 @@ async def test_system_prompts_differing_in_a_volatile_line_s_words_are_other_con
         (system("bob@example.com", 6), [question, REPLY, user("Thanks.")]),
     ]
     for i, (prompt, messages) in enumerate(bodies):
-        at(proxy, START + 60 * i)
-        status, _ = await client.messages(proxy, {**turn(*messages), "system": prompt})
-        assert status == 200
-        await client.settle(proxy)
+        await send(proxy, client, START + 60 * i, {**turn(*messages), "system": prompt})
     assert b"bob@example.com" not in fake_upstream.received[2].body
     assert b"alice@example.com" not in fake_upstream.received[3].body
     assert b"alice@example.com" in fake_upstream.received[2].body
@@ -304,14 +285,11 @@ async def test_a_volatile_system_line_whose_values_change_keeps_its_session(
     proxy = await start_proxy(upstream=fake_upstream.url)
     for n in range(1, 5):
         now = START + 30 * n
-        at(proxy, now)
         messages: list[Any] = [user(f"Current time: {stamp(now)}\nList the open bugs.")]
         for i in range(1, n):
             messages += [REPLY, user(f"And bug {i}?")]
         body = {**turn(*messages), "system": f"You are terse.\nSession cost: $0.4{n} ({n} requests)"}
-        status, _ = await client.messages(proxy, body)
-        assert status == 200
-        await client.settle(proxy)
+        await send(proxy, client, now, body)
     assert causes(proxy) == {"first_request": 1, "none": 3}
     # each turn the re-rendered first message, and each earlier user message that carries the
     # cost line reorder moved onto it when it was the newest: 1 + 2 + 3
