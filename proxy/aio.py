@@ -1,6 +1,9 @@
 """Background tasks that keep a reference and a name (raw `asyncio.create_task` is banned).
 
-- `create_task(coro, name=...)`: a task kept alive until done; its exception, if any, is logged.
+- `create_task(coro, name=...)`: a task kept alive until done; its exception, if any, is logged
+  at ERROR, unless the task is `is_awaited`: its caller reads the result and reports a failure
+  itself (the session store's bounded read), so the exception is retrieved and logged at DEBUG
+  only (one failure, one line, at the caller's level).
 - `TaskSet(limit)`: the background work one component owns (the session store's record saves,
   keep-warm pings ...): at most `limit` tasks at once (`spawn` refuses more and returns `None`,
   so the caller can count what it dropped), none cancelled when the request that started it
@@ -19,11 +22,12 @@ _TASKS: set[asyncio.Task[Any]] = set()
 _log = logging.getLogger("promptcache.aio")
 
 
-def create_task(coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
-    """Start `coro` as a named task kept alive until done; its exception, if any, is logged."""
+def create_task(coro: Coroutine[Any, Any, Any], *, name: str, is_awaited: bool = False) -> asyncio.Task[Any]:
+    """Start `coro` as a named task kept alive until done; its exception, if any, is logged
+    (at DEBUG when `is_awaited`: the caller awaits the task and reports its failure)."""
     task = asyncio.get_running_loop().create_task(coro, name=name)
     _TASKS.add(task)
-    task.add_done_callback(_done)
+    task.add_done_callback(_done_awaited if is_awaited else _done)
     return task
 
 
@@ -31,6 +35,12 @@ def _done(task: asyncio.Task[Any]) -> None:
     _TASKS.discard(task)
     if not task.cancelled() and task.exception() is not None:
         _log.error("background task %s failed: %r", task.get_name(), task.exception())
+
+
+def _done_awaited(task: asyncio.Task[Any]) -> None:
+    _TASKS.discard(task)
+    if not task.cancelled() and task.exception() is not None:  # retrieved even when nobody awaits it now
+        _log.debug("awaited task %s failed: %r", task.get_name(), task.exception())
 
 
 class TaskSet:

@@ -567,7 +567,7 @@ class RecordStore:
             if get_within is not None:
                 return await get_within(tenant, key, self.get_timeout)
         call = self.backend.get_parts(tenant, key, known) if is_record else self.backend.get(tenant, key)
-        read = create_task(call, name="promptcache-store-get")
+        read = create_task(call, name="promptcache-store-get", is_awaited=True)  # `_get` logs its failure
         loop = asyncio.get_running_loop()
         due = loop.time() + self.get_timeout
         done, _ = await asyncio.wait((read,), timeout=self.get_timeout)

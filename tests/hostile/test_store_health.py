@@ -282,3 +282,26 @@ async def test_frozen_redis_is_unresponsive_in_readyz_and_recovers(
         status, ready = await readyz(http, proxy)
         assert (status, ready["store"]) == (200, {"backend": "redis", "healthy": True})
         assert proxy.sample(HEALTHY, backend="redis") == 1
+
+
+async def test_redis_gone_is_one_warning_per_failure_and_no_error(
+    fake_upstream: FakeUpstream, make_proxy: Any, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis stopped (connection refused): requests flow, every failed call is counted, and the
+    log says so at WARNING, once per failure; the bounded read's task does not log it again at
+    ERROR as a crashed background task (`proxy.aio.create_task(..., is_awaited=True)`)."""
+    proxy = await make_proxy(upstream=fake_upstream.url, store=redis_server.url, secret="s" * 32)
+    redis_server.stop()
+    caplog.set_level(logging.DEBUG, logger="promptcache")
+    async with aiohttp.ClientSession() as http:
+        assert await post(http, proxy, 1, "s-1") == 200
+        await store_of(proxy).flush()
+    loud = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == [
+        ("promptcache.store", "WARNING", "session store redis unhealthy: unavailable (Connection closed by server.)"),
+        ("promptcache.store", "WARNING", "session store redis get failed (ConnectionError, unavailable)"),
+    ]
+    # the record and the pacing were each read and written: two reads, two writes failed
+    assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="get") == 2
+    assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="put") == 2
+    assert proxy.sample(HEALTHY, backend="redis") == 0
