@@ -163,13 +163,20 @@ DEFAULT_MAX_TENANT_BYTES: Final = 256 * 1024 * 1024
 MAX_BATCH: Final = 256
 """Writes one transaction takes at most: the writes queued while the writer thread was busy go
 in one transaction, one wake-up of the thread (`put`)."""
-WRITE_INTERVAL: Final = 0.01
+WRITE_INTERVAL: Final = 0.05
 """Seconds between the starts of two write transactions at least (`put`). Measured here (1 KB
 first requests, one connection, ~1,000 requests/s): one transaction per request cost the process
 about 0.5 ms of CPU and of added p50 per request (a wake-up of the writer thread, a GIL handoff
-at each of its statements, a wake-up of the loop), against a `memory://` store; paced, one in
-about ten requests pays it. The record of a request is written at most this much later (the
-writing process reads its own pending writes at once: `proxy.store.RecordStore`)."""
+at each of its statements, a wake-up of the loop), against a `memory://` store. Each
+transaction's fixed statements (the file's identity, `BEGIN`, the sequence number, the usage
+lookup, `COMMIT`) are GIL handoffs with a busy event loop, and each costs both threads CPU (and
+the loop's C calls that release the GIL, such as the replay prefilter's search, wait behind
+them): at 0.01 s (about ten writes a transaction) the writer thread took 190-215 us of CPU per
+write and the process 1.47-1.76 ms per request, at 0.05 s 108-126 us and 1.38-1.43 ms
+(`bench/small_cpu.py --peers bare,observe`, three runs each, load 1-3). The record of a request
+under `PACED_BYTES` is written at most this much later (the writing process reads its own
+pending writes at once: `proxy.store.RecordStore`; another process sharing the file reads the
+previous record meanwhile, which costs that turn its replay, never a wrong byte)."""
 PACED_BYTES: Final = 64 * 1024
 """A write sending this many bytes or more (value, or head and the parts' data) is not paced: it
 starts its transaction at once, with the writes queued before it. Its cost is its bytes, not the
