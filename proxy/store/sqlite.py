@@ -89,7 +89,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 from urllib.parse import quote
@@ -558,6 +558,14 @@ class _Queued:
         """`SqliteStore.timer` when that transaction was over (committed or failed)."""
 
 
+def _log_thread_failure(done: Future[None]) -> None:
+    """On the store's thread: log what escaped a batch of reads or writes (each settles its
+    callers' futures with its own errors, so nothing should; an asyncio future wrapping the
+    batch's would have logged it when collected)."""
+    if not done.cancelled() and done.exception() is not None:
+        _log.error("session store thread failed: %r", done.exception())
+
+
 def _settle(
     futures: list[asyncio.Future[bool]], error: BaseException | None, results: list[bool] | None = None
 ) -> None:
@@ -725,7 +733,9 @@ class SqliteStore:
             is_queued, self._is_read_queued = self._is_read_queued, True
         if not is_queued:
             try:
-                loop.run_in_executor(self._reads, self._read_batch, loop)
+                # the answers come back by `_settle_reads`: no asyncio future wraps the batch's
+                # (`run_in_executor` added one, and a second wake-up of the loop per batch)
+                self._reads.submit(self._read_batch, loop).add_done_callback(_log_thread_failure)
             except RuntimeError:  # the executor shut down meanwhile (close)
                 with self._read_lock:
                     dropped, self._read_queue, self._is_read_queued = self._read_queue, [], False
@@ -857,7 +867,8 @@ class SqliteStore:
         self._batch_timer = None
         self._batch_started = loop.time()
         try:
-            loop.run_in_executor(self._executor, self._write_batch, loop)
+            # settled by `_settle` (no asyncio future wraps the batch's: one wake-up of the loop)
+            self._executor.submit(self._write_batch, loop).add_done_callback(_log_thread_failure)
         except RuntimeError:  # the executor shut down meanwhile (close): nobody will write
             with self._batch_lock:
                 dropped, self._batch, self._is_batch_queued = self._batch, [], False
