@@ -89,7 +89,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 from urllib.parse import quote
@@ -163,13 +163,20 @@ DEFAULT_MAX_TENANT_BYTES: Final = 256 * 1024 * 1024
 MAX_BATCH: Final = 256
 """Writes one transaction takes at most: the writes queued while the writer thread was busy go
 in one transaction, one wake-up of the thread (`put`)."""
-WRITE_INTERVAL: Final = 0.01
+WRITE_INTERVAL: Final = 0.05
 """Seconds between the starts of two write transactions at least (`put`). Measured here (1 KB
 first requests, one connection, ~1,000 requests/s): one transaction per request cost the process
 about 0.5 ms of CPU and of added p50 per request (a wake-up of the writer thread, a GIL handoff
-at each of its statements, a wake-up of the loop), against a `memory://` store; paced, one in
-about ten requests pays it. The record of a request is written at most this much later (the
-writing process reads its own pending writes at once: `proxy.store.RecordStore`)."""
+at each of its statements, a wake-up of the loop), against a `memory://` store. Each
+transaction's fixed statements (the file's identity, `BEGIN`, the sequence number, the usage
+lookup, `COMMIT`) are GIL handoffs with a busy event loop, and each costs both threads CPU (and
+the loop's C calls that release the GIL, such as the replay prefilter's search, wait behind
+them): at 0.01 s (about ten writes a transaction) the writer thread took 190-215 us of CPU per
+write and the process 1.47-1.76 ms per request, at 0.05 s 108-126 us and 1.38-1.43 ms
+(`bench/small_cpu.py --peers bare,observe`, three runs each, load 1-3). The record of a request
+under `PACED_BYTES` is written at most this much later (the writing process reads its own
+pending writes at once: `proxy.store.RecordStore`; another process sharing the file reads the
+previous record meanwhile, which costs that turn its replay, never a wrong byte)."""
 PACED_BYTES: Final = 64 * 1024
 """A write sending this many bytes or more (value, or head and the parts' data) is not paced: it
 starts its transaction at once, with the writes queued before it. Its cost is its bytes, not the
@@ -537,16 +544,26 @@ _PartedWrite = tuple[int, tuple[Any, ...], Sequence[Part]]
 class _Queued:
     """One write waiting for, or taken by, the writer thread (`SqliteStore._queue`)."""
 
-    __slots__ = ("write", "done", "taken", "finished")
+    __slots__ = ("write", "done", "taken", "finished", "watch")
 
     def __init__(self, write: _Write, done: asyncio.Future[bool]) -> None:
         self.write = write
         self.done = done
         """Settled on the event loop with the write's result."""
+        self.watch: asyncio.TimerHandle | None = None
+        """The event loop's next look at a bounded write (`SqliteStore._watch_write`)."""
         self.taken: float | None = None
         """`SqliteStore.timer` when the writer thread began the write's transaction."""
         self.finished: float | None = None
         """`SqliteStore.timer` when that transaction was over (committed or failed)."""
+
+
+def _log_thread_failure(done: Future[None]) -> None:
+    """On the store's thread: log what escaped a batch of reads or writes (each settles its
+    callers' futures with its own errors, so nothing should; an asyncio future wrapping the
+    batch's would have logged it when collected)."""
+    if not done.cancelled() and done.exception() is not None:
+        _log.error("session store thread failed: %r", done.exception())
 
 
 def _settle(
@@ -716,7 +733,9 @@ class SqliteStore:
             is_queued, self._is_read_queued = self._is_read_queued, True
         if not is_queued:
             try:
-                loop.run_in_executor(self._reads, self._read_batch, loop)
+                # the answers come back by `_settle_reads`: no asyncio future wraps the batch's
+                # (`run_in_executor` added one, and a second wake-up of the loop per batch)
+                self._reads.submit(self._read_batch, loop).add_done_callback(_log_thread_failure)
             except RuntimeError:  # the executor shut down meanwhile (close)
                 with self._read_lock:
                     dropped, self._read_queue, self._is_read_queued = self._read_queue, [], False
@@ -811,24 +830,45 @@ class SqliteStore:
             self._start_batch(loop)
         if timeout is None:
             return await done
+        # one timer looks at the write's transaction while it waits (`asyncio.wait` per look
+        # cost a waiter future, its callbacks and a timer: 8.5 against 2.6 us a write)
+        self._arm_watch(queued, timeout)
         try:
-            while queued.finished is None and not done.done():
-                taken = queued.taken
-                left = timeout if taken is None else taken + timeout - self.timer()
-                await asyncio.wait((done,), timeout=max(0.0, left))
-                if queued.finished is None and queued.taken is not None:
-                    if self.timer() - queued.taken >= timeout:
-                        raise TimeoutError(f"the write's transaction ran over {timeout:g} s")
-            return await done  # over: the result is on its way to the loop
+            return await done  # a transaction run over `timeout` fails it (`_watch_write`)
         finally:
+            if queued.watch is not None:
+                queued.watch.cancel()
             done.cancel()  # a no-op when settled; else the writer leaves it alone
+
+    def _arm_watch(self, queued: _Queued, timeout: float) -> None:
+        """Arm `_watch_write` for `queued`: `timeout` seconds from now while it is queued,
+        else when its transaction will have run `timeout` seconds (at once when it has)."""
+        taken = queued.taken
+        left = timeout if taken is None else taken + timeout - self.timer()
+        queued.watch = asyncio.get_running_loop().call_later(max(0.0, left), self._watch_write, queued, timeout)
+
+    def _watch_write(self, queued: _Queued, timeout: float) -> None:
+        """On the event loop, `_queue`'s look at a write it waits for: once the write's
+        transaction has run `timeout` seconds without being over, its future fails with
+        `TimeoutError`; while it is queued, or in a transaction begun less than `timeout` ago,
+        the next look is armed (`_arm_watch`). A write that is over (its result on its way to
+        the loop) or settled is left alone."""
+        done = queued.done
+        if done.done() or queued.finished is not None:
+            return
+        taken = queued.taken
+        if taken is not None and self.timer() - taken >= timeout:
+            done.set_exception(TimeoutError(f"the write's transaction ran over {timeout:g} s"))
+            return
+        self._arm_watch(queued, timeout)
 
     def _start_batch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Hand the queued writes to the writer thread (on the event loop)."""
         self._batch_timer = None
         self._batch_started = loop.time()
         try:
-            loop.run_in_executor(self._executor, self._write_batch, loop)
+            # settled by `_settle` (no asyncio future wraps the batch's: one wake-up of the loop)
+            self._executor.submit(self._write_batch, loop).add_done_callback(_log_thread_failure)
         except RuntimeError:  # the executor shut down meanwhile (close): nobody will write
             with self._batch_lock:
                 dropped, self._batch, self._is_batch_queued = self._batch, [], False
