@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from proxy.pipeline.parse import reused_parse
 from proxy.pipeline.rawprefix import MIN_BYTES, match_raw
-from proxy.pipeline.replay import RawBody, view_messages
+from proxy.pipeline.replay import CLEAN_COLUMN, RawBody, view_messages
 from proxy.prefix import PromptScan, scan_prompt
 from proxy.providers import ANTHROPIC
 from tests.sessions.test_incremental_parse import _checked, _counters, _full, _paired, _same, _send_raw
@@ -113,6 +113,36 @@ def test_a_new_session_resending_a_conversation_reuses_all_but_its_first_message
     assert _view_fields(view) == _view_fields(view_messages(ANTHROPIC, orjson.loads(second), plain))
     # what the view keeps for the record builder: each reused message's own bytes, from the body
     assert view.stripped[1:] == tuple(orjson.dumps(m) for m in messages[1:])
+
+
+def test_reused_messages_holding_markers_are_left_for_the_record_builder_to_strip() -> None:
+    """The reused messages' bytes go to the record builder as they are, but those holding a
+    cache marker (`None`: their sidecar's bytes are dumped without it), as a full view says;
+    which ones hold a marker is known from the kept body (`CLEAN_COLUMN`), over two new
+    sessions in a row (the second reuses what the first one's view kept)."""
+    masker = _masker()
+    base = _with_session(_body(30), "session-a")
+    marked = {5, 60}
+    for i in marked:
+        content = base["messages"][i]["content"]
+        content[-1] = {**content[-1], "cache_control": {"type": "ephemeral"}}
+    raw = orjson.dumps(base)
+    parsed = orjson.loads(raw)
+    view_messages(ANTHROPIC, parsed, masker, raw=RawBody(raw, SCOPE, match_raw(masker.raw_index, SCOPE, raw)))
+    for n, session in enumerate(("session-b", "session-c")):
+        messages = [{"role": "user", "content": f"Start again ({n})."}, *base["messages"][1:]]
+        raw = orjson.dumps(_with_session({**base, "messages": messages}, session))
+        match = match_raw(masker.raw_index, SCOPE, raw)
+        assert match is not None
+        got = reused_parse(raw, match)
+        assert got is not None and match.suffix is not None and match.suffix.first == 1
+        view = view_messages(ANTHROPIC, got, masker, raw=RawBody(raw, SCOPE, match))
+        assert view.stripped == (
+            orjson.dumps(messages[0]),
+            *(None if i in marked else orjson.dumps(m) for i, m in enumerate(messages[1:], 1)),
+        )
+        assert match.fresh is not None
+        assert match.fresh.state.columns[CLEAN_COLUMN] == bytes(0 if i in marked else 1 for i in range(61))
 
 
 def test_a_body_of_another_scope_reuses_nothing() -> None:
