@@ -340,7 +340,11 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
     runs: list[Run] = []
     if services.settings.mode == "observe":
         match = exchange.raw_match
-        kept = match.kept.runs if match is not None and match.kept is not None else None
+        # the recent body sharing the body's first bytes, else the one `parse` took its last
+        # messages from (a new session re-sending a conversation: its runs are laid out again
+        # only for the messages that are not those objects at the same positions)
+        source = (match.kept or match.around) if match is not None else None
+        kept = source.runs if source is not None else None
         for key in adapter.prefix_keys:
             if key in body:
                 value = body[key]

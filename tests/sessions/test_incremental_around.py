@@ -299,3 +299,47 @@ def test_a_scan_around_any_arrangement_of_a_kept_bodys_objects_is_the_full_scan(
     got = scan_prompt(ANTHROPIC.layout(b), around=around)
     assert _scan_fields(got) == _scan_fields(scan_prompt(ANTHROPIC.layout(orjson.loads(orjson.dumps(b)))))
     assert b == sent and _scan_fields(around) == kept
+
+
+@given(
+    changed=st.sets(st.integers(0, 12), max_size=4),
+    marked=st.sets(st.integers(0, 12), max_size=3),
+    is_system_new=st.booleans(),
+    length=st.integers(1, 17),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_scan_around_a_kept_bodys_own_runs_is_the_full_scan(
+    changed: set[int], marked: set[int], is_system_new: bool, length: int
+) -> None:
+    """b keeps a's unchanged values and so a's very run objects (`relayout`, as the session
+    stage lays b out from the kept body's runs): the scan with a's scan takes stretches of
+    them at once, and is the full scan of b's bytes; a's scan is not changed."""
+    a = _body(6)
+    for position in marked:
+        content = a["messages"][position]["content"]
+        if isinstance(content, list):
+            content[-1] = {**content[-1], "cache_control": {"type": "ephemeral"}}
+    runs_a = ANTHROPIC.layout(a)
+    around = scan_prompt(runs_a)
+    kept = _scan_fields(around)
+    messages = [
+        {"role": "user", "content": f"changed {i}"} if i in changed else a["messages"][i % 13] for i in range(length)
+    ]
+    b = {**a, "messages": messages}
+    if is_system_new:
+        b["system"] = [{"type": "text", "text": "Another agent."}]
+    runs: list[Any] = []
+    for key in ANTHROPIC.prefix_keys:
+        of_key = [r for r in runs_a if r.key[0] == key]
+        if b[key] is a[key]:
+            runs.extend(of_key)
+        elif key == "messages":
+            redone = ANTHROPIC.relayout(key, b[key], a[key], of_key)
+            runs.extend(redone[0] if redone is not None else ANTHROPIC.layout({key: b[key]}))
+        else:
+            runs.extend(ANTHROPIC.layout({key: b[key]}))
+    assert any(r in runs_a for r in runs if r.section == "messages") or not set(range(min(length, 13))) - changed
+    got = scan_prompt(runs, around=around)
+    assert _scan_fields(got) == _scan_fields(scan_prompt(ANTHROPIC.layout(orjson.loads(orjson.dumps(b)))))
+    assert got.blocks.starts == scan_prompt(ANTHROPIC.layout(b)).blocks.starts
+    assert _scan_fields(around) == kept
