@@ -48,7 +48,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
-from operator import is_
+from operator import attrgetter, eq, is_
 from typing import Any, Final
 
 import xxhash
@@ -511,12 +511,48 @@ def unchanged_sidecars(
     return first_difference(view.keys, columns.sent(stop), stop)
 
 
+_DIGEST: Final = attrgetter("digest")
+_EXACT: Final = attrgetter("exact")
+_VALUE_DIGEST: Final = attrgetter("value_digest")
+
+
+def donor_stretch(items: Sequence[Any], view: MessageView, donor: Sequence[Sidecar]) -> int:
+    """The first position from which every element of `items` (the message array as sent) to
+    its end gets from `build_sidecars` a sidecar equal to `donor`'s at the same position:
+    each the very object `view` digested, with that sidecar's position, masked and exact
+    digests and sent bytes' digest (`Sidecar.value_digest`: the bytes `view` keys it by).
+    `donor`: the sidecars recorded for a recent body whose elements these are, positions
+    `0..len(donor) - 1` in order (`rawprefix.Kept.sidecars`: a new session re-sending a
+    recent conversation). Compared as columns at memory speed; `len(items)` when no element
+    at the end qualifies."""
+    n = len(items)
+    seen, keys, digests, exacts = view.items, view.keys, view.recorded, view.exact
+    if not n or view.system_positions or min(len(donor), len(seen), len(keys), len(digests), len(exacts)) < n:
+        return n
+    if donor[n - 1].position != n - 1:
+        return n
+    tail = donor[:n]
+    checks = (
+        map(is_, items, seen),
+        map(eq, digests, map(_DIGEST, tail)),
+        map(eq, exacts, map(_EXACT, tail)),
+        map(eq, keys, map(_VALUE_DIGEST, tail)),
+    )
+    start = 0
+    for check in checks:
+        flags = list(check)
+        if False in flags:
+            start = max(start, n - flags[::-1].index(False))
+    return start
+
+
 def build_sidecars(
     items: Sequence[Any],
     view: MessageView,
     replayed: Mapping[int, tuple[Any, bytes]],
     previous: Sequence[Sidecar],
     columns: StoredColumns | None = None,
+    donor: Sequence[Sidecar] = (),
 ) -> tuple[Sidecar, ...]:
     """One sidecar per sent element (system positions excluded): its masked and exact client
     digests and `stripped_bytes` of what was sent.
@@ -527,7 +563,9 @@ def build_sidecars(
     `(value sent, its stripped bytes)`); a sidecar equal to the previous record's at the same
     position is that object, so only elements the view did not see are dumped here.
     `columns`: `stored_columns(previous)` when the caller has it (the leading unchanged
-    sidecars are then found at memory speed: `unchanged_sidecars`; the same answer).
+    sidecars are then found at memory speed: `unchanged_sidecars`; the same answer). `donor`
+    (without `previous`): a recent body's record sidecars (`donor_stretch`); the trailing
+    elements it holds equal sidecars for are given those (equal) objects.
     """
     skip = view.system_positions
     digests, exacts = view.recorded, view.exact
@@ -537,7 +575,8 @@ def build_sidecars(
     kept = unchanged_sidecars(items, view, previous, columns) if columns is not None and not skip else 0
     out = list(previous[:kept])
     before = {s.position: s for s in (previous[kept:] if kept else previous)}
-    for i in range(kept, len(items)):
+    stop = donor_stretch(items, view, donor) if donor and not previous else len(items)
+    for i in range(kept, stop):
         item = items[i]
         if skip and i in skip:
             continue
@@ -559,6 +598,7 @@ def build_sidecars(
         if data is None:
             data = compact(stripped_bytes(item))
         out.append(Sidecar(i, digest, data, exact, key or xxhash.xxh3_128_digest(data)))
+    out.extend(donor[stop : len(items)])
     return tuple(out)
 
 
@@ -575,13 +615,19 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         items = body.get(view.array_key)
         aligned = aligned_items(items, view, exchange.head_dropped) if isinstance(items, list) else None
         if aligned is not None:
+            match = exchange.raw_match
+            around = match.around if match is not None else None
             sidecars = build_sidecars(
                 aligned,
                 view,
                 exchange.replayed_bytes or {},
                 previous.sidecars if previous is not None else (),
                 exchange.stored_columns,
+                around.sidecars if around is not None and around.sidecars is not None else (),
             )
+            fresh = match.fresh if match is not None else None
+            if fresh is not None and sidecars and sidecars[-1].position == len(sidecars) - 1:
+                fresh.sidecars = sidecars  # positions 0..n-1 (increasing): the next new session's donor
     shape = adapter.tool_shape
     values, kinds, call_kinds = prompt.values, prompt.kinds, shape.call_kinds
     calls = [

@@ -65,8 +65,10 @@ def _edited(raw: bytes, edit: str, at: int) -> bytes:
         messages[0] = {"role": "user", "content": f"Start again ({at})."}
     elif edit == "middle":
         i = at % len(messages)
-        messages[i] = {"role": messages[i].get("role", "user") if isinstance(messages[i], dict) else "user",
-                       "content": f"changed {at}"}
+        messages[i] = {
+            "role": messages[i].get("role", "user") if isinstance(messages[i], dict) else "user",
+            "content": f"changed {at}",
+        }
     elif edit == "append":
         messages.extend(_turn(len(messages)))
     new = {**body, "messages": messages}
@@ -343,3 +345,30 @@ def test_a_scan_around_a_kept_bodys_own_runs_is_the_full_scan(
     assert _scan_fields(got) == _scan_fields(scan_prompt(ANTHROPIC.layout(orjson.loads(orjson.dumps(b)))))
     assert got.blocks.starts == scan_prompt(ANTHROPIC.layout(b)).blocks.starts
     assert _scan_fields(around) == kept
+
+
+async def test_a_new_session_resending_a_conversation_records_the_earlier_sidecars_and_runs() -> None:
+    """Session b re-sends session a's conversation under another first message: its record's
+    sidecars of the messages after the first are a's record's very objects (`Kept.sidecars`),
+    equal to what a process that reuses nothing records, and its messages are laid out from a's
+    runs (no body shares its first bytes: the kept body's runs)."""
+    incremental, full = _paired("observe")
+    first = orjson.dumps(_with_session(_body(30), "session-a"))
+    messages = [{"role": "user", "content": "Start again."}, *orjson.loads(first)["messages"][1:]]
+    second = orjson.dumps(_with_session({**orjson.loads(first), "messages": messages}, "session-b"))
+    records = []
+    for services in (incremental, full):
+        a = await _send_raw(services, first)
+        b = await _send_raw(services, second)
+        assert services.store is not None and a.tenant is not None and b.tenant is not None
+        assert a.session_id is not None and b.session_id is not None and a.session_id != b.session_id
+        records.append(
+            (await services.store.load(a.tenant, a.session_id), await services.store.load(b.tenant, b.session_id), a, b)
+        )
+    (record_a, record_b, a, b), (_, full_b, _, _) = records
+    assert record_a is not None and record_b is not None and record_b == full_b
+    assert all(x is y for x, y in zip(record_b.sidecars[1:], record_a.sidecars[1:], strict=True))
+    assert record_b.sidecars[0] is not record_a.sidecars[0]
+    assert a.client_runs is not None and b.client_runs is not None
+    runs_a, runs_b = a.client_runs["messages"][1], b.client_runs["messages"][1]
+    assert runs_b[0] is not runs_a[0] and all(x is y for x, y in zip(runs_b[1:], runs_a[1:], strict=True))
