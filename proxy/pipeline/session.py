@@ -360,8 +360,11 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
         call_kinds = adapter.tool_shape.call_kinds
         cache = layout_cache(exchange)
         match = exchange.raw_match
-        if match is not None and match.kept is not None and match.kept.scans is not None:
-            cache.seed(match.kept.scans)  # the recent body's scans: its messages are these objects
+        seed = match.kept if match is not None else None
+        if seed is None or seed.scans is None:  # else the body `parse` took its last messages from
+            seed = match.around if match is not None else None
+        if seed is not None and seed.scans is not None:
+            cache.seed(seed.scans)  # the recent body's scans: its messages are these objects
         for key, scan in cache.scans(adapter, body, policy, call_kinds):
             by_key[key] = (body[key], scan.runs)
             runs.extend(scan.runs)

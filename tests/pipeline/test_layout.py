@@ -242,3 +242,44 @@ def test_scanned_hidden_calls_exact() -> None:
     assert [legal(i, new=True) for i in range(view.size)] == [
         True, True, True, False, False, True, True, True, True, False, False,
     ]
+
+
+def _with_old_runs(new_runs: list[Run], old_runs: list[Run]) -> list[Run]:
+    """`new_runs` with each run equal to the old run at its place (the same value object,
+    section, key, shape, kind, role and message) replaced by that very old run, as `relayout`
+    reuses the runs of the unchanged messages."""
+    return [
+        old if i < len(old_runs) and _fields([old := old_runs[i]]) == _fields([run]) else run
+        for i, run in enumerate(new_runs)
+    ]
+
+
+@FAST
+@given(st.data(), anthropic_bodies(), openai_bodies(), st.integers(1, 3))
+def test_a_scan_sharing_a_previous_scans_last_runs_is_a_fresh_scan(
+    data: st.DataObject, body: dict, case: tuple, edits: int
+) -> None:
+    """New leading elements (a new session's first message, an edited system message) before
+    the previous scan's very runs: the scan copies what the previous one found in those runs,
+    moved to its indices, and equals a fresh scan (section groups starting at the seam too)."""
+    path, openai_body = case
+    for adapter, key, payload in (
+        (ANTHROPIC, "messages", body),
+        (route(path)[0], "input" if path == "/v1/responses" else "messages", openai_body),
+    ):
+        old = payload.get(key)
+        if not isinstance(old, list) or not old:
+            continue
+        pool = [m for m in old if isinstance(m, dict)] + [{"role": "system", "content": "Be brief."}]
+        new = list(old)
+        for i in range(min(edits, len(new))):
+            new[i] = data.draw(st.sampled_from([*pool, {"role": "user", "content": f"first {i}"}, "not a message"]))
+            if isinstance(new[i], dict):
+                new[i] = dict(new[i])
+        policy = adapter.marker_policy(payload)
+        kinds = adapter.tool_shape.call_kinds
+        old_runs = adapter.layout({key: old})
+        previous = scan(old_runs, policy, kinds)
+        new_runs = _with_old_runs(adapter.layout({key: new}), old_runs)
+        fresh = _scan_fields(scan(new_runs, policy, kinds))
+        assert _scan_fields(scan(new_runs, policy, kinds, previous)) == fresh
