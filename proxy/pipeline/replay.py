@@ -622,8 +622,10 @@ class MessageView:
     """The rules' scan budget ran out: some text was digested unmasked (`Budget`)."""
     stripped: tuple[bytes | None, ...] = ()
     """`compact(stripped_bytes(element))` of each element this view serialised (`None` for the
-    leading elements it knew from a recent body's results: their sidecars are the record's),
-    so the record builder stores a sidecar without serialising its element again."""
+    leading elements it knew from a recent body's results: their sidecars are the record's;
+    and for the trailing ones a kept body's record has sidecars for at the same positions,
+    `rawprefix.Kept.sidecars`), so the record builder stores a sidecar without serialising
+    its element again."""
     masked: tuple[bytes, ...] | None = None
     """The masked digests when `digests` marks a volatile edit (`with_edits`): what the
     session record keeps, so the edited message is the same message on the next turn."""
@@ -799,7 +801,13 @@ def _examine_known(
         exact, digests, keys = exact + columns[0][first:], digests + columns[1][first:], keys + columns[2][first:]
         suffix_ends = list(map(delta.__add__, old_ends[first:]))
         flags = bytes(columns[CLEAN_COLUMN][first:]) if len(columns) > CLEAN_COLUMN else None
-        stripped.extend(suffix_parts(data, elements[len(walked) :], found.start, suffix_ends, flags))
+        donor = match.around.sidecars if match.around is not None else None
+        if donor is not None and len(walked) == first and len(donor) == len(elements):
+            # at the positions the kept body's record has their sidecars for (`Kept.sidecars`):
+            # the record builder takes those (`session.donor_stretch`), not these bytes
+            stripped.extend([None] * len(suffix_ends))
+        else:
+            stripped.extend(suffix_parts(data, elements[len(walked) :], found.start, suffix_ends, flags))
         clean = clean + flags if clean is not None and flags is not None else None
     if masker.budget is not None and masker.budget.is_spent:
         return exact, digests, keys, len(known[0]) if known else 0, match  # partly masked: never remembered
