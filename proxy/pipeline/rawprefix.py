@@ -555,7 +555,7 @@ class Kept:
     """The session record's sidecars built for the body as sent, when they hold positions
     `0..n-1` (`proxy.pipeline.session.build_record`): a later new session re-sending these
     elements at the same positions records the equal sidecars as these very objects
-    (`donor_stretch`), sharing their bytes (memory: about the body's size, held while the body
+    (`donor_matches`), sharing their bytes (memory: about the body's size, held while the body
     is kept, as its parsed elements are)."""
 
 

@@ -804,7 +804,7 @@ def _examine_known(
         donor = match.around.sidecars if match.around is not None else None
         if donor is not None and len(walked) == first and len(donor) == len(elements):
             # at the positions the kept body's record has their sidecars for (`Kept.sidecars`):
-            # the record builder takes those (`session.donor_stretch`), not these bytes
+            # the record builder takes those (`session.donor_matches`), not these bytes
             stripped.extend([None] * len(suffix_ends))
         else:
             stripped.extend(suffix_parts(data, elements[len(walked) :], found.start, suffix_ends, flags))

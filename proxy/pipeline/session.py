@@ -519,34 +519,33 @@ _EXACT: Final = attrgetter("exact")
 _VALUE_DIGEST: Final = attrgetter("value_digest")
 
 
-def donor_stretch(items: Sequence[Any], view: MessageView, donor: Sequence[Sidecar]) -> int:
-    """The first position from which every element of `items` (the message array as sent) to
-    its end gets from `build_sidecars` a sidecar equal to `donor`'s at the same position:
-    each the very object `view` digested, with that sidecar's position, masked and exact
-    digests and sent bytes' digest (`Sidecar.value_digest`: the bytes `view` keys it by).
-    `donor`: the sidecars recorded for a recent body whose elements these are, positions
-    `0..len(donor) - 1` in order (`rawprefix.Kept.sidecars`: a new session re-sending a
-    recent conversation). Compared as columns at memory speed; `len(items)` when no element
-    at the end qualifies."""
+def donor_matches(items: Sequence[Any], view: MessageView, donor: Sequence[Sidecar]) -> list[bool] | None:
+    """Per element of `items` (the message array as sent), whether `build_sidecars` gives it a
+    sidecar equal to `donor`'s at the same position: the very object `view` digested, with
+    that sidecar's masked and exact digests and sent bytes' digest (`Sidecar.value_digest`:
+    the bytes `view` keys it by). `donor`: the sidecars recorded for a recent body whose
+    elements these are, positions `0..len(donor) - 1` in order (`rawprefix.Kept.sidecars`: a
+    new session re-sending a recent conversation). Compared as columns at memory speed;
+    `None` when `donor` cannot match (another length, system-section positions)."""
     n = len(items)
     seen, keys, digests, exacts = view.items, view.keys, view.recorded, view.exact
     if not n or view.system_positions or min(len(donor), len(seen), len(keys), len(digests), len(exacts)) < n:
-        return n
+        return None
     if donor[n - 1].position != n - 1:
-        return n
+        return None
     tail = donor[:n]
-    checks = (
-        map(is_, items, seen),
-        map(eq, digests, map(_DIGEST, tail)),
-        map(eq, exacts, map(_EXACT, tail)),
-        map(eq, keys, map(_VALUE_DIGEST, tail)),
+    return list(
+        map(
+            all,
+            zip(
+                map(is_, items, seen),
+                map(eq, digests, map(_DIGEST, tail)),
+                map(eq, exacts, map(_EXACT, tail)),
+                map(eq, keys, map(_VALUE_DIGEST, tail)),
+                strict=True,
+            ),
+        )
     )
-    start = 0
-    for check in checks:
-        flags = list(check)
-        if False in flags:
-            start = max(start, n - flags[::-1].index(False))
-    return start
 
 
 def build_sidecars(
@@ -567,8 +566,8 @@ def build_sidecars(
     position is that object, so only elements the view did not see are dumped here.
     `columns`: `stored_columns(previous)` when the caller has it (the leading unchanged
     sidecars are then found at memory speed: `unchanged_sidecars`; the same answer). `donor`
-    (without `previous`): a recent body's record sidecars (`donor_stretch`); the trailing
-    elements it holds equal sidecars for are given those (equal) objects.
+    (without `previous`): a recent body's record sidecars (`donor_matches`); the elements it
+    holds equal sidecars for are given those (equal) objects.
     """
     skip = view.system_positions
     digests, exacts = view.recorded, view.exact
@@ -578,8 +577,11 @@ def build_sidecars(
     kept = unchanged_sidecars(items, view, previous, columns) if columns is not None and not skip else 0
     out = list(previous[:kept])
     before = {s.position: s for s in (previous[kept:] if kept else previous)}
-    stop = donor_stretch(items, view, donor) if donor and not previous else len(items)
-    for i in range(kept, stop):
+    matches = donor_matches(items, view, donor) if donor and not previous else None
+    for i in range(kept, len(items)):
+        if matches is not None and matches[i]:
+            out.append(donor[i])
+            continue
         item = items[i]
         if skip and i in skip:
             continue
@@ -601,7 +603,6 @@ def build_sidecars(
         if data is None:
             data = compact(stripped_bytes(item))
         out.append(Sidecar(i, digest, data, exact, key or xxhash.xxh3_128_digest(data)))
-    out.extend(donor[stop : len(items)])
     return tuple(out)
 
 
