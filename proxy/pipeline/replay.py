@@ -838,7 +838,7 @@ def _examine_known(
             start if start is not None else -1,
             match.nodes,
             match.values,
-            *rawprefix.array_end(data, ends),
+            *rawprefix.array_end(data, ends, match.end_digests),
             counts,
             array_key,
         )
