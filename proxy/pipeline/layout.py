@@ -61,6 +61,7 @@ class Scan:
         "groups",
         "hidden",
         "hidden_calls",
+        "odd",
         "pin_memo",
         "_messages",
         "_base",
@@ -92,6 +93,10 @@ class Scan:
         section's list runs, in block order: what `Legality` would find walking every block."""
         self.hidden_calls: HiddenCalls | None = None
         """The policy's `hidden_calls` the scan looked for (`hidden` is empty without one)."""
+        self.odd: list[int] = []
+        """The run of each block of no known kind (counted as skipped, `proxy.malformed`, when
+        walked), in block order: a scan that copies trailing runs from this one counts them as
+        its walk would have (`_adopt_tail`)."""
         self.pin_memo: tuple[int, tuple[int, ...], dict[str, Any]] | None = None
         """Not a scan result: `proxy.pipeline.canonicalise`'s memo of its input pinning over
         these runs (`(calls walked, those it pinned or found malformed, the pinned input each
@@ -145,6 +150,7 @@ def _adopt(out: Scan, previous: Scan, reuse: int) -> int:
     out.call_positions = previous.call_positions[:kept_calls]
     out.groups = previous.groups[: bisect_left(previous.groups, reuse, key=_run_of)]
     out.hidden = previous.hidden[: bisect_left(previous.hidden, reuse, key=_first)]
+    out.odd = previous.odd[: bisect_left(previous.odd, reuse)]
     return index
 
 
@@ -226,6 +232,7 @@ def _scan(
                     todo = None
                 if todo is None and type(kind) is not str and kind is not None:
                     skipped("block_type")  # a block of no known kind (proxy.malformed)
+                    out.odd.append(r)
                     content = block.get("content")
                     if type(content) is list:  # its nested markers still count (moved out)
                         _scan_content(out, content, key, r, at)
@@ -288,6 +295,10 @@ def _adopt_tail(out: Scan, previous: Scan, stop: int, shift_runs: int, index: in
     out.hidden.extend(
         [(r - shift_runs, found) for r, found in previous.hidden[bisect_left(previous.hidden, j, key=_first) :]]
     )
+    odd = previous.odd[bisect_left(previous.odd, j) :]
+    for _ in odd:  # what walking those runs would have counted
+        skipped("block_type")
+    out.odd.extend(map(back.__add__, odd))
     first = out.runs[stop].section
     if first != section:
         out.groups.append((first, stop, index))

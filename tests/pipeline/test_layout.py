@@ -283,3 +283,38 @@ def test_a_scan_sharing_a_previous_scans_last_runs_is_a_fresh_scan(
         new_runs = _with_old_runs(adapter.layout({key: new}), old_runs)
         fresh = _scan_fields(scan(new_runs, policy, kinds))
         assert _scan_fields(scan(new_runs, policy, kinds, previous)) == fresh
+
+
+def test_a_scan_copying_trailing_runs_counts_their_odd_blocks_as_a_walk_does() -> None:
+    """A block of no known kind in the trailing runs a scan copies (`_adopt_tail`) is counted
+    as skipped once, as walking them counts it, and the copied scan remembers it for the next."""
+    from proxy import malformed
+
+    odd = {"type": ["text"], "text": "odd"}
+    old = [
+        {"role": "user", "content": "Start."},
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+        {"role": "user", "content": [{"type": "text", "text": "more"}, odd]},
+    ]
+    body = {"messages": old}
+    policy, kinds = ANTHROPIC.marker_policy(body), ANTHROPIC.tool_shape.call_kinds
+    counts = []
+    for _ in range(2):
+        tally = malformed.Tally()
+        token = malformed.CURRENT.set(tally)
+        try:
+            old_runs = ANTHROPIC.layout(body)
+            previous = scan(old_runs, policy, kinds)
+            new = [{"role": "user", "content": "Start again."}, *old[1:]]
+            redone = ANTHROPIC.relayout("messages", new, old, old_runs)
+            assert redone is not None and redone[0][1:] == old_runs[1:]
+            copied = scan(redone[0], policy, kinds, previous)
+            again = scan(redone[0], policy, kinds, copied)  # the same runs: all copied
+        finally:
+            malformed.CURRENT.reset(token)
+        assert _scan_fields(copied) == _scan_fields(scan(redone[0], policy, kinds))
+        assert copied.odd == [2] and again.odd == [2]
+        counts.append(dict(tally.counts))
+    # the first walk and the copy of its tail; a scan of the very same runs copies them as a
+    # leading stretch, which (as before) does not count them again
+    assert counts[0] == counts[1] == {("parse", "block_type"): 2}
