@@ -28,8 +28,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, count, filterfalse, repeat
-from operator import eq
+from itertools import compress, count
 from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import urlsplit
 
@@ -194,11 +193,11 @@ class SessionIndex:
         entry.registered = len(boundaries)
         entry.seen = self._clock()
         owner = self._owner.setdefault(tenant, {})
-        window = boundaries[max(start, len(boundaries) - MAX_BOUNDARIES_PER_SESSION) :]
-        claimed = list(dict.fromkeys(filterfalse(owner.__contains__, window)))  # the unowned, in order
-        owner.update(zip(claimed, repeat(session)))
-        entry.owned.extend(claimed)
-        self._count += len(claimed)
+        for digest in boundaries[max(start, len(boundaries) - MAX_BOUNDARIES_PER_SESSION) :]:
+            if digest not in owner:
+                owner[digest] = session
+                entry.owned.append(digest)
+                self._count += 1
         while len(entry.owned) > MAX_BOUNDARIES_PER_SESSION:
             self._release(owner, session, entry.owned.popleft())
         while (
@@ -208,10 +207,8 @@ class SessionIndex:
         ):
             (old_tenant, old_session), old = self._sessions.popitem(last=False)
             old_owner = self._owner[old_tenant]
-            # `_release` of each at C speed: the ones still its own leave the owner map
-            held = list(compress(old.owned, map(eq, map(old_owner.get, old.owned), repeat(old_session))))
-            deque(map(old_owner.pop, held, repeat(None)), maxlen=0)
-            self._count -= len(old.owned)
+            for digest in old.owned:
+                self._release(old_owner, old_session, digest)
             if not old_owner:
                 del self._owner[old_tenant]
 
