@@ -35,8 +35,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import is_not
+from itertools import compress, count, islice
+from operator import attrgetter, is_not
 from typing import Any, Final
 
 import orjson
@@ -323,6 +323,23 @@ def _is_boundary(runs: Sequence[Run], j: int) -> bool:
     return message is not None
 
 
+_SECTION: Final = attrgetter("section")
+_VALUE: Final = attrgetter("value")
+
+
+def _same_runs(runs: Sequence[Run], position: int, around_runs: Sequence[Run], j: int) -> int:
+    """How many runs from `runs[position]` on are `around_runs[j]` on, the very objects (runs
+    are never edited: the same blocks, heads and message boundaries after the first), up to
+    the first of the `tools` section (whose blocks the scan counts); at least 1 (the caller
+    checked the first)."""
+    n = min(len(runs) - position, len(around_runs) - j)
+    stretch = next(compress(count(), map(is_not, islice(runs, position, None), islice(around_runs, j, None))), n)
+    sections = list(map(_SECTION, islice(runs, position, position + stretch)))
+    if "tools" in sections:
+        stretch = sections.index("tools")
+    return max(stretch, 1)
+
+
 def _take(
     around: PromptScan,
     taken: tuple[int, int, int],
@@ -347,7 +364,7 @@ def _take(
     block_digests += found
     old_ends = around.chain.ends
     shift = total - (old_ends[first - 1] if first else 0)
-    ends.extend([end + shift for end in old_ends[first:stop]])
+    ends.extend(map(shift.__add__, old_ends[first:stop]))
     values.extend(around.values[first:stop])
     kinds.extend(around.kinds[first:stop])
     old_marked = around.marked
@@ -387,6 +404,8 @@ def _scan_prompt(
     """`id(run.value)` -> its run in `around`, made on the first run off `around`'s order."""
     cursor = 0
     """The run of `around` after the last one looked up (the kept body's runs come in order)."""
+    is_missed = False
+    """A run off `around`'s order was digested without a look-up (the index is made at the second)."""
     around_starts = around.blocks.starts if around is not None else ()
     take_first = take_stop = take_at = -1
     """Blocks `take_first .. take_stop - 1` of `around` are this scan's from block `take_at` on,
@@ -409,7 +428,12 @@ def _scan_prompt(
         last_message = next(
             (r.message for r in reversed(runs[:resumed]) if (len(r.value) if r.is_list else 1)), None
         )
-    for run in runs[resumed:] if resumed else runs:
+    skip = 0
+    """Runs left of a stretch of `around`'s very run objects, taken at once (`_same_runs`)."""
+    for position, run in enumerate(runs[resumed:] if resumed else runs):
+        if skip:
+            skip -= 1
+            continue
         starts.append(index)
         section, role, message, fixed = run.section, run.role, run.message, run.kind
         items = run.value if run.is_list else (run.value,)
@@ -446,10 +470,14 @@ def _scan_prompt(
         if around is not None:
             j = cursor
             if j >= len(around_runs) or around_runs[j].value is not run.value:
-                # off the kept body's order: any run of it holding this very value
-                if around_index is None:
-                    around_index = {id(r.value): k for k, r in enumerate(around_runs)}
-                j = around_index.get(id(run.value), -1)
+                if j + 1 < len(around_runs) and around_runs[j + 1].value is run.value:
+                    j += 1  # the kept body's run at the cursor was replaced (an edited message)
+                elif around_index is None and not is_missed:
+                    is_missed, j = True, -1  # a new value (the edit itself): digested, nothing looked up
+                else:  # off the kept body's order: any run of it holding this very value
+                    if around_index is None:
+                        around_index = dict(zip(map(id, map(_VALUE, around_runs)), count()))  # the last one wins
+                    j = around_index.get(id(run.value), -1)
             old = around_runs[j] if j >= 0 else None
             if (
                 old is not None
@@ -469,12 +497,20 @@ def _scan_prompt(
                             around, taken, out, ends, total, previous, block_digests, values, kinds, marked
                         )
                     take_first, take_at = first, index
-                take_stop = first + len(items)
+                stretch = _same_runs(runs, position, around_runs, j) if old is run and section != "tools" else 1
+                if stretch > 1:  # the runs after it are `around`'s next ones too: theirs at once
+                    after = j + stretch
+                    starts.extend(map((index - first).__add__, around_starts[j + 1 : after]))
+                    take_stop = around_starts[after] if after < len(around_starts) else around.blocks.size
+                    message = next(r.message for r in reversed(around_runs[j:after]) if not r.is_list or r.value)
+                    skip = stretch - 1
+                else:
+                    take_stop = first + len(items)
                 if section == "tools":
                     tools += len(items)
-                index += len(items)
+                index += take_stop - first
                 last_message = message
-                cursor = j + 1
+                cursor = j + stretch
                 continue
             if j >= 0:
                 cursor = j + 1

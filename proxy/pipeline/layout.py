@@ -61,6 +61,7 @@ class Scan:
         "groups",
         "hidden",
         "hidden_calls",
+        "odd",
         "pin_memo",
         "_messages",
         "_base",
@@ -92,6 +93,10 @@ class Scan:
         section's list runs, in block order: what `Legality` would find walking every block."""
         self.hidden_calls: HiddenCalls | None = None
         """The policy's `hidden_calls` the scan looked for (`hidden` is empty without one)."""
+        self.odd: list[int] = []
+        """The run of each block of no known kind (counted as skipped, `proxy.malformed`, when
+        walked), in block order: a scan that copies trailing runs from this one counts them as
+        its walk would have (`_adopt_tail`)."""
         self.pin_memo: tuple[int, tuple[int, ...], dict[str, Any]] | None = None
         """Not a scan result: `proxy.pipeline.canonicalise`'s memo of its input pinning over
         these runs (`(calls walked, those it pinned or found malformed, the pinned input each
@@ -145,6 +150,7 @@ def _adopt(out: Scan, previous: Scan, reuse: int) -> int:
     out.call_positions = previous.call_positions[:kept_calls]
     out.groups = previous.groups[: bisect_left(previous.groups, reuse, key=_run_of)]
     out.hidden = previous.hidden[: bisect_left(previous.hidden, reuse, key=_first)]
+    out.odd = previous.odd[: bisect_left(previous.odd, reuse)]
     return index
 
 
@@ -182,17 +188,20 @@ def _scan(
     index = 0
     if previous is not None and previous.hidden_calls != hidden:
         previous = None  # it looked for other hidden calls
+    stop = len(runs)
+    """Runs `first .. stop - 1` are scanned here; the ones after are `previous`'s own (`_adopt_tail`)."""
     if previous is not None:
         first = _same_prefix(previous.runs, runs, known)
         if first:
             index = _adopt(out, previous, first)
             out._base = (previous, first)
+        stop -= _same_suffix(previous.runs, runs, first)
     starts, markers, nulls, empties, groups = out.starts, out.markers, out.nulls, out.empties, out.groups
     calls, call_positions, hidden_found = out.calls, out.call_positions, out.hidden
     section = groups[-1][_GROUP_SECTION] if groups else None
     last_null = nulls[-1] if nulls else -1
     r = first - 1
-    for run in runs[first:] if first else runs:
+    for run in runs[first:stop] if first or stop < len(runs) else runs:
         r += 1
         starts.append(index)
         if run.section != section:
@@ -223,6 +232,7 @@ def _scan(
                     todo = None
                 if todo is None and type(kind) is not str and kind is not None:
                     skipped("block_type")  # a block of no known kind (proxy.malformed)
+                    out.odd.append(r)
                     content = block.get("content")
                     if type(content) is list:  # its nested markers still count (moved out)
                         _scan_content(out, content, key, r, at)
@@ -241,11 +251,60 @@ def _scan(
                             last_null = nulls[-1] if nulls else -1
             at += 1
         index = at
+    if stop < len(runs):
+        assert previous is not None
+        index = _adopt_tail(out, previous, stop, len(previous.runs) - len(runs), index, section)
     out.size = index
     spans = out.spans
     for g, (name, _, begin) in enumerate(groups):
         spans[name] = (begin, groups[g + 1][_GROUP_BLOCK] if g + 1 < len(groups) else index)
     return out
+
+
+def _same_suffix(old: list[Run], new: list[Run], first: int) -> int:
+    """How many trailing runs of `new`, after its first `first`, are the trailing runs of `old`,
+    the very objects (runs are never edited: the same blocks; a new session re-sending a
+    recent conversation under another first message, laid out from the kept body's runs by
+    `relayout`)."""
+    n = min(len(old), len(new) - first)
+    return next(compress(count(), map(is_not, reversed(old), reversed(new))), n) if n > 0 else 0
+
+
+def _adopt_tail(out: Scan, previous: Scan, stop: int, shift_runs: int, index: int, section: str | None) -> int:
+    """Append what `previous` found in its runs from `stop + shift_runs` on (the very runs of
+    `out.runs` from `stop` on, whose first block is `index`) to `out`, run and block indices
+    moved to `out`'s; `section`: that of `out`'s last run before `stop` (a section group starts
+    at `stop` when it differs). Returns the block index after the last run. What a scan finds
+    in a run depends on the run alone, its indices and whether its section starts there."""
+    j = stop + shift_runs
+    begin = previous.starts[j]
+    shift = index - begin
+    back = -shift_runs
+    out.starts.extend(map(shift.__add__, previous.starts[j:]))
+    out.markers.extend(
+        [(at + shift, marker) for at, marker in previous.markers[bisect_left(previous.markers, begin, key=_first) :]]
+    )
+    out.nested.extend(map(shift.__add__, previous.nested[bisect_left(previous.nested, begin) :]))
+    out.nulls.extend(map(back.__add__, previous.nulls[bisect_left(previous.nulls, j) :]))
+    out.empties.extend(
+        [(r - shift_runs, at) for r, at in previous.empties[bisect_left(previous.empties, j, key=_first) :]]
+    )
+    calls = bisect_left(previous.calls, j)
+    out.calls.extend(map(back.__add__, previous.calls[calls:]))
+    out.call_positions.extend(previous.call_positions[calls:])
+    out.hidden.extend(
+        [(r - shift_runs, found) for r, found in previous.hidden[bisect_left(previous.hidden, j, key=_first) :]]
+    )
+    odd = previous.odd[bisect_left(previous.odd, j) :]
+    for _ in odd:  # what walking those runs would have counted
+        skipped("block_type")
+    out.odd.extend(map(back.__add__, odd))
+    first = out.runs[stop].section
+    if first != section:
+        out.groups.append((first, stop, index))
+    groups = previous.groups[bisect_left(previous.groups, j + 1, key=_run_of) :]
+    out.groups.extend([(name, r - shift_runs, at + shift) for name, r, at in groups])
+    return previous.size + shift
 
 
 def _first(item: tuple[int, Any]) -> int:

@@ -73,7 +73,8 @@ def _parse_around(raw: bytes, match: RawMatch, k: int) -> JSONObject | None:
     """`reused_parse` by `rawprefix.parse_around`: the trailing elements of the kept body whose
     array's end `raw` holds (`RawPrefixIndex.find_around`), with the `k` leading ones of the
     prefix match when that is the same body; `None` when there is none."""
-    found = match.index.find_around(match.scope, raw)
+    match.end_digests = {}
+    found = match.index.find_around(match.scope, raw, match.end_digests)
     if found is None:
         return None
     around, stop, shared = found

@@ -244,13 +244,15 @@ def suffix_elements(
     return Suffix(lo, begin, stop, delta)
 
 
-def array_end(raw: bytes, ends: Sequence[int]) -> tuple[bytes, bytes]:
+def array_end(raw: bytes, ends: Sequence[int], known: dict[int, bytes] | None = None) -> tuple[bytes, bytes]:
     """`(RawState.rdigests, RawState.anchor)` of a body whose array elements end at `ends`:
-    empty when they do not run to the array's `]`."""
+    empty when they do not run to the array's `]`. `known`: `end_digests(raw, stop)` by `stop`,
+    as `RawPrefixIndex.find_around` made them for this body (`RawMatch.end_digests`)."""
     if not ends or raw[ends[-1] : ends[-1] + 1] != b"]":
         return b"", b""
     stop = ends[-1]
-    return end_digests(raw, stop), raw[max(0, stop - ANCHOR) : stop + 1]
+    found = known.get(stop) if known is not None else None
+    return end_digests(raw, stop) if found is None else found, raw[max(0, stop - ANCHOR) : stop + 1]
 
 
 def reusable(state: RawState, shared: int, raw: bytes, array_key: str, is_array_proven: bool = False) -> int:
@@ -403,6 +405,8 @@ class RawMatch:
     """The kept body whose trailing elements `parse` reused (`find_around`, `parse_around`)."""
     suffix: Suffix | None = None
     """Which of `around`'s elements, and where they are in this body."""
+    end_digests: dict[int, bytes] | None = None
+    """`end_digests(raw, stop)` by `stop`, as `find_around` made them (`array_end` reads them)."""
 
 
 def match_raw(index: RawPrefixIndex, scope: str, raw: bytes) -> RawMatch | None:
@@ -551,6 +555,12 @@ class Kept:
     digest is the same (`proxy.pipeline.replay.view_messages`)."""
     at: int = 0
     """`RawPrefixIndex`'s clock when it was kept or last matched (`keep_parsed`: its idle time)."""
+    sidecars: Any = None
+    """The session record's sidecars built for the body as sent, when they hold positions
+    `0..n-1` (`proxy.pipeline.session.build_record`): a later new session re-sending these
+    elements at the same positions records the equal sidecars as these very objects
+    (`donor_matches`), sharing their bytes (memory: about the body's size, held while the body
+    is kept, as its parsed elements are)."""
 
 
 class RawPrefixIndex:
@@ -624,13 +634,15 @@ class RawPrefixIndex:
             self._parsed_bytes -= oldest.state.size
         return kept
 
-    def find_around(self, scope: str, raw: bytes) -> tuple[Kept, int, int] | None:
+    def find_around(
+        self, scope: str, raw: bytes, digests: dict[int, bytes] | None = None
+    ) -> tuple[Kept, int, int] | None:
         """`(kept, stop, shared)`: the kept body of `scope` whose array's end `raw` holds
         (`RawState.anchor`, last occurrence) at offset `stop` (its `]`) with the most bytes
         before it in common (`shared`, whole chunks: `shared_suffix`), newest first; `None`
-        when none."""
+        when none. `digests` gets the `end_digests(raw, stop)` it made, by `stop`."""
         best: tuple[Kept, int, int] | None = None
-        digests: dict[int, bytes] = {}
+        digests = {} if digests is None else digests
         for kept in reversed(self._parsed.values()):
             state = kept.state
             if kept.scope != scope or not state.anchor:

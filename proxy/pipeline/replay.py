@@ -61,7 +61,8 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from operator import attrgetter, is_
+from itertools import compress, count
+from operator import attrgetter, is_, not_
 from typing import Any, Final
 
 import orjson
@@ -621,8 +622,10 @@ class MessageView:
     """The rules' scan budget ran out: some text was digested unmasked (`Budget`)."""
     stripped: tuple[bytes | None, ...] = ()
     """`compact(stripped_bytes(element))` of each element this view serialised (`None` for the
-    leading elements it knew from a recent body's results: their sidecars are the record's),
-    so the record builder stores a sidecar without serialising its element again."""
+    leading elements it knew from a recent body's results: their sidecars are the record's;
+    and for the trailing ones a kept body's record has sidecars for at the same positions,
+    `rawprefix.Kept.sidecars`), so the record builder stores a sidecar without serialising
+    its element again."""
     masked: tuple[bytes, ...] | None = None
     """The masked digests when `digests` marks a volatile edit (`with_edits`): what the
     session record keeps, so the edited message is the same message on the next turn."""
@@ -776,24 +779,36 @@ def _examine_known(
     proven = match.head is not None
     k = min(rawprefix.reusable(state, shared, data, array_key, proven), len(elements)) if state is not None else 0
     known = None
+    clean: bytes | None = b""
+    """Per element so far, 1 when its compact bytes are its stripped bytes (no marker:
+    `CLEAN_COLUMN`); `None` once one is not known."""
     if state is not None and k:
-        exact_known, masked_known, keys_known = state.columns
+        exact_known, masked_known, keys_known = state.columns[:CLEAN_COLUMN]
         known = (exact_known[:k], masked_known[:k], keys_known[:k])
+        clean = bytes(state.columns[CLEAN_COLUMN][:k]) if len(state.columns) > CLEAN_COLUMN else None
     suffix, walked = _reused_suffix(match, elements, k), elements
     if suffix is not None:
         walked = elements[: len(elements) - (len(suffix[0].ends) - suffix[1].first)]
     dumped: list[bytes] = []
     exact, digests, keys = masker.examine_all(walked, optional, known, dumped, stripped)
+    if clean is not None:  # a marker stripped makes the bytes shorter
+        clean += bytes(map(_same_length, dumped, stripped[len(stripped) - len(dumped) :]))
+    suffix_ends: list[int] = []
     if suffix is not None:  # the trailing elements `parse` took from the recent body: its results
         old_ends, found = suffix[0].ends, suffix[1]
         first, delta = found.first, found.delta
         columns = suffix[0].columns
         exact, digests, keys = exact + columns[0][first:], digests + columns[1][first:], keys + columns[2][first:]
-        begin = found.start
-        for element, end in zip(elements[len(walked) :], old_ends[first:], strict=True):
-            part = data[begin : end + delta]  # its compact bytes (`rawprefix.locate` found them there)
-            stripped.append(None if has_markers_in(element, part) else part)
-            begin = end + delta + 1
+        suffix_ends = list(map(delta.__add__, old_ends[first:]))
+        flags = bytes(columns[CLEAN_COLUMN][first:]) if len(columns) > CLEAN_COLUMN else None
+        donor = match.around.sidecars if match.around is not None else None
+        if donor is not None and len(walked) == first and len(donor) == len(elements):
+            # at the positions the kept body's record has their sidecars for (`Kept.sidecars`):
+            # the record builder takes those (`session.donor_matches`), not these bytes
+            stripped.extend([None] * len(suffix_ends))
+        else:
+            stripped.extend(suffix_parts(data, elements[len(walked) :], found.start, suffix_ends, flags))
+        clean = clean + flags if clean is not None and flags is not None else None
     if masker.budget is not None and masker.budget.is_spent:
         return exact, digests, keys, len(known[0]) if known else 0, match  # partly masked: never remembered
     start: int | None
@@ -807,7 +822,7 @@ def _examine_known(
         start = suffix[1].start if suffix is not None else None
         ends = []
     if suffix is not None and len(ends) == len(walked) and (not ends or ends[-1] + 1 == suffix[1].start):
-        ends.extend(end + suffix[1].delta for end in suffix[0].ends[suffix[1].first :])
+        ends.extend(suffix_ends)
     if ends:
         m = len(ends)
         tail = data[len(chunks) // 16 * rawprefix.CHUNK :]
@@ -819,11 +834,11 @@ def _examine_known(
             chunks,
             tail,
             tuple(ends),
-            (exact[:m], digests[:m], keys[:m]),
+            (exact[:m], digests[:m], keys[:m], *((clean[:m],) if clean is not None and len(clean) >= m else ())),
             start if start is not None else -1,
             match.nodes,
             match.values,
-            *rawprefix.array_end(data, ends),
+            *rawprefix.array_end(data, ends, match.end_digests),
             counts,
             array_key,
         )
@@ -834,6 +849,40 @@ def _examine_known(
             fresh, tuple(elements[:m]), array_key, match.head, raw.scope, gap, match.kept is not None
         )
     return exact, digests, keys, len(known[0]) if known else 0, match
+
+
+CLEAN_COLUMN: Final = 3
+"""The column of `RawState.columns` (after the exact, masked and key digests) saying, one byte
+per element, whether its compact bytes are its stripped bytes (1: it holds no marker, so its
+sidecar's value is those bytes as they are; 0: `has_markers_in` was true). The element is the
+very object later requests reuse (never edited), so it answers for them too."""
+
+
+def _same_length(data: bytes, stripped: bytes | None) -> int:
+    """1 when `stripped` (`stripped_bytes` of a value) is as long as `data` (its compact bytes):
+    nothing was stripped (a marker key removed makes the bytes shorter)."""
+    return 1 if stripped is not None and len(stripped) == len(data) else 0
+
+
+def suffix_parts(
+    data: bytes, elements: Sequence[Any], start: int, ends: Sequence[int], clean: bytes | None = None
+) -> list[bytes | None]:
+    """What `MessageView.stripped` holds for `elements`, whose compact bytes lie back to back in
+    `data`, one `,` apart, from offset `start`, ending at `ends` (exclusive; one per element):
+    each one's bytes, or `None` when it holds a marker (`has_markers_in`). `clean`: one byte
+    per element, 1 when it is known to hold none (`CLEAN_COLUMN`: the very objects a recent
+    body held), so no element is looked at; without it each one is."""
+    if len(ends) != len(elements) or (clean is not None and len(clean) != len(ends)):
+        raise ValueError("one end offset per element")
+    begins = [start, *map((1).__add__, ends[:-1])] if ends else []
+    sliced: list[bytes] = list(map(data.__getitem__, map(slice, begins, ends)))
+    if clean is None:
+        return [None if has_markers_in(e, part) else part for e, part in zip(elements, sliced, strict=True)]
+    parts: list[bytes | None] = list(sliced)
+    if 0 in clean:
+        for i in compress(count(), map(not_, clean)):
+            parts[i] = None
+    return parts
 
 
 def _reused_suffix(

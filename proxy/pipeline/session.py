@@ -48,7 +48,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
-from operator import is_
+from operator import attrgetter, eq, is_
 from typing import Any, Final
 
 import xxhash
@@ -340,7 +340,11 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
     runs: list[Run] = []
     if services.settings.mode == "observe":
         match = exchange.raw_match
-        kept = match.kept.runs if match is not None and match.kept is not None else None
+        # the recent body sharing the body's first bytes, else the one `parse` took its last
+        # messages from (a new session re-sending a conversation: its runs are laid out again
+        # only for the messages that are not those objects at the same positions)
+        source = (match.kept or match.around) if match is not None else None
+        kept = source.runs if source is not None else None
         for key in adapter.prefix_keys:
             if key in body:
                 value = body[key]
@@ -356,8 +360,11 @@ def client_runs(exchange: Exchange, services: Services, body: JSONObject) -> lis
         call_kinds = adapter.tool_shape.call_kinds
         cache = layout_cache(exchange)
         match = exchange.raw_match
-        if match is not None and match.kept is not None and match.kept.scans is not None:
-            cache.seed(match.kept.scans)  # the recent body's scans: its messages are these objects
+        seed = match.kept if match is not None else None
+        if seed is None or seed.scans is None:  # else the body `parse` took its last messages from
+            seed = match.around if match is not None else None
+        if seed is not None and seed.scans is not None:
+            cache.seed(seed.scans)  # the recent body's scans: its messages are these objects
         for key, scan in cache.scans(adapter, body, policy, call_kinds):
             by_key[key] = (body[key], scan.runs)
             runs.extend(scan.runs)
@@ -507,12 +514,47 @@ def unchanged_sidecars(
     return first_difference(view.keys, columns.sent(stop), stop)
 
 
+_DIGEST: Final = attrgetter("digest")
+_EXACT: Final = attrgetter("exact")
+_VALUE_DIGEST: Final = attrgetter("value_digest")
+
+
+def donor_matches(items: Sequence[Any], view: MessageView, donor: Sequence[Sidecar]) -> list[bool] | None:
+    """Per element of `items` (the message array as sent), whether `build_sidecars` gives it a
+    sidecar equal to `donor`'s at the same position: the very object `view` digested, with
+    that sidecar's masked and exact digests and sent bytes' digest (`Sidecar.value_digest`:
+    the bytes `view` keys it by). `donor`: the sidecars recorded for a recent body whose
+    elements these are, positions `0..len(donor) - 1` in order (`rawprefix.Kept.sidecars`: a
+    new session re-sending a recent conversation). Compared as columns at memory speed;
+    `None` when `donor` cannot match (another length, system-section positions)."""
+    n = len(items)
+    seen, keys, digests, exacts = view.items, view.keys, view.recorded, view.exact
+    if not n or view.system_positions or min(len(donor), len(seen), len(keys), len(digests), len(exacts)) < n:
+        return None
+    if donor[n - 1].position != n - 1:
+        return None
+    tail = donor[:n]
+    return list(
+        map(
+            all,
+            zip(
+                map(is_, items, seen),
+                map(eq, digests, map(_DIGEST, tail)),
+                map(eq, exacts, map(_EXACT, tail)),
+                map(eq, keys, map(_VALUE_DIGEST, tail)),
+                strict=True,
+            ),
+        )
+    )
+
+
 def build_sidecars(
     items: Sequence[Any],
     view: MessageView,
     replayed: Mapping[int, tuple[Any, bytes]],
     previous: Sequence[Sidecar],
     columns: StoredColumns | None = None,
+    donor: Sequence[Sidecar] = (),
 ) -> tuple[Sidecar, ...]:
     """One sidecar per sent element (system positions excluded): its masked and exact client
     digests and `stripped_bytes` of what was sent.
@@ -523,7 +565,9 @@ def build_sidecars(
     `(value sent, its stripped bytes)`); a sidecar equal to the previous record's at the same
     position is that object, so only elements the view did not see are dumped here.
     `columns`: `stored_columns(previous)` when the caller has it (the leading unchanged
-    sidecars are then found at memory speed: `unchanged_sidecars`; the same answer).
+    sidecars are then found at memory speed: `unchanged_sidecars`; the same answer). `donor`
+    (without `previous`): a recent body's record sidecars (`donor_matches`); the elements it
+    holds equal sidecars for are given those (equal) objects.
     """
     skip = view.system_positions
     digests, exacts = view.recorded, view.exact
@@ -533,7 +577,11 @@ def build_sidecars(
     kept = unchanged_sidecars(items, view, previous, columns) if columns is not None and not skip else 0
     out = list(previous[:kept])
     before = {s.position: s for s in (previous[kept:] if kept else previous)}
+    matches = donor_matches(items, view, donor) if donor and not previous else None
     for i in range(kept, len(items)):
+        if matches is not None and matches[i]:
+            out.append(donor[i])
+            continue
         item = items[i]
         if skip and i in skip:
             continue
@@ -571,13 +619,19 @@ def build_record(exchange: Exchange, body: JSONObject, view: MessageView | None)
         items = body.get(view.array_key)
         aligned = aligned_items(items, view, exchange.head_dropped) if isinstance(items, list) else None
         if aligned is not None:
+            match = exchange.raw_match
+            around = match.around if match is not None else None
             sidecars = build_sidecars(
                 aligned,
                 view,
                 exchange.replayed_bytes or {},
                 previous.sidecars if previous is not None else (),
                 exchange.stored_columns,
+                around.sidecars if around is not None and around.sidecars is not None else (),
             )
+            fresh = match.fresh if match is not None else None
+            if fresh is not None and sidecars and sidecars[-1].position == len(sidecars) - 1:
+                fresh.sidecars = sidecars  # positions 0..n-1 (increasing): the next new session's donor
     shape = adapter.tool_shape
     values, kinds, call_kinds = prompt.values, prompt.kinds, shape.call_kinds
     calls = [

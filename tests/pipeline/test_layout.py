@@ -242,3 +242,79 @@ def test_scanned_hidden_calls_exact() -> None:
     assert [legal(i, new=True) for i in range(view.size)] == [
         True, True, True, False, False, True, True, True, True, False, False,
     ]
+
+
+def _with_old_runs(new_runs: list[Run], old_runs: list[Run]) -> list[Run]:
+    """`new_runs` with each run equal to the old run at its place (the same value object,
+    section, key, shape, kind, role and message) replaced by that very old run, as `relayout`
+    reuses the runs of the unchanged messages."""
+    return [
+        old if i < len(old_runs) and _fields([old := old_runs[i]]) == _fields([run]) else run
+        for i, run in enumerate(new_runs)
+    ]
+
+
+@FAST
+@given(st.data(), anthropic_bodies(), openai_bodies(), st.integers(1, 3))
+def test_a_scan_sharing_a_previous_scans_last_runs_is_a_fresh_scan(
+    data: st.DataObject, body: dict, case: tuple, edits: int
+) -> None:
+    """New leading elements (a new session's first message, an edited system message) before
+    the previous scan's very runs: the scan copies what the previous one found in those runs,
+    moved to its indices, and equals a fresh scan (section groups starting at the seam too)."""
+    path, openai_body = case
+    for adapter, key, payload in (
+        (ANTHROPIC, "messages", body),
+        (route(path)[0], "input" if path == "/v1/responses" else "messages", openai_body),
+    ):
+        old = payload.get(key)
+        if not isinstance(old, list) or not old:
+            continue
+        pool = [m for m in old if isinstance(m, dict)] + [{"role": "system", "content": "Be brief."}]
+        new = list(old)
+        for i in range(min(edits, len(new))):
+            new[i] = data.draw(st.sampled_from([*pool, {"role": "user", "content": f"first {i}"}, "not a message"]))
+            if isinstance(new[i], dict):
+                new[i] = dict(new[i])
+        policy = adapter.marker_policy(payload)
+        kinds = adapter.tool_shape.call_kinds
+        old_runs = adapter.layout({key: old})
+        previous = scan(old_runs, policy, kinds)
+        new_runs = _with_old_runs(adapter.layout({key: new}), old_runs)
+        fresh = _scan_fields(scan(new_runs, policy, kinds))
+        assert _scan_fields(scan(new_runs, policy, kinds, previous)) == fresh
+
+
+def test_a_scan_copying_trailing_runs_counts_their_odd_blocks_as_a_walk_does() -> None:
+    """A block of no known kind in the trailing runs a scan copies (`_adopt_tail`) is counted
+    as skipped once, as walking them counts it, and the copied scan remembers it for the next."""
+    from proxy import malformed
+
+    odd = {"type": ["text"], "text": "odd"}
+    old = [
+        {"role": "user", "content": "Start."},
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+        {"role": "user", "content": [{"type": "text", "text": "more"}, odd]},
+    ]
+    body = {"messages": old}
+    policy, kinds = ANTHROPIC.marker_policy(body), ANTHROPIC.tool_shape.call_kinds
+    counts = []
+    for _ in range(2):
+        tally = malformed.Tally()
+        token = malformed.CURRENT.set(tally)
+        try:
+            old_runs = ANTHROPIC.layout(body)
+            previous = scan(old_runs, policy, kinds)
+            new = [{"role": "user", "content": "Start again."}, *old[1:]]
+            redone = ANTHROPIC.relayout("messages", new, old, old_runs)
+            assert redone is not None and redone[0][1:] == old_runs[1:]
+            copied = scan(redone[0], policy, kinds, previous)
+            again = scan(redone[0], policy, kinds, copied)  # the same runs: all copied
+        finally:
+            malformed.CURRENT.reset(token)
+        assert _scan_fields(copied) == _scan_fields(scan(redone[0], policy, kinds))
+        assert copied.odd == [2] and again.odd == [2]
+        counts.append(dict(tally.counts))
+    # the first walk and the copy of its tail; a scan of the very same runs copies them as a
+    # leading stretch, which (as before) does not count them again
+    assert counts[0] == counts[1] == {("parse", "block_type"): 2}

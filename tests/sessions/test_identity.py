@@ -138,3 +138,22 @@ def test_an_appended_request_registers_its_new_boundaries_and_a_rewrite_all_of_t
     assert index.boundaries_held == 11
     again = index.infer("t", chained("v1", "a1", "x"))
     assert (again.kind, again.parent, again.shared_messages) == ("fork", "s", 2)
+
+
+def test_a_long_request_forks_from_the_newest_live_boundary_it_shares() -> None:
+    """Past the newest few boundaries (looked up one by one) the older ones are looked up at
+    once; the newest one held by a live session still wins, an expired one is passed over."""
+    now = [1000.0]
+    index = SessionIndex(ttl=60.0, clock=lambda: now[0])
+    names = [f"m{i}" for i in range(40)]
+    index.register("t", "old", chained(*names[:3]))
+    now[0] += 30.0
+    index.register("t", "newer", chained(*names[:20], "other"))
+    request = chained(*names)
+    found = index.infer("t", request)
+    assert (found.kind, found.parent, found.shared_messages) == ("fork", "newer", 20)
+    now[0] += 30.0  # "old" expires, "newer" does not
+    assert index.infer("t", chained(*names[:3], "x", *names[4:])).kind == "new"
+    assert index.infer("t", request).parent == "newer"
+    index.register("t", "again", request)  # claims the 20 boundaries no session held (m20 .. m39)
+    assert index.boundaries_held == 3 + 18 + 20

@@ -12,12 +12,13 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.pipeline.parse import reused_parse
 from proxy.pipeline.rawprefix import MIN_BYTES, match_raw
-from proxy.pipeline.replay import RawBody, view_messages
+from proxy.pipeline.replay import CLEAN_COLUMN, RawBody, view_messages
 from proxy.prefix import PromptScan, scan_prompt
 from proxy.providers import ANTHROPIC
 from tests.sessions.test_incremental_parse import _checked, _counters, _full, _paired, _same, _send_raw
@@ -65,8 +66,10 @@ def _edited(raw: bytes, edit: str, at: int) -> bytes:
         messages[0] = {"role": "user", "content": f"Start again ({at})."}
     elif edit == "middle":
         i = at % len(messages)
-        messages[i] = {"role": messages[i].get("role", "user") if isinstance(messages[i], dict) else "user",
-                       "content": f"changed {at}"}
+        messages[i] = {
+            "role": messages[i].get("role", "user") if isinstance(messages[i], dict) else "user",
+            "content": f"changed {at}",
+        }
     elif edit == "append":
         messages.extend(_turn(len(messages)))
     new = {**body, "messages": messages}
@@ -113,6 +116,36 @@ def test_a_new_session_resending_a_conversation_reuses_all_but_its_first_message
     assert _view_fields(view) == _view_fields(view_messages(ANTHROPIC, orjson.loads(second), plain))
     # what the view keeps for the record builder: each reused message's own bytes, from the body
     assert view.stripped[1:] == tuple(orjson.dumps(m) for m in messages[1:])
+
+
+def test_reused_messages_holding_markers_are_left_for_the_record_builder_to_strip() -> None:
+    """The reused messages' bytes go to the record builder as they are, but those holding a
+    cache marker (`None`: their sidecar's bytes are dumped without it), as a full view says;
+    which ones hold a marker is known from the kept body (`CLEAN_COLUMN`), over two new
+    sessions in a row (the second reuses what the first one's view kept)."""
+    masker = _masker()
+    base = _with_session(_body(30), "session-a")
+    marked = {5, 60}
+    for i in marked:
+        content = base["messages"][i]["content"]
+        content[-1] = {**content[-1], "cache_control": {"type": "ephemeral"}}
+    raw = orjson.dumps(base)
+    parsed = orjson.loads(raw)
+    view_messages(ANTHROPIC, parsed, masker, raw=RawBody(raw, SCOPE, match_raw(masker.raw_index, SCOPE, raw)))
+    for n, session in enumerate(("session-b", "session-c")):
+        messages = [{"role": "user", "content": f"Start again ({n})."}, *base["messages"][1:]]
+        raw = orjson.dumps(_with_session({**base, "messages": messages}, session))
+        match = match_raw(masker.raw_index, SCOPE, raw)
+        assert match is not None
+        got = reused_parse(raw, match)
+        assert got is not None and match.suffix is not None and match.suffix.first == 1
+        view = view_messages(ANTHROPIC, got, masker, raw=RawBody(raw, SCOPE, match))
+        assert view.stripped == (
+            orjson.dumps(messages[0]),
+            *(None if i in marked else orjson.dumps(m) for i, m in enumerate(messages[1:], 1)),
+        )
+        assert match.fresh is not None
+        assert match.fresh.state.columns[CLEAN_COLUMN] == bytes(0 if i in marked else 1 for i in range(61))
 
 
 def test_a_body_of_another_scope_reuses_nothing() -> None:
@@ -269,3 +302,77 @@ def test_a_scan_around_any_arrangement_of_a_kept_bodys_objects_is_the_full_scan(
     got = scan_prompt(ANTHROPIC.layout(b), around=around)
     assert _scan_fields(got) == _scan_fields(scan_prompt(ANTHROPIC.layout(orjson.loads(orjson.dumps(b)))))
     assert b == sent and _scan_fields(around) == kept
+
+
+@given(
+    changed=st.sets(st.integers(0, 12), max_size=4),
+    marked=st.sets(st.integers(0, 12), max_size=3),
+    is_system_new=st.booleans(),
+    length=st.integers(1, 17),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_scan_around_a_kept_bodys_own_runs_is_the_full_scan(
+    changed: set[int], marked: set[int], is_system_new: bool, length: int
+) -> None:
+    """b keeps a's unchanged values and so a's very run objects (`relayout`, as the session
+    stage lays b out from the kept body's runs): the scan with a's scan takes stretches of
+    them at once, and is the full scan of b's bytes; a's scan is not changed."""
+    a = _body(6)
+    for position in marked:
+        content = a["messages"][position]["content"]
+        if isinstance(content, list):
+            content[-1] = {**content[-1], "cache_control": {"type": "ephemeral"}}
+    runs_a = ANTHROPIC.layout(a)
+    around = scan_prompt(runs_a)
+    kept = _scan_fields(around)
+    messages = [
+        {"role": "user", "content": f"changed {i}"} if i in changed else a["messages"][i % 13] for i in range(length)
+    ]
+    b = {**a, "messages": messages}
+    if is_system_new:
+        b["system"] = [{"type": "text", "text": "Another agent."}]
+    runs: list[Any] = []
+    for key in ANTHROPIC.prefix_keys:
+        of_key = [r for r in runs_a if r.key[0] == key]
+        if b[key] is a[key]:
+            runs.extend(of_key)
+        elif key == "messages":
+            redone = ANTHROPIC.relayout(key, b[key], a[key], of_key)
+            runs.extend(redone[0] if redone is not None else ANTHROPIC.layout({key: b[key]}))
+        else:
+            runs.extend(ANTHROPIC.layout({key: b[key]}))
+    assert any(r in runs_a for r in runs if r.section == "messages") or not set(range(min(length, 13))) - changed
+    got = scan_prompt(runs, around=around)
+    assert _scan_fields(got) == _scan_fields(scan_prompt(ANTHROPIC.layout(orjson.loads(orjson.dumps(b)))))
+    assert got.blocks.starts == scan_prompt(ANTHROPIC.layout(b)).blocks.starts
+    assert _scan_fields(around) == kept
+
+
+@pytest.mark.parametrize("mode", ["observe", "optimise"])
+async def test_a_new_session_resending_a_conversation_records_the_earlier_sidecars_and_runs(mode: str) -> None:
+    """Session b re-sends session a's conversation under another first message: its record's
+    sidecars of the messages sent as the client's objects are a's record's very objects
+    (`Kept.sidecars`; in `optimise` the breakpoints stage sends marked copies of the newest),
+    the record equals what a process that reuses nothing records, and its messages are laid
+    out from a's runs (no body shares its first bytes: the kept body's runs)."""
+    incremental, full = _paired(mode)
+    first = orjson.dumps(_with_session(_body(30), "session-a"))
+    messages = [{"role": "user", "content": "Start again."}, *orjson.loads(first)["messages"][1:]]
+    second = orjson.dumps(_with_session({**orjson.loads(first), "messages": messages}, "session-b"))
+    records = []
+    for services in (incremental, full):
+        a = await _send_raw(services, first)
+        b = await _send_raw(services, second)
+        assert services.store is not None and a.tenant is not None and b.tenant is not None
+        assert a.session_id is not None and b.session_id is not None and a.session_id != b.session_id
+        records.append(
+            (await services.store.load(a.tenant, a.session_id), await services.store.load(b.tenant, b.session_id), a, b)
+        )
+    (record_a, record_b, a, b), (_, full_b, _, _) = records
+    assert record_a is not None and record_b is not None and record_b == full_b
+    shared = [x is y for x, y in zip(record_b.sidecars, record_a.sidecars, strict=True)]
+    # not a's: the first message, and in `optimise` the two newest (a marker on each, as sent)
+    assert [i for i, x in enumerate(shared) if not x] == ([0] if mode == "observe" else [0, 59, 60])
+    assert a.client_runs is not None and b.client_runs is not None
+    runs_a, runs_b = a.client_runs["messages"][1], b.client_runs["messages"][1]
+    assert runs_b[0] is not runs_a[0] and all(x is y for x, y in zip(runs_b[1:], runs_a[1:], strict=True))
