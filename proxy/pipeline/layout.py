@@ -267,7 +267,10 @@ def _same_suffix(old: list[Run], new: list[Run], first: int) -> int:
     recent conversation under another first message, laid out from the kept body's runs by
     `relayout`)."""
     n = min(len(old), len(new) - first)
-    return next(compress(count(), map(is_not, reversed(old), reversed(new))), n) if n > 0 else 0
+    if n <= 0:
+        return 0
+    # the comparison may run on into `new`'s first `first` runs: at most those `n` count
+    return min(next(compress(count(), map(is_not, reversed(old), reversed(new))), n), n)
 
 
 def _adopt_tail(out: Scan, previous: Scan, stop: int, shift_runs: int, index: int, section: str | None) -> int:
