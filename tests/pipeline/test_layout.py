@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.layout import LayoutCache, Scan, _actions, _scan, scan
+from proxy.pipeline.layout import LayoutCache, Scan, _actions, _same_suffix, _scan, scan
 from proxy.pipeline.reorder import plan_system
 from proxy.pipeline.segments import classifier_for
 from proxy.providers import ANTHROPIC, route
@@ -318,3 +318,14 @@ def test_a_scan_copying_trailing_runs_counts_their_odd_blocks_as_a_walk_does() -
     # the first walk and the copy of its tail; a scan of the very same runs copies them as a
     # leading stretch, which (as before) does not count them again
     assert counts[0] == counts[1] == {("parse", "block_type"): 2}
+
+
+def test_same_suffix_counts_only_runs_after_the_shared_prefix() -> None:
+    """The trailing runs compared from the end may run on into the shared prefix (an object
+    standing at two places): what counts is at most the runs after it."""
+    a, b, c, x, y = (object() for _ in range(5))
+    old: list[Any] = [a, a, x, y, a, b, c]
+    assert _same_suffix(old, [a, a, b, c], 2) == 2
+    assert _same_suffix(old, [a, a, y, a, b, c], 2) == 4
+    assert _same_suffix(old, [a, a, x, c], 2) == 1
+    assert _same_suffix(old, [a, a], 2) == 0
