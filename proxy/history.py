@@ -35,6 +35,7 @@ import orjson
 from proxy.forensics import excerpt, first_difference
 from proxy.frozen import fast_init
 from proxy.prefix import MARKER_KEYS, PrefixChain, PromptScan, estimate_tokens, shared_blocks
+from proxy.providers.base import known_name
 
 MAX_SESSIONS: Final = 512
 MAX_PER_TENANT: Final = 64
@@ -262,7 +263,8 @@ def prompt_map(
         count = stop - index
         if not count:
             continue
-        runs.append((run.section, run.role, run.message, index, count))
+        role = run.role
+        runs.append((run.section, known_name(role) if role is not None else None, run.message, index, count))
         if run.section == "system":
             for offset in range(count):
                 tier = "stable"

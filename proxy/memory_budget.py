@@ -5,8 +5,9 @@ fixed share of the budget (`SHARES`), so RSS levels off once they are full whate
 
 - `records`: the decoded session records `proxy.store.RecordStore` keeps, each counted as what
   it holds (`proxy.store._held`: its encoded size plus the decoded sidecars' and offsets'
-  object overhead; about 1.3x the encoded size for a long conversation), so six or seven
-  600 KB conversations at the default budget. Beside it, and not in the budget, the store's
+  object overhead and the record's own; about 1.4x the encoded size for a long conversation,
+  about 3x for a 1 KB one), so six or seven 600 KB conversations at the default budget, or
+  about 1,400 of 1 KB. Beside it, and not in the budget, the store's
   index of the part names each session's stored value holds (`STORED_PARTS_BYTES`, 1 MiB),
   which keeps a session's write incremental after the memo dropped it;
 - `index`: the session inference index (`proxy.session_identity.SessionIndex`), at

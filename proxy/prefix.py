@@ -44,7 +44,7 @@ import xxhash
 
 from proxy.frozen import fast_init
 from proxy.providers import MARKER_KEYS
-from proxy.providers.base import Block, Run, RunBlocks, dotted, run_kind  # noqa: F401 - re-exported
+from proxy.providers.base import KNOWN_NAMES, Block, Run, RunBlocks, dotted, run_kind  # noqa: F401 - re-exported
 
 DIGEST_SIZE: Final = 16
 BYTES_PER_TOKEN: Final = 4
@@ -65,6 +65,9 @@ def estimate_tokens(n_bytes: int) -> int:
     return -(-n_bytes // BYTES_PER_TOKEN)
 
 
+_known: Final = KNOWN_NAMES.get
+"""A block's kind as the shared string (`proxy.providers.base.KNOWN_NAMES`): the scan's kinds
+outlive the body in the recent sessions' maps."""
 _TEXT_HEAD: Final = b'{"type":"text","text":'
 """`orjson.dumps({"type": "text", "text": s})` is `_TEXT_HEAD + orjson.dumps(s) + b"}"`."""
 
@@ -261,7 +264,7 @@ def _reuse_run(
                 marked.append(index + offset)
             if fixed is None:
                 kind = value.get("type")
-                kinds.append(kind if type(kind) is str else "unknown")
+                kinds.append(_known(kind, kind) if type(kind) is str else "unknown")
         elif isinstance(value, dict):
             if value.get("cache_control") is not None or value.get("prompt_cache_breakpoint") is not None:
                 marked.append(index + offset)
@@ -541,7 +544,7 @@ def _scan_prompt(
                     data = dumps(value)
                 if fixed is None:
                     kind = value.get("type")
-                    kinds.append(kind if type(kind) is str else "unknown")
+                    kinds.append(_known(kind, kind) if type(kind) is str else "unknown")
                 keyed = data
             elif isinstance(value, str):
                 data = dumps(value)

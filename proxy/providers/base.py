@@ -453,6 +453,31 @@ def dotted(key: tuple[str | int, ...]) -> str:
     return text
 
 
+KNOWN_NAMES: Final = {
+    name: name
+    for name in (
+        # block and item types (Anthropic Messages, OpenAI Chat content parts and Responses items)
+        "text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking",
+        "server_tool_use", "web_search_tool_result", "search_result", "mcp_tool_use", "mcp_tool_result",
+        "container_upload", "image_url", "input_audio", "file", "refusal", "message", "function_call",
+        "function_call_output", "reasoning", "input_text", "output_text", "input_image", "input_file",
+        "custom_tool_call", "custom_tool_call_output", "item_reference",
+        # message roles
+        "user", "assistant", "system", "developer", "tool", "function",
+    )
+}  # fmt: skip
+"""Block kinds and message roles the providers define, each as one shared `str`: a parsed body
+holds a new `str` for every `"type"` and `"role"` value (orjson shares keys, not values), and
+what outlives the body (a prompt scan's kinds, the recent sessions' maps in `proxy.history`)
+would keep one ~53-byte string per block and per message (about 90 KB of a 600 KB
+conversation's map). Other values are kept as they come (no interning of what a client sends)."""
+
+
+def known_name(name: str) -> str:
+    """`name` as the shared `KNOWN_NAMES` string when it is one, else `name` itself."""
+    return KNOWN_NAMES.get(name, name)
+
+
 def run_kind(run: Run, value: Any) -> str:
     """The block kind `prefix_blocks` reports for `value` in `run`."""
     if run.kind is not None:
@@ -460,7 +485,7 @@ def run_kind(run: Run, value: Any) -> str:
     if isinstance(value, dict):
         kind = value.get("type")
         if isinstance(kind, str):
-            return kind
+            return KNOWN_NAMES.get(kind, kind)
     return "text" if isinstance(value, str) else "unknown"
 
 

@@ -279,11 +279,12 @@ async def test_interleaved_sessions_send_only_new_parts_though_the_memo_dropped_
     new = [p for p in tail.parts if p.key not in {q.key for q in whole.parts}]
     increment = len(tail.head) + sum(p.size for p in new)
     assert (len(whole.parts), len(tail.parts), len(new)) == (6, 8, 2) and increment < tail.size // 3
-    # what a pending second record holds: the record (its parts wait as names)
-    held = tail.size + 256 * 140 + 40 * 140
-    store = RecordStore(
-        backend, metrics, memo_bytes=2 * (tail.size + 256 * 140 + 40 * 140), max_pending_bytes=32 * held
-    )
+    # what a pending second record holds: the record (its parts wait as names), the values of the
+    # sidecars after its parts once more (decoded beside the head that encodes them), 1,536 for
+    # the record itself
+    in_head = sum(len(s.value) for s in second.sidecars[sum(tail.counts) :])
+    held = tail.size + in_head + 256 * 140 + 40 * 140 + 1536
+    store = RecordStore(backend, metrics, memo_bytes=2 * held, max_pending_bytes=32 * held)
     sessions = [f"s{i}" for i in range(32)]
     for sid in sessions:
         assert await store.save("t", sid, first)

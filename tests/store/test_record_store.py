@@ -137,8 +137,9 @@ async def test_a_read_of_unchanged_bytes_is_not_decoded_again(metrics: Metrics) 
 async def test_the_decoded_memo_is_bounded_in_bytes(metrics: Metrics) -> None:
     from proxy.store.codec import encode_record
 
-    # what a decoded record holds: its bytes, 256 per sidecar, 40 per `ends` entry
-    size = len(encode_record(RECORD)) + 256 * 1 + 40 * 2
+    # what a decoded record holds: its bytes, its one sidecar's value again (decoded beside the
+    # bytes that encode it), 256 per sidecar, 40 per `ends` entry, 1,536 for the record itself
+    size = len(encode_record(RECORD)) + len(RECORD.sidecars[0].value) + 256 * 1 + 40 * 2 + 1536
     store = RecordStore(open_store("memory://"), metrics, memo_bytes=3 * size)
     for i in range(10):
         assert await store.save("t", f"s{i}", RECORD)
@@ -150,7 +151,7 @@ async def test_the_decoded_memo_is_bounded_in_bytes(metrics: Metrics) -> None:
 async def test_more_sessions_than_the_memo_holds_take_turns_and_the_ones_held_stay(metrics: Metrics) -> None:
     from proxy.store.codec import encode_record
 
-    size = len(encode_record(RECORD)) + 256 * 1 + 40 * 2
+    size = len(encode_record(RECORD)) + len(RECORD.sidecars[0].value) + 256 * 1 + 40 * 2 + 1536
     store = RecordStore(open_store("memory://"), metrics, is_sole_writer=True, memo_bytes=3 * size)
 
     async def rounds(sessions: Sequence[str], count: int) -> None:
@@ -286,8 +287,9 @@ async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics:
     )
     layout = encode_layout(big)  # the head and its one part (the sidecar is over PART_BYTES)
     assert layout.size > len(encode_record(big)) > PART_BYTES
-    # the record: its encoded size, 256 per sidecar, 40 per `ends` entry
-    size = layout.size + 256 + 40
+    # the record: its encoded size, 256 per sidecar, 40 per `ends` entry, 1,536 for the record
+    # itself (its one sidecar is in the part, not in the head)
+    size = layout.size + 256 + 40 + 1536
     store = RecordStore(backend, metrics, max_pending_bytes=5 * size)
     accepted = [store.save_soon("t", f"s{i}", big) for i in range(8)]
     assert accepted == [True] * 5 + [False] * 3
