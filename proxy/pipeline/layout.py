@@ -310,6 +310,21 @@ def _adopt_tail(out: Scan, previous: Scan, stop: int, shift_runs: int, index: in
     return previous.size + shift
 
 
+def _count_taken(made: Scan, previous: Scan | None) -> None:
+    """Count the blocks of no known kind `made` holds from another request's scan without
+    walking them (`previous`'s leading runs it adopted, or all of them when `made` is that
+    scan, `previous` `None`), as this request's first walk of them would have (`skipped`): a
+    request counts the same malformed blocks whether or not it started from a kept body's
+    scans (`LayoutCache.seed`). The trailing runs `_adopt_tail` copies count there."""
+    if previous is None:
+        taken = len(made.odd)
+    else:
+        base = made._base
+        taken = bisect_left(previous.odd, base[1]) if base is not None and base[0] is previous else 0
+    for _ in range(taken):
+        skipped("block_type")
+
+
 def _first(item: tuple[int, Any]) -> int:
     return item[0]
 
@@ -352,12 +367,15 @@ def view_of(scans: list[Scan]) -> BlockView:
 class LayoutCache:
     """Per-request memo of layout + scan per prefix key (see the module docstring)."""
 
-    __slots__ = ("_scans", "_policy", "_actions")
+    __slots__ = ("_scans", "_policy", "_actions", "_seeded")
 
     def __init__(self) -> None:
         self._scans: dict[str, tuple[Any, Scan]] = {}
         self._policy: tuple[MarkerPolicy, frozenset[str]] | None = None
         self._actions: dict[Any, int] = {}
+        self._seeded: set[str] = set()
+        """Keys whose scan is still another request's (`seed`): the blocks of no known kind this
+        request takes from it unwalked are counted as its own walk would have (`_count_taken`)."""
 
     def scans(
         self,
@@ -369,8 +387,10 @@ class LayoutCache:
         """`(prefix key, scan)` for each prefix key in `body`, in render order."""
         if self._policy is None or self._policy != (policy, call_kinds):
             self._scans.clear()
+            self._seeded.clear()
             self._policy = (policy, call_kinds)
             self._actions = _actions(policy, call_kinds)
+        seeded = self._seeded
         out = []
         for key in adapter.prefix_keys:
             if key not in body:
@@ -382,7 +402,13 @@ class LayoutCache:
                 redone = adapter.relayout(key, value, hit[0], hit[1].runs) if hit is not None else None
                 runs, known = redone if redone is not None else (adapter.layout({key: value}), 0)
                 made = _scan(runs, policy.key, self._actions, previous, known, policy.hidden_calls)
+                if seeded and key in seeded:
+                    seeded.discard(key)
+                    _count_taken(made, previous)
                 hit = self._scans[key] = (value, made)
+            elif seeded and key in seeded:  # another request's scan of this very value, as it is
+                seeded.discard(key)
+                _count_taken(hit[1], None)
             out.append((key, hit[1]))
         return out
 
@@ -401,6 +427,7 @@ class LayoutCache:
         self._policy = snapshot[0]
         self._actions = _actions(*snapshot[0])
         self._scans = dict(snapshot[1])
+        self._seeded = set(self._scans)
 
     def runs_of(self, key: str, value: Any) -> list[Run] | None:
         """The runs of the latest scan of `key` when it was of this very `value` object, else

@@ -1,0 +1,352 @@
+"""Differential attack on the reuse paths for a new session re-sending a recent conversation:
+a process that reuses (incremental) and one that reuses nothing (full) given the same request
+sequence send the same bytes, record the same records and count the same metrics."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.exchange import Exchange
+from proxy.pipeline import run_request_stages
+from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from proxy.providers.base import Usage
+from proxy.response import run_response_stages
+from tests.sessions.test_incremental_parse import _counters, _paired, _same
+
+
+async def send(services: Any, adapter: Any, raw: bytes, key: str = "key-a") -> Exchange:
+    headers = CIMultiDictProxy(CIMultiDict({"x-api-key": key, "authorization": f"Bearer {key}"}))
+    ex = Exchange(adapter, adapter.api_path, "", headers, raw)
+    await run_request_stages(ex, services)
+    ex.status = 200
+    ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")
+    run_response_stages(ex, services)
+    await services.store.flush()
+    return ex
+
+
+def turn_anthropic(k: int) -> list[dict[str, Any]]:
+    call = f"toolu_{k:05d}"
+    return [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": f"Step {k}: reading the next file."},
+                {"type": "tool_use", "id": call, "name": "read", "input": {"path": f"src/m{k}.py"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": f"x = {k}\n" * 300}]},
+    ]
+
+
+def body_anthropic(turns: int) -> dict[str, Any]:
+    messages: list[Any] = [{"role": "user", "content": "Start."}]
+    for k in range(turns):
+        messages.extend(turn_anthropic(k))
+    return {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 64,
+        "system": [{"type": "text", "text": "You are a careful agent. " * 300}],
+        "tools": [{"name": "read", "description": "Read a file.", "input_schema": {"type": "object"}}],
+        "messages": messages,
+    }
+
+
+def body_chat(turns: int) -> dict[str, Any]:
+    messages: list[Any] = [
+        {"role": "system", "content": "You are a careful agent. " * 300},
+        {"role": "user", "content": "Start."},
+    ]
+    for k in range(turns):
+        call = f"call_{k:05d}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Step {k}",
+                "tool_calls": [
+                    {"id": call, "type": "function", "function": {"name": "read", "arguments": f'{{"path":"m{k}.py"}}'}}
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call, "content": f"x = {k}\n" * 300})
+    return {
+        "model": "gpt-5",
+        "tools": [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}],
+        "messages": messages,
+    }
+
+
+def body_responses(turns: int) -> dict[str, Any]:
+    items: list[Any] = [{"role": "user", "content": [{"type": "input_text", "text": "Start."}]}]
+    for k in range(turns):
+        call = f"call_{k:05d}"
+        items.append({"type": "function_call", "call_id": call, "name": "read", "arguments": f'{{"path":"m{k}.py"}}'})
+        items.append({"type": "function_call_output", "call_id": call, "output": f"x = {k}\n" * 300})
+    return {
+        "model": "gpt-5",
+        "instructions": "You are a careful agent. " * 300,
+        "tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}],
+        "input": items,
+    }
+
+
+PROVIDERS = {
+    "anthropic": (ANTHROPIC, body_anthropic, "messages"),
+    "chat": (OPENAI_CHAT, body_chat, "messages"),
+    "responses": (OPENAI_RESPONSES, body_responses, "input"),
+}
+
+
+def _marker(provider: str) -> dict[str, Any]:
+    return {"cache_control": {"type": "ephemeral"}}
+
+
+def mutate(provider: str, body: dict[str, Any], op: str, at: int) -> dict[str, Any]:
+    adapter, _, key = PROVIDERS[provider]
+    body = copy.deepcopy(body)
+    items = body[key]
+    n = len(items)
+    i = at % n
+    item = items[i]
+    if op == "first":  # a new first (user) message
+        first = 1 if provider == "chat" else 0
+        if provider == "responses":
+            items[first] = {"role": "user", "content": [{"type": "input_text", "text": f"Start again ({at})."}]}
+        else:
+            items[first] = {"role": "user", "content": f"Start again ({at})."}
+    elif op == "marker_add":
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, list) and content and isinstance(content[-1], dict):
+            content[-1] = {**content[-1], **_marker(provider)}
+        elif isinstance(content, str):
+            item["content"] = [
+                {"type": "text" if provider != "responses" else "input_text", "text": content, **_marker(provider)}
+            ]
+        elif isinstance(item, dict):
+            item.update(_marker(provider))
+    elif op == "marker_remove":
+        for it in items:
+            if isinstance(it, dict):
+                it.pop("cache_control", None)
+                c = it.get("content")
+                if isinstance(c, list):
+                    for b in c:
+                        if isinstance(b, dict):
+                            b.pop("cache_control", None)
+    elif op == "marker_message":  # a marker on the message object itself
+        if isinstance(item, dict):
+            item["cache_control"] = {"type": "ephemeral"}
+    elif op == "edit":
+        if isinstance(item, dict) and isinstance(item.get("content"), str):
+            item["content"] = item["content"] + " (edited)"
+        elif isinstance(item, dict) and isinstance(item.get("content"), list) and item["content"]:
+            b = item["content"][0]
+            if isinstance(b, dict) and "text" in b:
+                b["text"] = b["text"] + " (edited)"
+            elif isinstance(b, dict) and "content" in b:
+                b["content"] = str(b["content"]) + " (edited)"
+        elif isinstance(item, dict) and "output" in item:
+            item["output"] = item["output"] + " (edited)"
+        elif isinstance(item, dict) and "arguments" in item:
+            item["arguments"] = '{"path":"edited.py"}'
+    elif op == "unknown_block":
+        if isinstance(item, dict) and isinstance(item.get("content"), list):
+            item["content"].append(
+                {"type": "mystery", "content": [{"type": "text", "text": "n", "cache_control": {"type": "ephemeral"}}]}
+            )
+        elif provider == "responses":
+            items.insert(i, {"type": "mystery_item", "data": "q"})
+        elif isinstance(item, dict):
+            item["content"] = [{"type": "mystery", "x": 1}]
+    elif op == "unknown_type_value":
+        if isinstance(item, dict) and isinstance(item.get("content"), list) and item["content"]:
+            item["content"][0] = {**item["content"][0], "type": 7}
+    elif op == "duplicate":
+        items.insert(i, copy.deepcopy(item))
+    elif op == "shrink":
+        del items[max(2, n - 1 - at % 5) :]
+    elif op == "drop_middle":
+        if n > 4:
+            del items[i]
+    elif op == "system_message" and provider == "chat":
+        items.insert(i or 1, {"role": "system", "content": f"note {at}"})
+    elif op == "developer" and provider == "chat":
+        items.insert(i or 1, {"role": "developer", "content": f"note {at}"})
+    elif op == "append":
+        if provider == "anthropic":
+            items.extend(turn_anthropic(1000 + at))
+        else:
+            items.append(
+                {"role": "user", "content": f"more {at}"}
+                if provider == "chat"
+                else {"role": "user", "content": [{"type": "input_text", "text": f"more {at}"}]}
+            )
+    elif op == "role_swap":
+        if isinstance(item, dict) and "role" in item and item["role"] in ("user", "assistant"):
+            item["role"] = "assistant" if item["role"] == "user" else "user"
+    elif op == "non_dict":
+        items.insert(i, 7)
+    elif op == "reorder_keys":
+        if isinstance(item, dict):
+            items[i] = dict(reversed(list(item.items())))
+    elif op == "stamp":
+        if isinstance(item, dict) and isinstance(item.get("content"), str):
+            item["content"] = item["content"] + f" at 2026-01-0{at % 9 + 1}T10:{at % 60:02d}:00Z"
+        elif isinstance(item, dict) and isinstance(item.get("content"), list) and item["content"]:
+            b = item["content"][0]
+            if isinstance(b, dict) and isinstance(b.get("text"), str):
+                b["text"] = b["text"] + f" at 2026-01-0{at % 9 + 1}T10:{at % 60:02d}:00Z"
+    elif op == "session":
+        if provider == "anthropic":
+            body["metadata"] = {"user_id": f"s-{at}"}
+        else:
+            body["prompt_cache_key"] = f"s-{at}"
+    return body
+
+
+OPS = [
+    "first",
+    "marker_add",
+    "marker_remove",
+    "marker_message",
+    "edit",
+    "unknown_block",
+    "unknown_type_value",
+    "duplicate",
+    "shrink",
+    "drop_middle",
+    "system_message",
+    "developer",
+    "append",
+    "role_swap",
+    "non_dict",
+    "session",
+    "reorder_keys",
+    "stamp",
+    "first",
+]
+
+FORMATS = st.sampled_from(["plain", "plain", "plain", "indent", "escaped_key", "space_after"])
+
+
+def render(body: dict[str, Any], fmt: str) -> bytes:
+    if fmt == "indent":
+        return orjson.dumps(body, option=orjson.OPT_INDENT_2)
+    raw = orjson.dumps(body)
+    if fmt == "escaped_key":
+        return raw.replace(b'"role":', b'"r\\u006fle":', 1)
+    if fmt == "space_after":
+        return raw[:-1] + b" }"
+    return raw
+
+
+STEP = st.tuples(
+    st.integers(0, 3),  # base: 0 the original, else the body sent `k` steps ago
+    st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 10_000)), min_size=0, max_size=3),
+    FORMATS,
+    st.sampled_from(["key-a", "key-a", "key-a", "key-b"]),
+)
+
+
+async def run_sequence(provider: str, mode: str, turns: int, steps: list[Any]) -> None:
+    adapter, make, _ = PROVIDERS[provider]
+    incremental, full = _paired(mode)
+    base = make(turns)
+    if provider == "anthropic":
+        base["metadata"] = {"user_id": "s-base"}
+    history = [base]
+    for k, (back, ops, fmt, key) in enumerate([(0, [], "plain", "key-a"), *steps]):
+        body = history[-back] if back and back <= len(history) else history[0]
+        for op, at in ops:
+            body = mutate(provider, body, op, at)
+        raw = render(body, fmt)
+        a = await send(incremental, adapter, raw, key)
+        b = await send(full, adapter, raw, key)
+        _same(a, b)
+        assert a.session_id == b.session_id and a.tenant == b.tenant, k
+        if a.tenant is not None and a.session_id is not None:
+            ra = await incremental.store.load(a.tenant, a.session_id)
+            rb = await full.store.load(b.tenant, b.session_id)
+            assert ra == rb, (k, ops, fmt)
+        history.append(body)
+    assert _counters(incremental) == _counters(full)
+
+
+@settings(
+    max_examples=int(__import__("os").environ.get("BRK_N", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.sampled_from(list(PROVIDERS)),
+    st.sampled_from(["observe", "optimise"]),
+    st.integers(30, 36),
+    st.lists(STEP, min_size=1, max_size=6),
+)
+async def test_reuse_is_invisible(provider: str, mode: str, turns: int, steps: list[Any]) -> None:
+    await run_sequence(provider, mode, turns, steps)
+
+
+def _malformed(services: Any) -> list[str]:
+    return [line for line in _counters(services) if line.startswith("promptcache_malformed_parts_total")]
+
+
+def _system_edited(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` under another system prompt: its first bytes differ, so no kept body shares them
+    and the session stage starts from the body `parse` took the messages from (`around`)."""
+    return {**body, "system": [{"type": "text", "text": "You are another agent. " * 300}]}
+
+
+@pytest.mark.parametrize("mode", ["observe", "optimise"])
+@pytest.mark.parametrize("where", ["message", "system"])
+@pytest.mark.parametrize("second", ["append", "system", "first"])
+async def test_blocks_of_no_known_kind_are_counted_as_a_full_scan_counts_them(
+    mode: str, where: str, second: str
+) -> None:
+    """A block whose `type` is not a string is counted (`promptcache_malformed_parts_total`) as
+    often as in a process that reuses nothing, when the layout cache starts from a kept body's
+    scans (`LayoutCache.seed`): their leading runs adopted (`_adopt`) or a key's scan taken as it
+    is were not counted (a new session re-sending a conversation under another system prompt,
+    and an appended turn: 1 where the full path counts 2)."""
+    incremental, full = _paired(mode)
+    base = body_anthropic(32)
+    if where == "message":
+        base["messages"][5]["content"][0] = {**base["messages"][5]["content"][0], "type": 7}
+    else:
+        base["system"] = [*base["system"], {"type": 7, "text": "odd"}]
+    following = {
+        "append": lambda b: mutate("anthropic", b, "append", 3),
+        "system": _system_edited,
+        "first": lambda b: mutate("anthropic", b, "first", 3),
+    }[second](base)
+    if where == "system" and second == "system":
+        following["system"] = [*following["system"], {"type": 7, "text": "odd"}]
+    for body in (base, following):
+        raw = orjson.dumps(body)
+        _same(await send(incremental, ANTHROPIC, raw), await send(full, ANTHROPIC, raw))
+    assert _malformed(incremental) == _malformed(full)
+    assert _counters(incremental) == _counters(full)
+
+
+@pytest.mark.parametrize("mode", ["observe", "optimise"])
+@pytest.mark.parametrize("second", ["append", "first"])
+async def test_messages_of_non_string_role_are_counted_as_a_full_view_counts_them(mode: str, second: str) -> None:
+    """A Chat message whose `role` is not a string is counted once per request by the view
+    (`Masker.examine_all`, identity-optional keys) in a process that reuses nothing; the
+    elements a recent body's results are reused for (the leading ones by prefix, the trailing
+    ones `parse` took from a kept body) were not walked, so not counted."""
+    incremental, full = _paired(mode)
+    base = body_chat(32)
+    base["messages"][5] = {**base["messages"][5], "role": 5}
+    following = mutate("chat", base, second, 3)
+    for body in (base, following):
+        raw = orjson.dumps(body)
+        _same(await send(incremental, OPENAI_CHAT, raw), await send(full, OPENAI_CHAT, raw))
+    assert _malformed(incremental) == _malformed(full)
