@@ -791,6 +791,9 @@ def _examine_known(
         walked = elements[: len(elements) - (len(suffix[0].ends) - suffix[1].first)]
     dumped: list[bytes] = []
     exact, digests, keys = masker.examine_all(walked, optional, known, dumped, stripped)
+    if optional:  # the elements not walked count their malformed roles as walking them would
+        _count_odd_roles(elements[: len(known[0])] if known else ())
+        _count_odd_roles(elements[len(walked) :] if suffix is not None else ())
     if clean is not None:  # a marker stripped makes the bytes shorter
         clean += bytes(map(_same_length, dumped, stripped[len(stripped) - len(dumped) :]))
     suffix_ends: list[int] = []
@@ -849,6 +852,17 @@ def _examine_known(
             fresh, tuple(elements[:m]), array_key, match.head, raw.scope, gap, match.kept is not None
         )
     return exact, digests, keys, len(known[0]) if known else 0, match
+
+
+def _count_odd_roles(elements: Sequence[Any]) -> None:
+    """`skipped("role")` for each element of `elements` whose `role` is neither a string nor
+    absent, as `Masker.examine_all` counts it when it walks the element with identity-optional
+    keys: the elements whose results are reused count as in a process that reuses nothing."""
+    for element in elements:
+        if type(element) is dict:
+            role = element.get("role")
+            if role is not None and type(role) is not str:
+                skipped("role")
 
 
 CLEAN_COLUMN: Final = 3
