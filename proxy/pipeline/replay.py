@@ -61,7 +61,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import compress, count
+from itertools import compress, count, repeat
 from operator import attrgetter, is_, not_
 from typing import Any, Final
 
@@ -854,10 +854,19 @@ def _examine_known(
     return exact, digests, keys, len(known[0]) if known else 0, match
 
 
+_ROLE_TYPES: Final = frozenset({str, type(None)})
+
+
 def _count_odd_roles(elements: Sequence[Any]) -> None:
     """`skipped("role")` for each element of `elements` whose `role` is neither a string nor
     absent, as `Masker.examine_all` counts it when it walks the element with identity-optional
-    keys: the elements whose results are reused count as in a process that reuses nothing."""
+    keys: the elements whose results are reused count as in a process that reuses nothing.
+    The usual array (objects, string roles) is told at C speed (~0.1 us an element)."""
+    try:
+        if set(map(type, map(dict.get, elements, repeat("role")))) <= _ROLE_TYPES:
+            return
+    except TypeError:  # an element that is not an object
+        pass
     for element in elements:
         if type(element) is dict:
             role = element.get("role")

@@ -203,6 +203,16 @@ def mutate(provider: str, body: dict[str, Any], op: str, at: int) -> dict[str, A
             b = item["content"][0]
             if isinstance(b, dict) and isinstance(b.get("text"), str):
                 b["text"] = b["text"] + f" at 2026-01-0{at % 9 + 1}T10:{at % 60:02d}:00Z"
+    elif op == "odd_role":
+        if isinstance(item, dict):
+            item["role"] = 5
+    elif op == "system_edit":
+        if provider == "anthropic":
+            body["system"] = [{"type": "text", "text": f"You are agent {at}. " * 300}]
+        elif provider == "responses":
+            body["instructions"] = f"You are agent {at}. " * 300
+        else:
+            items[0] = {"role": "system", "content": f"You are agent {at}. " * 300}
     elif op == "session":
         if provider == "anthropic":
             body["metadata"] = {"user_id": f"s-{at}"}
@@ -229,6 +239,9 @@ OPS = [
     "non_dict",
     "session",
     "reorder_keys",
+    "odd_role",
+    "system_edit",
+    "system_edit",
     "stamp",
     "first",
 ]
