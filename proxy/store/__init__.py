@@ -299,6 +299,11 @@ def _failure_level(kind: str, known: str | None) -> int:
     return logging.DEBUG if known is not None and kind == known else logging.WARNING
 
 
+TRANSIENT_TIMEOUTS: Final = {"timeout": "unresponsive"}
+"""A transient kind that is the store's known problem under another name: a frozen Redis's
+reads and writes time out (`timeout`) while its check reports it `unresponsive`."""
+
+
 class RecordStore:
     """`SessionRecord`s over a backend, timed, bounded and failing soft (module docstring)."""
 
@@ -388,6 +393,10 @@ class RecordStore:
         self._healthy_gauge = metrics.store_healthy.labels(name)
         self._healthy_gauge.set(1)
         self.health = StoreHealth(name)
+        self._warned: set[str] = set()
+        """Failure kinds of reads and writes logged at WARNING since the last success (a
+        transient cause that persists, a lock another process holds, a frozen Redis's timeouts,
+        is one WARNING, then DEBUG: `_level`)."""
         """The newest health (module docstring)."""
         self._checking: asyncio.Task[StoreHealth] | None = None
         if hasattr(backend, "on_fault"):
@@ -428,8 +437,20 @@ class RecordStore:
             self._healthy_gauge.set(0)
         return kind
 
+    def _level(self, kind: str, known: str | None) -> int:
+        """The log level of a failed read or write (`_failure_level`), and DEBUG for a kind
+        already logged at WARNING since the last success."""
+        if kind in self._warned or (known is not None and TRANSIENT_TIMEOUTS.get(kind) == known):
+            return logging.DEBUG
+        level = _failure_level(kind, known)
+        if level == logging.WARNING:
+            self._warned.add(kind)
+        return level
+
     def _succeeded(self) -> None:
         """A write or a check went through: the store is healthy again."""
+        if self._warned:
+            self._warned.clear()
         if self.health.problem is not None:
             _log.warning("session store %s healthy again (was %s)", self.backend.backend, self.health.problem)
             self.health = StoreHealth(self.backend.backend)
@@ -559,7 +580,7 @@ class RecordStore:
             problem = self.health.problem
             kind = self._failed(exc)
             _log.log(
-                _failure_level(kind, problem),
+                self._level(kind, problem),
                 "session store %s get failed (%s, %s)",
                 self.backend.backend,
                 type(exc).__name__,
@@ -650,7 +671,7 @@ class RecordStore:
             problem = self.health.problem
             kind = self._failed(exc)
             _log.log(
-                _failure_level(kind, problem),
+                self._level(kind, problem),
                 "session store %s put failed (%s, %s)",
                 self.backend.backend,
                 type(exc).__name__,

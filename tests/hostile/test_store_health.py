@@ -305,3 +305,32 @@ async def test_redis_gone_is_one_warning_per_failure_and_no_error(
     assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="get") == 2
     assert proxy.sample("promptcache_session_store_errors_total", backend="redis", operation="put") == 2
     assert proxy.sample(HEALTHY, backend="redis") == 0
+
+
+async def test_frozen_redis_is_not_a_warning_per_request(
+    fake_upstream: FakeUpstream, make_proxy: Any, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review (session 15, user/hostile pass): a frozen Redis (SIGSTOP: connected, never
+    answering) once reported unhealthy (`unresponsive`, the check's PING) still logged one
+    WARNING per timed-out read and write, for every request while it stayed frozen (409
+    WARNING lines in 15 s with one slow client): `timeout` is a transient kind, never the
+    known problem, so `_failure_level` never lowers it to DEBUG. One WARNING per cause, as a
+    stopped Redis (`unavailable`) gets."""
+    proxy = await make_proxy(upstream=fake_upstream.url, store=redis_server.url, secret="s" * 32)
+    assert redis_server.process is not None
+    async with aiohttp.ClientSession() as http:
+        os.kill(redis_server.process.pid, signal.SIGSTOP)
+        try:
+            caplog.set_level(logging.DEBUG, logger="promptcache")
+            for n in range(6):
+                assert await post(http, proxy, n, f"s-{n}") == 200
+                await store_of(proxy).flush()
+                if n == 0:
+                    status, _ = await readyz(http, proxy)  # the check's PING: unresponsive
+                    assert status == 503
+        finally:
+            os.kill(redis_server.process.pid, signal.SIGCONT)
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    timeouts = [m for m in loud if "(TimeoutError, timeout)" in m]
+    assert proxy.sample(FAULTS, backend="redis", kind="timeout") >= 12  # every one counted (14 here)
+    assert len(timeouts) <= 2, loud  # at most one per operation, not one per request

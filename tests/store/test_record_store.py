@@ -390,3 +390,29 @@ async def test_a_busy_loop_does_not_make_a_fast_redis_answer_a_timeout(metrics: 
     assert metrics.registry.get_sample_value("promptcache_session_store_faults_total", timeouts) == 0.0
     await writer.close()
     await reader.close()
+
+
+async def test_a_lock_held_by_another_process_is_not_a_warning_per_write(
+    metrics: Metrics, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review (session 15, user/hostile pass): another process holding the file's write lock
+    (a stuck `--workers` peer, a backup) failed every write as `locked`, each with its own
+    WARNING: 276 lines in 6 s live. One WARNING for the cause, DEBUG after, as a full disk."""
+    import logging
+
+    path = tmp_path / "sessions.db"
+    store = RecordStore(SqliteStore(path), metrics)
+    assert await store.save("t", "s", RECORD)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    caplog.set_level(logging.DEBUG, logger="promptcache")
+    try:
+        for n in range(4):
+            assert not await store.save("t", f"s{n}", RECORD)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert errors(metrics, "sqlite", "put") == 4
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([m for m in loud if "locked" in m]) == 1, loud
+    await store.close()
