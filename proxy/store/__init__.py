@@ -62,6 +62,9 @@
   `CHECK_TIMEOUT`, one at a time) runs on every `/readyz` and every `CHECK_INTERVAL` seconds
   (`store_ctx`), so a fixed store reports healthy without waiting for traffic. Requests never
   wait on it: an unhealthy store costs replay only.
+  Logged: the unhealthy and healthy-again transitions at WARNING; a failed read or write at
+  WARNING once per cause until a write succeeds (a persisting transient cause, a lock another
+  process holds or a frozen Redis's timeouts, is not a line per request), then DEBUG.
 - `store_ctx(app)` is the `cleanup_ctx` entry: it opens the store (`settings.store`, default
   SQLite at `state_dir/sessions.db`) and the per-process session state (tenant secret, session
   inference index, pacing statistics: `proxy.session_identity.SessionState`) and closes them on exit.
