@@ -396,11 +396,11 @@ class RecordStore:
         self._healthy_gauge = metrics.store_healthy.labels(name)
         self._healthy_gauge.set(1)
         self.health = StoreHealth(name)
+        """The newest health (module docstring)."""
         self._warned: set[str] = set()
         """Failure kinds of reads and writes logged at WARNING since the last success (a
         transient cause that persists, a lock another process holds, a frozen Redis's timeouts,
         is one WARNING, then DEBUG: `_level`)."""
-        """The newest health (module docstring)."""
         self._checking: asyncio.Task[StoreHealth] | None = None
         if hasattr(backend, "on_fault"):
             backend.on_fault = self._repaired
