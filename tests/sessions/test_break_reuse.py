@@ -12,25 +12,16 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.exchange import Exchange
-from proxy.pipeline import run_request_stages
 from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from proxy.providers.base import Usage
-from proxy.response import run_response_stages
+from tests.sessions.test_fast_paths import run_exchange
 from tests.sessions.test_incremental_parse import _counters, _paired, _same
 
 
 async def send(services: Any, adapter: Any, raw: bytes, key: str = "key-a") -> Exchange:
-    headers = CIMultiDictProxy(CIMultiDict({"x-api-key": key, "authorization": f"Bearer {key}"}))
-    ex = Exchange(adapter, adapter.api_path, "", headers, raw)
-    await run_request_stages(ex, services)
-    ex.status = 200
-    ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")
-    run_response_stages(ex, services)
-    await services.store.flush()
-    return ex
+    """One exchange of tenant `key` (its credential in both providers' headers)."""
+    return await run_exchange(services, adapter, raw, {"x-api-key": key, "authorization": f"Bearer {key}"})
 
 
 def turn_anthropic(k: int) -> list[dict[str, Any]]:

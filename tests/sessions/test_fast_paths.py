@@ -259,16 +259,22 @@ def _services(mode: str) -> Services:
     return services
 
 
-async def _send(services: Services, adapter: Any, body: dict[str, Any], raw: bytes | None = None) -> Exchange:
-    """Run `body` (sent as `raw` when given) through the request and response stages."""
-    headers = CIMultiDictProxy(CIMultiDict({"x-api-key": "key-a", "prompt_cache_key": "x"}))
-    ex = Exchange(adapter, adapter.api_path, "", headers, orjson.dumps(body) if raw is None else raw)
+async def run_exchange(services: Services, adapter: Any, raw: bytes, headers: dict[str, str]) -> Exchange:
+    """Run `raw` with `headers` through the request stages, answer it 200 with a fixed usage,
+    run the response stages and flush the store: one whole exchange without a network."""
+    ex = Exchange(adapter, adapter.api_path, "", CIMultiDictProxy(CIMultiDict(headers)), raw)
     await run_request_stages(ex, services)
     ex.status = 200
     ex.usage = Usage(input_none=10, cache_read=20, cache_write_5m=5, output=1, seen=True, response_id="msg_1")
     run_response_stages(ex, services)
     await services.store.flush()
     return ex
+
+
+async def _send(services: Services, adapter: Any, body: dict[str, Any], raw: bytes | None = None) -> Exchange:
+    """Run `body` (sent as `raw` when given) through the request and response stages."""
+    headers = {"x-api-key": "key-a", "prompt_cache_key": "x"}
+    return await run_exchange(services, adapter, orjson.dumps(body) if raw is None else raw, headers)
 
 
 async def _check_request_path(adapter: Any, first: dict[str, Any], second: dict[str, Any]) -> None:
