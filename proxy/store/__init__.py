@@ -293,18 +293,9 @@ class KeyFilter:
         return all(bits[i >> 3] & (1 << (i & 7)) for i in self._probes(tenant, key))
 
 
-def _failure_level(kind: str, known: str | None) -> int:
-    """The log level of a failed read or write of cause `kind` while the store's known problem
-    was `known`: a failure of the problem already reported as unhealthy (a full disk fails
-    every write until space is freed) is DEBUG, counted by the metrics as every failure is;
-    the unhealthy and healthy-again transitions are WARNINGs once each (`_failed`,
-    `_succeeded`), so a full disk does not log a line per request."""
-    return logging.DEBUG if known is not None and kind == known else logging.WARNING
-
-
-TRANSIENT_TIMEOUTS: Final = {"timeout": "unresponsive"}
-"""A transient kind that is the store's known problem under another name: a frozen Redis's
-reads and writes time out (`timeout`) while its check reports it `unresponsive`."""
+SAME_PROBLEM: Final = {"timeout": "unresponsive"}
+"""A failure kind that is the store's known problem under another name: a frozen Redis's reads
+and writes time out (`timeout`) while its check reports it `unresponsive`."""
 
 
 class RecordStore:
@@ -441,14 +432,16 @@ class RecordStore:
         return kind
 
     def _level(self, kind: str, known: str | None) -> int:
-        """The log level of a failed read or write (`_failure_level`), and DEBUG for a kind
-        already logged at WARNING since the last success."""
-        if kind in self._warned or (known is not None and TRANSIENT_TIMEOUTS.get(kind) == known):
+        """The log level of a failed read or write of cause `kind` while the store's known
+        problem is `known`: DEBUG when the unhealthy line already named it (a full disk fails
+        every write until space is freed; `SAME_PROBLEM`) or when this cause was logged at
+        WARNING since the last success (a lock another process holds); else WARNING, once.
+        Every failure is counted by the metrics either way; the unhealthy and healthy-again
+        transitions are WARNINGs once each (`_failed`, `_succeeded`)."""
+        if kind in self._warned or (known is not None and known in (kind, SAME_PROBLEM.get(kind))):
             return logging.DEBUG
-        level = _failure_level(kind, known)
-        if level == logging.WARNING:
-            self._warned.add(kind)
-        return level
+        self._warned.add(kind)
+        return logging.WARNING
 
     def _succeeded(self) -> None:
         """A write or a check went through: the store is healthy again."""

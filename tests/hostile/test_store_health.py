@@ -314,7 +314,7 @@ async def test_frozen_redis_is_not_a_warning_per_request(
     answering) once reported unhealthy (`unresponsive`, the check's PING) still logged one
     WARNING per timed-out read and write, for every request while it stayed frozen (409
     WARNING lines in 15 s with one slow client): `timeout` is a transient kind, never the
-    known problem, so `_failure_level` never lowers it to DEBUG. One WARNING per cause, as a
+    known problem, so it was never lowered to DEBUG. One WARNING per cause, as a
     stopped Redis (`unavailable`) gets."""
     proxy = await make_proxy(upstream=fake_upstream.url, store=redis_server.url, secret="s" * 32)
     assert redis_server.process is not None
