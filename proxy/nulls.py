@@ -1,0 +1,83 @@
+"""nulls: an explicit `null` of an optional field is the field absent (pure core).
+
+The official SDKs write a stored reply with `model_dump()` and so with every optional field the
+reply did not have as an explicit null: anthropic 2.16 `TextBlock.model_dump()` is
+`{"citations": None, "text": ..., "type": "text"}` (`ToolUseBlock` adds `caller` and
+`toolset_name`), openai 3.57 `ChatCompletionMessage.model_dump()` adds `refusal`, `annotations`,
+`audio`, `function_call` and `tool_calls`, a Responses output item `status`, `phase`, `caller`,
+`namespace`, its `output_text` part `logprobs`. The APIs read such a field as not given: the SDK
+request types declare these fields optional and nullable (`TextBlockParam.citations:
+Optional[...]`, `ChatCompletionAssistantMessageParam.refusal / audio / function_call:
+Optional[...]`, a Responses input item's `status`), the request is validated into the same typed
+message, and the prompt the model reads (what a cache hit needs to be identical:
+docs/provider-rules.md 1.5, 2.1) is rendered from that message, not from the JSON text. So a
+conversation re-sent in the `model_dump()` form after one sent as plain dicts (or the other way
+round) is the same conversation, not a person's edit of its history.
+
+Only two levels are such fields: the keys of a message (or a Responses input item) and the keys
+of each block of the lists the adapter names (`NullAbsent.block_lists`: `content`). Below them a
+null is user data: a tool call's `input` (`{"x": null}` is what the model called the tool with),
+a JSON schema, a tool result's own payload. A null-valued key at those two levels is left out;
+everything else is the value as it was.
+
+- `may_hold_null(data)`: whether compact orjson bytes may hold a null-valued key at all (C speed;
+  a false positive only costs the walk).
+- `without_nulls(message, rule)`: the message without its null-valued keys and those of its
+  blocks; the very object when it has none (callers test `is`).
+- `block_without_nulls(block)`: one block (an object) without its null-valued keys; itself when
+  none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+_NULL_VALUE: Final = b":null"
+"""How a null-valued key ends in compact orjson bytes (`"key":null`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NullAbsent:
+    """Where an adapter's API reads an explicit null as the field absent (module docstring):
+    the keys of a message (or input item), and the keys of each object in the message's lists
+    named here. `ProviderAdapter.identity_nulls`; `None` there: every null is part of the value."""
+
+    block_lists: tuple[str, ...] = ("content",)
+    """Message keys whose list holds blocks (`content`): a block's null-valued key is absent too."""
+
+
+def may_hold_null(data: bytes) -> bool:
+    """Whether orjson bytes `data` may hold a null-valued key at any depth (`":null`). When not,
+    `without_nulls` of the value they encode returns it as is."""
+    return _NULL_VALUE in data
+
+
+def block_without_nulls(block: Any) -> Any:
+    """`block` (a JSON value) without its null-valued keys when it is an object holding any;
+    else `block` itself (the same object). Never mutates `block`."""
+    if type(block) is not dict or None not in block.values():
+        return block
+    return {k: v for k, v in block.items() if v is not None}
+
+
+def without_nulls(message: Any, rule: NullAbsent) -> Any:
+    """`message` without its null-valued keys and without those of each object in its
+    `rule.block_lists` lists; `message` itself (the same object) when there are none. A value
+    that is not an object is returned as is. Copy-on-write: containers that change are new,
+    the rest (every value below the two levels) are the same objects."""
+    if type(message) is not dict:
+        return message
+    out: dict[str, Any] | None = None
+    if None in message.values():
+        out = {k: v for k, v in message.items() if v is not None}
+    for key in rule.block_lists:
+        blocks = message.get(key)
+        if type(blocks) is not list:
+            continue
+        cleaned = list(map(block_without_nulls, blocks))
+        if any(new is not old for new, old in zip(cleaned, blocks, strict=True)):
+            if out is None:
+                out = dict(message)
+            out[key] = cleaned
+    return message if out is None else out
