@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
+import anthropic
 import orjson
 import pytest
 from anthropic.types import TextBlock, ToolUseBlock
@@ -27,7 +29,16 @@ from proxy.nulls import NullAbsent, block_without_nulls, without_nulls
 from proxy.pipeline.replay import Masker, view_messages
 from proxy.prefix import scan_prompt, shared_blocks
 from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from proxy.sim.anthropic import parse_request
+from proxy.sim.config import SimConfig
+from proxy.sim.openai import render_chat, render_responses
+from proxy.sim.tokens import TokenCounter
+from tests.pipeline.test_simulator import GUIDE
 from tests.sessions.test_fast_paths import _services, run_exchange
+
+sim_app = pytest.importorskip("proxy.sim.app")
+sim_clock = pytest.importorskip("proxy.sim.clock")
+SONNET = "claude-sonnet-4-6"
 
 HEADERS = {"x-api-key": "key-a", "authorization": "Bearer sk-a"}
 RESULT = "\n".join(f"line {i}: def f{i}(x): return x * {i}" for i in range(40))
@@ -259,3 +270,75 @@ async def test_a_null_inside_a_tool_input_is_data(api: str, mode: str) -> None:
         # replay stops at the edit: before it only the Responses reasoning item differs (by its
         # nulls: replayed as first sent, in optimise mode)
         assert runs[2][3] == (1 if api == "responses" and late is dumped and mode == "optimise" else 0)
+
+
+# --- the simulator, and the official SDK end to end ---------------------------------------
+
+
+def test_the_simulator_caches_both_forms_alike() -> None:
+    """The simulator's prefix reads a null optional field as absent, as the APIs do: the same
+    Anthropic block digests, the same OpenAI token sequences; a null in a tool input still
+    counts (`proxy.sim.anthropic._strip`, `proxy.sim.openai._rendered`)."""
+    counter = TokenCounter()
+    settings = SimConfig.load().anthropic_model(SONNET)
+    forms = [anthropic_turns(plain, late)[2] for late in (plain, dumped)]
+    edited = anthropic_turns(plain, dumped, edit=True)[2]
+    a, b, c = (parse_request(body, frozenset(), counter, settings) for body in (*forms, edited))
+    assert [x.chain for x in a.blocks] == [x.chain for x in b.blocks]
+    assert [x.tokens for x in a.blocks] == [x.tokens for x in b.blocks]
+    assert [x.chain for x in c.blocks] != [x.chain for x in a.blocks]
+    for render, turns in ((render_chat, chat_turns), (render_responses, responses_turns)):
+        tokens = [list(render(turns(plain, late)[2], counter).tokens) for late in (plain, dumped)]
+        assert tokens[0] == tokens[1]
+        assert list(render(turns(plain, dumped, edit=True)[2], counter).tokens) != tokens[0]
+
+
+async def _sdk_conversation(base_url: str, late: Form, key: str) -> list[Any]:
+    """Three turns with the official SDK (automatic caching): the first reply appended as
+    `plain` on the second turn, both replies as `late` on the third. The usage per turn."""
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key=key, max_retries=0)
+    question = {"role": "user", "content": GUIDE + "\n\nWhat is in a.py?"}
+    asks = [{"role": "user", "content": "And then?"}, {"role": "user", "content": "Thanks."}]
+    usages: list[Any] = []
+    replies: list[Any] = []
+    async with client:
+        for turn in range(3):
+            history: list[Any] = [question]
+            for reply, ask in zip(replies, asks, strict=False):
+                form = plain if turn == 1 else late
+                history += [{"role": "assistant", "content": [form(b) for b in reply]}, ask]
+            message = await client.messages.create(
+                model=SONNET, max_tokens=32, messages=history, cache_control={"type": "ephemeral"}
+            )
+            replies.append(message.content)
+            usages.append(message.usage.model_dump(exclude_none=True))
+    return usages
+
+
+async def test_the_anthropic_sdk_through_promptcache_and_the_simulator(make_proxy: Any) -> None:
+    """Straight to the simulator and through promptcache (optimise): the third turn re-sends
+    the replies in `model_dump()` form and is billed exactly as with the plain dicts (it reads
+    the whole second request); promptcache counts it an append of the one session."""
+    runner, sim = await sim_app.start_sim("127.0.0.1", 0, clock=sim_clock.Clock.manual_at())
+    try:
+        proxy = await make_proxy(upstream=sim)
+        runs: dict[tuple[str, str], list[Any]] = {}
+        for base in (sim, proxy.url):
+            for name, late in (("plain", plain), ("dumped", dumped)):
+                async with aiohttp.ClientSession() as client, client.delete(f"{sim}/_sim/cache") as resp:
+                    assert resp.status == 200
+                runs[(base, name)] = await _sdk_conversation(base, late, f"sk-ant-sim-{name}")
+        for base in (sim, proxy.url):
+            usage = runs[(base, "dumped")]
+            assert usage == runs[(base, "plain")]
+            whole = usage[1]["input_tokens"] + usage[1]["cache_read_input_tokens"]
+            assert usage[2]["cache_read_input_tokens"] == whole + usage[1]["cache_creation_input_tokens"]
+        a = {"provider": "anthropic"}
+        assert proxy.sample("promptcache_prefix_divergences_total", section="none", cause="none", **a) == 4
+        assert proxy.sample("promptcache_prefix_divergences_total", section="none", cause="first_request", **a) == 2
+        assert (
+            proxy.sample("promptcache_prefix_divergences_total", section="messages", cause="history_rewritten", **a)
+            == 0
+        )
+    finally:
+        await runner.cleanup()
