@@ -20,8 +20,9 @@ null is user data: a tool call's `input` (`{"x": null}` is what the model called
 a JSON schema, a tool result's own payload. A null-valued key at those two levels is left out;
 everything else is the value as it was.
 
-- `may_hold_null(data)`: whether compact orjson bytes may hold a null-valued key at all (C speed;
-  a false positive only costs the walk).
+- `has_nulls(message, rule)`: whether `without_nulls` would leave anything out: a look at the
+  two levels' values (~0.1 us a message of one block, whatever its size; searching its bytes for
+  `:null` costs ~1 ns a byte).
 - `without_nulls(message, rule)`: the message without its null-valued keys and those of its
   blocks; the very object when it has none (callers test `is`).
 - `block_without_nulls(block)`: one block (an object) without its null-valued keys; itself when
@@ -31,10 +32,7 @@ everything else is the value as it was.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
-
-_NULL_VALUE: Final = b":null"
-"""How a null-valued key ends in compact orjson bytes (`"key":null`)."""
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +45,20 @@ class NullAbsent:
     """Message keys whose list holds blocks (`content`): a block's null-valued key is absent too."""
 
 
-def may_hold_null(data: bytes) -> bool:
-    """Whether orjson bytes `data` may hold a null-valued key at any depth (`":null`). When not,
-    `without_nulls` of the value they encode returns it as is."""
-    return _NULL_VALUE in data
+def has_nulls(message: Any, rule: NullAbsent) -> bool:
+    """Whether `without_nulls(message, rule)` is not `message` itself: an object with a
+    null-valued key, or one of its `rule.block_lists` lists holding an object with one."""
+    if type(message) is not dict:
+        return False
+    if None in message.values():
+        return True
+    for key in rule.block_lists:
+        blocks = message.get(key)
+        if type(blocks) is list:
+            for block in blocks:
+                if type(block) is dict and None in block.values():
+                    return True
+    return False
 
 
 def block_without_nulls(block: Any) -> Any:

@@ -54,8 +54,6 @@ from proxy.providers.base import KNOWN_NAMES, Block, Run, RunBlocks, dotted, run
 DIGEST_SIZE: Final = 16
 BYTES_PER_TOKEN: Final = 4
 _MARKER_NEEDLES: Final = tuple(f'"{key}"'.encode() for key in sorted(MARKER_KEYS))
-_NULL_VALUE: Final = b":null"
-"""A null-valued key in compact orjson bytes (`proxy.nulls.may_hold_null`)."""
 
 
 def may_hold_marker(data: bytes) -> bool:
@@ -103,7 +101,7 @@ def digest_bytes(value: Any, data: bytes) -> bytes:
     object's null-valued keys are left out (`null_free`)."""
     if isinstance(value, str):
         return _TEXT_HEAD + data + b"}"
-    return null_free(value, data) if _NULL_VALUE in data else data
+    return null_free(value, data) if isinstance(value, dict) else data
 
 
 def null_free(value: Any, data: bytes) -> bytes:
@@ -564,7 +562,7 @@ def _scan_prompt(
                 if fixed is None:
                     kind = value.get("type")
                     kinds.append(_known(kind, kind) if type(kind) is str else "unknown")
-                keyed = data if _NULL_VALUE not in data else null_free(value, data)
+                keyed = data if None not in value.values() else null_free(value, data)
             elif isinstance(value, str):
                 data = dumps(value)
                 keyed = _TEXT_HEAD + data + b"}"
@@ -579,7 +577,7 @@ def _scan_prompt(
                     data = dumps(value)
                 if fixed is None:
                     kinds.append(run_kind(run, value))
-                keyed = data if _NULL_VALUE not in data else null_free(value, data)
+                keyed = null_free(value, data) if isinstance(value, dict) else data
             block = digest(head + keyed)
             block_digests += block
             previous = digest(previous + block)

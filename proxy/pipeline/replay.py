@@ -71,7 +71,7 @@ import xxhash
 from proxy.exchange import Exchange
 from proxy.frozen import fast_init
 from proxy.malformed import skipped
-from proxy.nulls import NullAbsent, without_nulls
+from proxy.nulls import NullAbsent, has_nulls, without_nulls
 from proxy.pipeline import rawprefix
 from proxy.pipeline.prefilter import LiteralGate, Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value, may_hold_marker
@@ -501,7 +501,7 @@ class Masker:
                     dropped = None
                 if dropped and not dropped.isdisjoint(stripped):
                     projection = {k: v for k, v in stripped.items() if k not in dropped}
-            if nulls is not None and _NULL_VALUE in data:  # most messages hold no null (C speed)
+            if nulls is not None and has_nulls(stripped, nulls):
                 projection = without_nulls(projection, nulls)
             if projection is not stripped:
                 pending.append((len(maskeds), exact, projection, None))
@@ -869,8 +869,6 @@ def _examine_known(
     return exact, digests, keys, len(known[0]) if known else 0, match
 
 
-_NULL_VALUE: Final = b":null"
-"""`proxy.nulls.may_hold_null`'s needle, inlined in `Masker.examine_all`'s loop."""
 _ROLE_TYPES: Final = frozenset({str, type(None)})
 
 
