@@ -491,7 +491,9 @@ class Masker:
                 exact_memo.move_to_end(key)
             exacts.append(exact)
             keys.append(key)
-            projection = stripped
+            left_out: bytes = b""
+            """Which projection the masked digest is of: `o` identity-optional keys, `n` nulls."""
+            drop = None
             if optional and type(stripped) is dict:
                 role = stripped.get("role")
                 if type(role) is str or role is None:
@@ -500,11 +502,12 @@ class Masker:
                     skipped("role")
                     dropped = None
                 if dropped and not dropped.isdisjoint(stripped):
-                    projection = {k: v for k, v in stripped.items() if k not in dropped}
+                    drop, left_out = dropped, b"o"
             if nulls is not None and has_nulls(stripped, nulls):
-                projection = without_nulls(projection, nulls)
-            if projection is not stripped:
-                pending.append((len(maskeds), exact, projection, None))
+                left_out += b"n"
+            if left_out:  # projected in `_projected`, only when its memo does not know it
+                parts = (stripped, drop, nulls if left_out[-1:] == b"n" else None)
+                pending.append((len(maskeds), exact + left_out, parts, None))
                 maskeds.append(exact)  # placeholder
                 continue
             if not spans:
@@ -531,12 +534,26 @@ class Masker:
                 maskeds[position] = known_mask
         return tuple(exacts), tuple(maskeds), tuple(keys)
 
-    def _projected(self, exact: bytes, projection: JSONObject) -> bytes:
-        """The masked digest of `projection` (a message without its optional keys and nulls): what the
-        message without them digests to, memoised under a key derived from `exact`."""
+    def _projected(self, of: bytes, parts: tuple[JSONObject, frozenset[str] | None, NullAbsent | None]) -> bytes:
+        """The masked digest of message `parts[0]` without the keys `parts[1]` (identity-optional)
+        and, with `parts[2]`, without the nulls that rule leaves out (`proxy.nulls`): what the
+        message without them digests to, memoised under a key derived from `of` (its exact digest
+        and which of the two were left out, so adapters with other rules never share an entry);
+        the projection is made only when the memo does not know it."""
+        key = xxhash.xxh3_128_digest(of + b"\x00projected")
+        masked = self._memo.get(key)
+        if masked is not None:
+            self._memo.move_to_end(key)
+            return masked
+        message, dropped, nulls = parts
+        projection = message if dropped is None else {k: v for k, v in message.items() if k not in dropped}
+        if nulls is not None:
+            projection = without_nulls(projection, nulls)
         if self.spans:
-            return self._masked(xxhash.xxh3_128_digest(exact + b"\x00projected"), projection, is_exact_digest=False)
-        return xxhash.xxh3_128_digest(orjson.dumps(canonical_value(projection), option=orjson.OPT_SORT_KEYS))
+            return self._masked(key, projection, is_exact_digest=False)
+        masked = xxhash.xxh3_128_digest(orjson.dumps(canonical_value(projection), option=orjson.OPT_SORT_KEYS))
+        self._remember(key, masked)
+        return masked
 
     def begin(self, chars: int | None) -> Budget | None:
         """Start a request: the rules may scan `chars` characters for it (`None`: no limit)."""
