@@ -18,6 +18,10 @@ Pure functions over the adapter's `prefix_blocks` (the provider's render order).
   `input_text` / `output_text` parts and a `tool_result`'s own string `content` are not
   folded (no client seen switching them; a missed equality costs a prediction, never a
   wrong byte). Byte offsets keep counting the block as sent (a string's own JSON).
+- Explicit nulls (`null_free`): a block object's null-valued key is digested as absent (the
+  APIs read a null optional field as not given: `proxy.nulls`), so a block re-sent in an SDK's
+  `model_dump()` form (`"citations": null`) chains as it did; nulls inside its values are data.
+  Offsets again count the block as sent.
 - Block digest `d_i = xxh3_128(section, role, message boundary, digest_bytes)`; chain digest
   `c_i = xxh3_128(c_{i-1} || d_i)`. Two requests share a prefix up to
   block `i` exactly when their chain digests at `i` are equal.
@@ -43,6 +47,7 @@ import orjson
 import xxhash
 
 from proxy.frozen import fast_init
+from proxy.nulls import block_without_nulls
 from proxy.providers import MARKER_KEYS
 from proxy.providers.base import KNOWN_NAMES, Block, Run, RunBlocks, dotted, run_kind  # noqa: F401 - re-exported
 
@@ -92,8 +97,20 @@ def canonical_value(value: Any) -> Any:
 
 def digest_bytes(value: Any, data: bytes) -> bytes:
     """What a block's digest covers, given its bytes `data` (`value_bytes(value)`): the same
-    bytes, except a string block is written as its text block (`canonical_value`)."""
-    return _TEXT_HEAD + data + b"}" if isinstance(value, str) else data
+    bytes, except a string block is written as its text block (`canonical_value`) and a block
+    object's null-valued keys are left out (`null_free`)."""
+    if isinstance(value, str):
+        return _TEXT_HEAD + data + b"}"
+    return null_free(value, data) if isinstance(value, dict) else data
+
+
+def null_free(value: Any, data: bytes) -> bytes:
+    """The digested bytes of block `value` whose bytes are `data` (`value_bytes(value)`): its
+    bytes without its null-valued keys (`proxy.nulls.block_without_nulls`: the APIs read a null
+    optional field of a block as the field absent, so `model_dump()`'s `"citations": null` is
+    the same block), `data` itself when it has none. Nulls inside its values are data."""
+    bare = block_without_nulls(value)
+    return data if bare is value else value_bytes(bare)
 
 
 def _strip_markers(value: Any) -> Any:
@@ -545,7 +562,7 @@ def _scan_prompt(
                 if fixed is None:
                     kind = value.get("type")
                     kinds.append(_known(kind, kind) if type(kind) is str else "unknown")
-                keyed = data
+                keyed = data if None not in value.values() else null_free(value, data)
             elif isinstance(value, str):
                 data = dumps(value)
                 keyed = _TEXT_HEAD + data + b"}"
@@ -560,7 +577,7 @@ def _scan_prompt(
                     data = dumps(value)
                 if fixed is None:
                     kinds.append(run_kind(run, value))
-                keyed = data
+                keyed = null_free(value, data) if isinstance(value, dict) else data
             block = digest(head + keyed)
             block_digests += block
             previous = digest(previous + block)

@@ -71,6 +71,7 @@ import xxhash
 from proxy.exchange import Exchange
 from proxy.frozen import fast_init
 from proxy.malformed import skipped
+from proxy.nulls import NullAbsent, has_nulls, without_nulls
 from proxy.pipeline import rawprefix
 from proxy.pipeline.prefilter import LiteralGate, Needs, ScannedText, needs
 from proxy.prefix import MARKER_KEYS, canonical_value, may_hold_marker
@@ -441,6 +442,7 @@ class Masker:
         known: tuple[Sequence[bytes], Sequence[bytes], Sequence[bytes]] | None = None,
         dumped: list[bytes] | None = None,
         stripped_out: list[bytes | None] | None = None,
+        nulls: NullAbsent | None = None,
     ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
         """`examine` of each of `values`, as three tuples (exact, masked, key); one loop,
         since a long conversation has hundreds of messages. `optional` (role -> keys:
@@ -450,7 +452,10 @@ class Masker:
         the same bytes (`proxy.pipeline.rawprefix`); those values are not walked. `dumped`
         gets the compact orjson bytes of each value walked, markers included; `stripped_out`
         gets `compact(stripped_bytes(value))` of each value walked (the bytes its key digests:
-        what its sidecar stores, so the record builder does not serialise it again)."""
+        what its sidecar stores, so the record builder does not serialise it again). `nulls`
+        (`ProviderAdapter.identity_nulls`) leaves the null-valued keys of a message and of its
+        blocks out of its masked digest too (`proxy.nulls`: the API reads them as absent); its
+        exact digest and key stay those of its bytes."""
         dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
         exact_memo, masked_memo, size, spans = self._exact, self._memo, self.memo_size, self.spans
         exacts: list[bytes] = []
@@ -486,6 +491,9 @@ class Masker:
                 exact_memo.move_to_end(key)
             exacts.append(exact)
             keys.append(key)
+            left_out: bytes = b""
+            """Which projection the masked digest is of: `o` identity-optional keys, `n` nulls."""
+            drop = None
             if optional and type(stripped) is dict:
                 role = stripped.get("role")
                 if type(role) is str or role is None:
@@ -494,9 +502,14 @@ class Masker:
                     skipped("role")
                     dropped = None
                 if dropped and not dropped.isdisjoint(stripped):
-                    pending.append((len(maskeds), exact, {k: v for k, v in stripped.items() if k not in dropped}, None))
-                    maskeds.append(exact)  # placeholder
-                    continue
+                    drop, left_out = dropped, b"o"
+            if nulls is not None and has_nulls(stripped, nulls):
+                left_out += b"n"
+            if left_out:  # projected in `_projected`, only when its memo does not know it
+                parts = (stripped, drop, nulls if left_out[-1:] == b"n" else None)
+                pending.append((len(maskeds), exact + left_out, parts, None))
+                maskeds.append(exact)  # placeholder
+                continue
             if not spans:
                 maskeds.append(exact)
                 continue
@@ -510,7 +523,7 @@ class Masker:
                 verdicts = gate.rejects([bytes_ for _, bytes_ in gated])
                 rejected = {position for (position, _), no in zip(gated, verdicts, strict=True) if no}
             for position, of, value, bytes_or_none in pending:
-                if bytes_or_none is None:  # a projection (identity-optional keys left out)
+                if bytes_or_none is None:  # a projection (identity-optional keys, nulls left out)
                     maskeds[position] = self._projected(of, value)
                     continue
                 known_mask = masked_memo.get(of)
@@ -521,12 +534,26 @@ class Masker:
                 maskeds[position] = known_mask
         return tuple(exacts), tuple(maskeds), tuple(keys)
 
-    def _projected(self, exact: bytes, projection: JSONObject) -> bytes:
-        """The masked digest of `projection` (a message without its optional keys): what the
-        message without them digests to, memoised under a key derived from `exact`."""
+    def _projected(self, of: bytes, parts: tuple[JSONObject, frozenset[str] | None, NullAbsent | None]) -> bytes:
+        """The masked digest of message `parts[0]` without the keys `parts[1]` (identity-optional)
+        and, with `parts[2]`, without the nulls that rule leaves out (`proxy.nulls`): what the
+        message without them digests to, memoised under a key derived from `of` (its exact digest
+        and which of the two were left out, so adapters with other rules never share an entry);
+        the projection is made only when the memo does not know it."""
+        key = xxhash.xxh3_128_digest(of + b"\x00projected")
+        masked = self._memo.get(key)
+        if masked is not None:
+            self._memo.move_to_end(key)
+            return masked
+        message, dropped, nulls = parts
+        projection = message if dropped is None else {k: v for k, v in message.items() if k not in dropped}
+        if nulls is not None:
+            projection = without_nulls(projection, nulls)
         if self.spans:
-            return self._masked(xxhash.xxh3_128_digest(exact + b"\x00projected"), projection, is_exact_digest=False)
-        return xxhash.xxh3_128_digest(orjson.dumps(canonical_value(projection), option=orjson.OPT_SORT_KEYS))
+            return self._masked(key, projection, is_exact_digest=False)
+        masked = xxhash.xxh3_128_digest(orjson.dumps(canonical_value(projection), option=orjson.OPT_SORT_KEYS))
+        self._remember(key, masked)
+        return masked
 
     def begin(self, chars: int | None) -> Budget | None:
         """Start a request: the rules may scan `chars` characters for it (`None`: no limit)."""
@@ -699,12 +726,15 @@ def _view_messages(
     is_list = isinstance(items, list)
     elements: list[Any] = items if isinstance(items, list) else ([] if items is None else [items])
     optional = adapter.identity_optional
+    nulls = adapter.identity_nulls
     stripped: list[bytes | None] = []
     reused, match = 0, None
     if raw is not None and is_list and array_key is not None and elements and len(raw.data) >= rawprefix.MIN_BYTES:
-        exact, digests, keys, reused, match = _examine_known(masker, raw, array_key, elements, optional, stripped)
+        exact, digests, keys, reused, match = _examine_known(
+            masker, raw, array_key, elements, optional, stripped, nulls
+        )
     else:
-        exact, digests, keys = masker.examine_all(elements, optional, stripped_out=stripped)
+        exact, digests, keys = masker.examine_all(elements, optional, stripped_out=stripped, nulls=nulls)
     if system_positions and masker.system_text is not None:
         listed = list(digests)
         for position in system_positions:
@@ -763,17 +793,19 @@ def _examine_known(
     elements: list[Any],
     optional: Mapping[str, frozenset[str]] | None,
     stripped: list[bytes | None],
+    nulls: NullAbsent | None = None,
 ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...], int, rawprefix.RawMatch | None]:
-    """`masker.examine_all(elements, optional, stripped_out=stripped)`, reusing the results of the leading elements a
-    recent body of the scope held byte for byte (`rawprefix`), and leaving this body's state
-    for the next request; also how many leading elements were reused and the match used."""
+    """`masker.examine_all(elements, optional, stripped_out=stripped, nulls=nulls)`, reusing the
+    results of the leading elements a recent body of the scope held byte for byte (`rawprefix`),
+    and leaving this body's state for the next request; also how many leading elements were
+    reused and the match used."""
     data = raw.data
     index = masker.raw_index
     match = raw.match
     if match is None or match.index is not index or match.scope != raw.scope:
         match = rawprefix.match_raw(index, raw.scope, data)
         if match is None:
-            return (*masker.examine_all(elements, optional, stripped_out=stripped), 0, None)
+            return (*masker.examine_all(elements, optional, stripped_out=stripped, nulls=nulls), 0, None)
     chunks, state, shared = match.digests, match.state, match.shared
     # the parse found its sentinel in the body's array (`rawprefix.parse_tail`): no escaped duplicate
     proven = match.head is not None
@@ -790,7 +822,7 @@ def _examine_known(
     if suffix is not None:
         walked = elements[: len(elements) - (len(suffix[0].ends) - suffix[1].first)]
     dumped: list[bytes] = []
-    exact, digests, keys = masker.examine_all(walked, optional, known, dumped, stripped)
+    exact, digests, keys = masker.examine_all(walked, optional, known, dumped, stripped, nulls)
     if optional:  # the elements not walked count their malformed roles as walking them would
         _count_odd_roles(elements[: len(known[0])] if known else ())
         _count_odd_roles(elements[len(walked) :] if suffix is not None else ())
@@ -1010,16 +1042,17 @@ def first_mismatch(
     return None
 
 
-def comparable(message: Any, optional: Mapping[str, frozenset[str]] | None) -> Any:
+def comparable(message: Any, optional: Mapping[str, frozenset[str]] | None, nulls: NullAbsent | None = None) -> Any:
     """`message` as its masked digest sees it, before masking: markers stripped, string content
-    as its text block (`canonical_value`), the identity-optional keys of its role left out."""
+    as its text block (`canonical_value`), the identity-optional keys of its role and (`nulls`)
+    the null-valued keys the API reads as absent left out."""
     value = canonical_value(strip_markers(message))
     if optional and type(value) is dict:
         role = value.get("role")
         dropped = optional.get(role) if type(role) is str else None
         if dropped and not dropped.isdisjoint(value):
             value = {k: v for k, v in value.items() if k not in dropped}
-    return value
+    return without_nulls(value, nulls) if nulls is not None else value
 
 
 EDIT_MARK: Final = b"volatile-edit\x00"
@@ -1081,6 +1114,7 @@ def first_volatile_edit(
     optional: Mapping[str, frozenset[str]] | None = None,
     columns: StoredColumns | None = None,
     allowance: Allowance | None = None,
+    nulls: NullAbsent | None = None,
 ) -> VolatileEdit | None:
     """The first position whose masked digest equals its sidecar's while its exact digest does
     not, and whose change is not a re-render (`proxy.rerender.edits` of the stored value
@@ -1090,7 +1124,8 @@ def first_volatile_edit(
     are looked at (the newest element too: a retried last prompt), and only those with a stored
     exact digest. `None` when there is none. `view` is the client's (unmarked:
     `MessageView.recorded` is compared); `allowance`: the request's (`proxy.rerender.Allowance`,
-    shared by every record it is compared with), a fresh one when `None`."""
+    shared by every record it is compared with), a fresh one when `None`; `nulls`: the
+    adapter's `identity_nulls` (as the masked digests were made with)."""
     digests = view.recorded
     n = len(digests)
     stored_digests = columns.of(sidecars, view.system_positions) if columns is not None else None
@@ -1123,9 +1158,9 @@ def first_volatile_edit(
     for sidecar in candidates:
         if not sidecar.exact:  # written before exact digests were kept: nothing to tell by
             continue
-        new = comparable(view.items[sidecar.position], optional)
+        new = comparable(view.items[sidecar.position], optional, nulls)
         try:
-            old = comparable(orjson.loads(sidecar.value), optional)
+            old = comparable(orjson.loads(sidecar.value), optional, nulls)
         except orjson.JSONDecodeError:
             return VolatileEdit(sidecar.position, ("\x00unreadable stored value",))
         found = edits(old, new, elapsed, allowance)

@@ -246,7 +246,9 @@ async def told_apart(
             return marked, inference, None
         elapsed = now - record.started if record.started > 0 else math.inf
         columns = exchange.stored_columns = stored_columns(record.sidecars)
-        edit = first_volatile_edit(view, record.sidecars, elapsed, optional, columns, allowance)
+        edit = first_volatile_edit(
+            view, record.sidecars, elapsed, optional, columns, allowance, exchange.adapter.identity_nulls
+        )
         if edit is None:
             return marked, inference, record
         chained.append(edit)

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.nulls import NullAbsent
 from proxy.profiles import DIRECT, Profile
 from proxy.providers import anthropic_request
 from proxy.providers.base import (
@@ -204,6 +205,16 @@ def session_in_user_id(user_id: str) -> str | None:
 MESSAGES_PATH: Final = "/v1/messages"
 
 
+NULL_ABSENT: Final = NullAbsent(block_lists=("content",))
+"""Where the Messages API reads an explicit null as the field absent (`proxy.nulls`): a
+message's keys and its content blocks' keys. The SDK's request types declare a block's optional
+fields nullable (`TextBlockParam.citations`, `cache_control`, `ToolUseBlockParam.toolset_name`:
+`Optional[...]`), and the prompt is rendered from the validated blocks, so `model_dump()`'s
+`{"citations": null, "text": ..., "type": "text"}` is the block `{"type": "text", "text": ...}`
+(docs/provider-rules.md 1.5: a hit needs the same rendered content). Nulls deeper down (a
+`tool_use` `input`, a `tool_result`'s content) are data (`AnthropicMessagesAdapter.identity_nulls`)."""
+
+
 class AnthropicMessagesAdapter:
     """The Anthropic Messages API (`POST /v1/messages`), as served through `profile` (the API
     itself, Vertex AI, Bedrock InvokeModel, Foundry, a strict compatible server ...). Also the
@@ -244,6 +255,7 @@ class AnthropicMessagesAdapter:
 
     identity_optional: Final[Mapping[str, frozenset[str]]] = {}
     """None: every key of a message is part of it."""
+    identity_nulls: Final = NULL_ABSENT
 
     diagnostic_causes: Final = DIAGNOSTIC_CAUSES
     counts_tokens: Final = False

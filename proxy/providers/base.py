@@ -26,6 +26,8 @@ from typing import Any, Final, Literal, Protocol, overload
 
 import orjson
 
+from proxy.nulls import NullAbsent
+
 JSONObject = dict[str, Any]
 Section = Literal["tools", "system", "messages"]
 
@@ -331,6 +333,14 @@ class ProviderAdapter(Protocol):
     def identity_optional(self) -> Mapping[str, frozenset[str]]:
         """Per message role, keys a client may drop when it re-sends a message without making
         it another message (session identity and replay ignore them; replay sends them back)."""
+        ...
+
+    @property
+    def identity_nulls(self) -> NullAbsent | None:
+        """Where the API reads an explicit null as the field absent (`proxy.nulls`): session
+        identity leaves those null-valued keys out of a message's masked digest, so a message
+        re-sent in an SDK's `model_dump()` form is the message it was, and replay sends the
+        earlier bytes; `None`: every null is part of the message."""
         ...
 
     # Request side, used by the pipeline stages (canonicalise, reorder, breakpoints). Every

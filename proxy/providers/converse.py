@@ -119,6 +119,9 @@ class ConverseAdapter:
 
     identity_optional: Final[Mapping[str, frozenset[str]]] = {}
     """None: every key of a message is part of it."""
+    identity_nulls: Final = None
+    """None: the AWS SDKs never send a null (boto3 rejects `None` before sending), so no rule
+    of the API's is known; every null is part of a message."""
 
     def prefix_request(self, body: JSONObject, last: int) -> JSONObject | None:
         """Keep-warm pings only follow TTL markers (Anthropic): not cut here."""

@@ -42,6 +42,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.nulls import NullAbsent
 from proxy.profiles import DIRECT, Profile
 from proxy.providers import openai_request, openai_tokens
 from proxy.providers.base import (
@@ -69,6 +70,15 @@ KEY_PREFIXES: Final = ("sk-",)
 CHAT_PATH: Final = openai_request.CHAT_PATH
 CHAT_OPTIONAL: Final[Mapping[str, frozenset[str]]] = {"tool": frozenset({"name"})}
 """Keys a Chat client may drop on re-sending a message (`OpenAIChatAdapter.identity_optional`)."""
+NULL_ABSENT: Final = NullAbsent(block_lists=("content",))
+"""Where Chat Completions and Responses read an explicit null as the field absent
+(`proxy.nulls`): a message's (an input item's) keys and its content parts' keys. The SDK's
+request types declare them optional and nullable (`ChatCompletionAssistantMessageParam.refusal`,
+`audio`, `function_call`: `Optional[...]`; `content`: `... | None`), the documented loop appends
+`completion.choices[0].message` (serialised with its nulls) to the next request, and the prompt
+is rendered from the validated messages (docs/provider-rules.md 2.1), so a message re-sent in
+`model_dump()` form is the message it was. A function call's `arguments` is a string and a
+tool's schema is not a message: their nulls are data (`OpenAIAdapter.identity_nulls`)."""
 RESPONSES_PATH: Final = openai_request.RESPONSES_PATH
 _CALL_ITEMS: Final = frozenset({"function_call", "custom_tool_call"})
 
@@ -269,6 +279,7 @@ class OpenAIAdapter(ABC):
     """The API's body shape (`openai_request.CHAT` / `RESPONSES`)."""
     identity_optional: Mapping[str, frozenset[str]] = {}
     """Per message role, keys a client may drop on re-sending a message: none by default."""
+    identity_nulls: Final = NULL_ABSENT
 
     def __init__(self, profile: Profile = DIRECT["openai"]) -> None:
         self.profile = profile

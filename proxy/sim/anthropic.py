@@ -5,8 +5,11 @@ Contract (docs/provider-rules.md section 1; each rule names its subsection):
   `Prompt`: the blocks in prefix order tools -> system -> messages (1.5), each with its token count,
   cumulative count, chained digest, lookback position and marker; or raises `Rejected` (400) with
   the API's error text (1.2-1.4, 1.7, section 7).
-- Block digest = xxh3-128 of the block's JSON minus `cache_control` (a `null` marker is no marker);
-  the first block of a message also hashes its role. The chain mixes in a system-level params
+- Block digest = xxh3-128 of the block's JSON minus `cache_control` (a `null` marker is no marker)
+  and minus its other null-valued keys (an SDK's `model_dump()` writes `"citations": null`; the
+  API validates the block into its typed form, where a null optional field is the field not
+  given, and renders the prompt from that: `_strip`); the first block of a message also hashes
+  its role. The chain mixes in a system-level params
   fingerprint before the first system position and a messages-level one before the first message
   (1.8), so tool entries survive `tool_choice` changes and system entries survive image or
   thinking changes, while tool definitions invalidate everything.
@@ -356,7 +359,9 @@ def _check_ttl_order(blocks: list[Block]) -> None:
 
 
 def _strip(block: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in block.items() if k != "cache_control"}
+    """`block` as the API renders it: without its marker and its null-valued keys (a null
+    optional field is the field absent, module docstring; nulls inside values are data)."""
+    return {k: v for k, v in block.items() if k != "cache_control" and v is not None}
 
 
 def _block_digest(block: Mapping[str, Any], role: str | None) -> bytes:

@@ -148,6 +148,14 @@ def _check_tool(tool: Any, param: str, is_chat: bool) -> None:
 # --- rendering --------------------------------------------------------------------------
 
 
+def _rendered(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A part or item rendered as JSON: without its marker and its null-valued keys. The API
+    validates it into its typed form, where a null optional field (`model_dump()`'s
+    `"status": null`, `"encrypted_content": null`) is the field not given; nulls inside its
+    values are data."""
+    return {k: v for k, v in value.items() if k != "prompt_cache_breakpoint" and v is not None}
+
+
 class _Renderer:
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
@@ -215,10 +223,10 @@ class _Renderer:
         elif kind in _IMAGE_PARTS:
             self.image(part)
         else:
-            self.json({k: v for k, v in part.items() if k != "prompt_cache_breakpoint"})
+            self.json(_rendered(part))
 
     def image(self, part: Mapping[str, Any]) -> None:
-        source = {k: v for k, v in part.items() if k != "prompt_cache_breakpoint"}
+        source = _rendered(part)
         d = xxhash.xxh3_128_digest(orjson.dumps(source, option=orjson.OPT_SORT_KEYS))
         hashed = [_HASHED_BASE + int.from_bytes(d[i : i + 3], "little") for i in range(0, 12, 3)]
         self.out.tokens.extend(hashed)
@@ -337,7 +345,7 @@ def render_responses(body: Mapping[str, Any], counter: TokenCounter) -> Rendered
             r.close("tool")
         else:
             r.open(str(kind))
-            r.json(item)
+            r.json({k: v for k, v in item.items() if v is not None})  # nulls: as `_rendered`
             r.close(str(kind))
     return r.finish()
 

@@ -81,8 +81,14 @@ def ref_chain(blocks: list[Any]) -> PrefixChain:
         boundary = b"1" if block.message_index != last else b"0"
         last = block.message_index
         head = f"{block.section}\x00{block.role or ''}\x00".encode() + boundary
-        # a string is digested as the text block it is shorthand for (proxy.prefix)
-        keyed = orjson.dumps({"type": "text", "text": value}) if isinstance(value, str) else data
+        # a string is digested as the text block it is shorthand for, a block object without its
+        # null-valued keys (proxy.prefix)
+        if isinstance(value, str):
+            keyed = orjson.dumps({"type": "text", "text": value})
+        elif isinstance(value, dict):
+            keyed = orjson.dumps(_old_strip({k: v for k, v in value.items() if v is not None}))
+        else:
+            keyed = data
         previous = xxhash.xxh3_128_digest(previous + xxhash.xxh3_128_digest(head + b"\x00" + keyed))
         out += previous
         total += len(data)
@@ -97,6 +103,19 @@ def _shorthand(value: Any) -> Any:
     if isinstance(value, dict) and "role" in value and isinstance(value.get("content"), str):
         return {**value, "content": [{"type": "text", "text": value["content"]}]}
     return value
+
+
+def ref_nulls_absent(item: Any) -> Any:
+    """A message without the null-valued keys its API reads as absent (`proxy.nulls`, the
+    adapters' `identity_nulls`): its own and those of its `content` blocks."""
+    if not isinstance(item, dict):
+        return item
+    out = {k: v for k, v in item.items() if v is not None}
+    if isinstance(out.get("content"), list):
+        out["content"] = [
+            {k: v for k, v in p.items() if v is not None} if isinstance(p, dict) else p for p in out["content"]
+        ]
+    return out
 
 
 def ref_digests(value: Any, patterns: Any) -> tuple[bytes, bytes]:
@@ -132,13 +151,19 @@ def ref_view(adapter: Any, body: dict[str, Any], patterns: Any) -> tuple[Any, ..
     items = body.get(array_key) if array_key is not None else None
     elements = items if isinstance(items, list) else ([] if items is None else [items])
     optional = {"tool": {"name"}} if adapter.api_path == "/v1/chat/completions" else {}
+    nulls = adapter.identity_nulls is not None
     pairs = [
         (
             ref_digests(item, patterns)[0],
-            ref_digests({k: v for k, v in item.items() if k not in optional[item["role"]]}, patterns)[1],
+            ref_digests(
+                (ref_nulls_absent if nulls else dict)(
+                    {k: v for k, v in item.items() if k not in optional[item["role"]]}
+                ),
+                patterns,
+            )[1],
         )
         if isinstance(item, dict) and item.get("role") in optional
-        else ref_digests(item, patterns)
+        else (ref_digests(item, patterns)[0], ref_digests(ref_nulls_absent(item) if nulls else item, patterns)[1])
         for item in elements
     ]
     digests = tuple(p[1] for p in pairs)
