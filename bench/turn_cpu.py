@@ -15,6 +15,9 @@ With `--first`, every request is instead the first request of a new session (the
 own id in the first message), `--sessions` of them after one unmeasured warm-up request; with
 `--cold` every tool result differs as well (no message the process saw before).
 
+`--interleave --lag L`: the odd half of the sessions runs L turns behind the even half (as the gateway
+bench's two wrk threads once they drift apart); `--budget-mb N` sets `memory_budget_mb`.
+
 `--workload small`: the gateway bench's 1 KB workload instead (every request a new one-turn
 conversation, so every one writes a new session record), `--concurrency` requests in flight
 (the SQLite writer then batches); CPU per request over all of them. `--store memory` puts the
@@ -70,17 +73,22 @@ def session_bodies(session: int) -> list[bytes]:
     return out
 
 
-def interleaved(sessions: int, turns: int, is_distinct: bool = False) -> Iterator[tuple[int, bytes]]:
+def interleaved(sessions: int, turns: int, is_distinct: bool = False, lag: int = 0) -> Iterator[tuple[int, bytes]]:
     """`(k, body)`: turn `k` (0-based) of each of `sessions` growing sessions, then turn `k + 1`
     of each (bodies as `session_bodies`, built one at a time: 32 sessions' would not fit).
     `is_distinct`: each session's tool results carry its own salt (as `--cold` salts them), so
     no two sessions share a message after the system prompt and tools (the gateway bench's
-    sessions share their history: a new session's request reuses another's parsed messages)."""
+    sessions share their history: a new session's request reuses another's parsed messages).
+    `lag`: the odd-numbered half of the sessions runs `lag` turns behind the even ones (as the
+    gateway bench's second wrk thread when the two drift apart), their requests alternating."""
     head_a, head_b = _split(agent_body())
     pieces = [_turn(k) for k in range(1, turns + 1)]
-    for k in range(turns):
-        tail = b"".join(pieces[: k + 1])
+    for step in range(turns + lag):
         for s in range(sessions):
+            k = step - lag if s % 2 else step
+            if not 0 <= k < turns:
+                continue
+            tail = b"".join(pieces[: k + 1])
             body = head_a + f"turncpu-{s}".encode() + head_b + tail + b"]}"
             if is_distinct:
                 body = body.replace(b"line ", b"line%d " % s).replace(b"return x", b"return x%d" % s)
@@ -177,6 +185,7 @@ async def main(args: argparse.Namespace) -> None:
             state_dir=Path(tmp),
             store="memory://" if args.store == "memory" else f"sqlite://{tmp}/sessions.db",
             log_level="WARNING",
+            memory_budget_mb=args.budget_mb,
         )
         app = bare_app(up_url) if args.mode == "bare" else create_app(settings, CollectorRegistry())
         runner, url = await _serve(app)
@@ -201,7 +210,7 @@ async def main(args: argparse.Namespace) -> None:
         profile = cProfile.Profile() if args.profile else None
         order: Iterable[tuple[int, bytes]]
         if args.interleave:  # turn k of every session before turn k + 1 of any (as wrk's round robin)
-            order = interleaved(args.sessions, args.turns, args.distinct)
+            order = interleaved(args.sessions, args.turns, args.distinct, args.lag)
         else:
             cut = None if args.first else args.turns
             order = [(k, body) for bodies in sessions for k, body in enumerate(bodies[:cut])]
@@ -269,6 +278,10 @@ if __name__ == "__main__":
         "the recent bodies the process keeps parsed no longer hold the previous turn (the grow32 cell)",
     )
     parser.add_argument("--distinct", action="store_true", help="with --interleave: no message shared between sessions")
+    parser.add_argument(
+        "--lag", type=int, default=0, help="with --interleave: the odd sessions run this many turns behind"
+    )
+    parser.add_argument("--budget-mb", type=int, default=16, help="memory_budget_mb (default 16, the default's)")
     parser.add_argument("--turns", type=int, default=TURNS, help=f"turns per session (default {TURNS})")
     parser.add_argument("--profile", type=int, default=0, help="print this many profile rows")
     parser.add_argument("--workload", choices=("grow", "small"), default="grow")

@@ -25,7 +25,8 @@ tokenizer (about 49 MB, `proxy.tokenizer`: built on the first OpenAI request onl
 bounded text caches of `proxy.pipeline.segments` (their own character limits), the parsed
 elements of the newest request bodies kept for the incremental parse
 (`MemoryBudget.parsed_bytes`: a quarter of the budget in raw bodies, 4 MiB at the default, about
-8 MB of objects, shared with the requests that reuse them) and the requests in flight. Pure.
+8 MB of objects, shared with the requests that reuse them, and besides them the newest two bodies
+the cache turned away, within half as many bytes again) and the requests in flight. Pure.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ class MemoryBudget:
         a quarter of the budget in raw bytes (4 MiB at the default 16 MB, about six 600 KB
         conversations), about twice that in objects, outside the budget's shares. A process
         serving more concurrent long sessions than that keeps the ones that fit
-        (`proxy.cache_admission`) and re-parses and re-lays-out the others' turns in full:
+        (`proxy.cache_admission`) and, besides, the newest two bodies it turned away (within
+        half of this: `rawprefix.MAX_RECENT`), which the others' turns are read around when
+        they re-send the same messages; else it re-parses and re-lays-out their turns in full:
         `memory_budget_mb: 128` keeps 32 MiB (measured, two runs each: 32 sessions of 600 KB,
         0.16-0.17 -> 0.21-0.30 of bare aiohttp's requests/s, peak RSS 166-168 -> 237-258 MB with
         the other shares grown too, `bench/gateway_bench.py --peers bare,optimise --cells grow32`)."""

@@ -18,7 +18,8 @@ Pure core, no I/O:
   separated by `,`. A body written otherwise locates nothing and simply gets no reuse.
 - `RawPrefixIndex`: the recent states, bounded (`MAX_STATES` in all, `MAX_PER_HEAD` per
   first chunk), per scope (the caller's: tenant and path), newest first; the parsed elements of
-  the newest few (`MAX_PARSED_BYTES` of their raw bodies), for `parse_tail`.
+  the newest few (`MAX_PARSED_BYTES` of their raw bodies), for `parse_tail`, and of the newest
+  `MAX_RECENT` its admission turned away, for `find_around`.
 - `RawMatch` / `match_raw`: one request's comparison with the index, made once before parsing
   and read by the budget check (`chunk_counts`), the parse (`parse_tail`) and the session
   stage's message view.
@@ -55,7 +56,7 @@ array (so the parser is where the earlier body's was: a duplicate or escaped arr
 continued, anything else parses differently and the body is parsed whole). The states keep
 digests, offsets and counts; content only as `RawState.tail` (at most one chunk of the earlier
 body, for the byte-exact comparison), `RawState.anchor` (65 bytes) and in `Kept` (the newest
-bodies within `MAX_PARSED_BYTES`, in memory only).
+bodies within `MAX_PARSED_BYTES`, and `MAX_RECENT` within half of it, in memory only).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ MAX_PER_HEAD: Final = 64
 MAX_PARSED_BYTES: Final = 4 * 1024 * 1024
 """Raw bytes of the newest bodies whose parsed elements are kept for `parse_tail` (their
 objects take about twice that: 1.1 MB for a 540 KB body)."""
+MAX_RECENT: Final = 2
+"""Bodies the admission rule turned away (`keep_parsed`) still kept, the newest, for
+`find_around` only (within half of `max_parsed_bytes` besides it)."""
 _DIGEST: Final = 16
 JSONObject = dict[str, Any]
 _FOLLOW: Final = (b",", b"]")
@@ -567,9 +571,12 @@ class RawPrefixIndex:
     """Recent `RawState`s, per scope and first chunk (module docstring); LRU-bounded.
 
     The kept bodies are bounded in bytes by `proxy.cache_admission.admits`, so that more long
-    sessions than fit do not evict each other in turn. Its clock counts the bodies the index
-    is asked to keep; a session's `gap` is the clock since its previous body was remembered
-    (`since`)."""
+    sessions than fit do not evict each other in turn. The newest `MAX_RECENT` bodies it turned
+    away are kept besides, for `find_around` only: sessions whose own bodies are not kept, taking
+    turns in step (the same conversation under other first messages), read the one just before
+    them there (a held body is of a session whose turn came earlier or later in the round: its
+    array's end is not theirs). Its clock counts the bodies the index is asked to keep; a
+    session's `gap` is the clock since its previous body was remembered (`since`)."""
 
     def __init__(
         self, max_states: int = MAX_STATES, max_per_head: int = MAX_PER_HEAD, max_parsed_bytes: int = MAX_PARSED_BYTES
@@ -581,6 +588,9 @@ class RawPrefixIndex:
         self._count = 0
         self._parsed: OrderedDict[int, Kept] = OrderedDict()
         self._parsed_bytes = 0
+        self._recent: OrderedDict[int, Kept] = OrderedDict()
+        """The newest bodies the admission turned away (`MAX_RECENT`), oldest first."""
+        self._recent_bytes = 0
         self._clock = 0
         """Bodies asked to be kept so far (`keep_parsed`)."""
         self._seen: dict[int, tuple[RawState, int]] = {}
@@ -626,7 +636,8 @@ class RawPrefixIndex:
         over = self._parsed_bytes + state.size - self.max_parsed_bytes
         held = ((k.at, k.state.size) for k in self._parsed.values())  # least recently used first
         if not replaces_kept and not admits(over, gap, self._clock, held, len(self._parsed)):
-            return kept  # not held: the next request of its session parses its body whole
+            self._keep_recent(kept)  # not held: the next request of its session parses its body whole
+            return kept
         self._parsed[id(state)] = kept
         self._parsed_bytes += state.size
         while self._parsed_bytes > self.max_parsed_bytes:
@@ -634,16 +645,29 @@ class RawPrefixIndex:
             self._parsed_bytes -= oldest.state.size
         return kept
 
+    def _keep_recent(self, kept: Kept) -> None:
+        """Keep `kept` (turned away) among the newest `MAX_RECENT`, within half of
+        `max_parsed_bytes`, the oldest leaving first."""
+        size = kept.state.size
+        if size > self.max_parsed_bytes // 2:
+            return
+        self._recent[id(kept.state)] = kept
+        self._recent_bytes += size
+        while len(self._recent) > MAX_RECENT or self._recent_bytes > self.max_parsed_bytes // 2:
+            _, oldest = self._recent.popitem(last=False)
+            self._recent_bytes -= oldest.state.size
+
     def find_around(
         self, scope: str, raw: bytes, digests: dict[int, bytes] | None = None
     ) -> tuple[Kept, int, int] | None:
-        """`(kept, stop, shared)`: the kept body of `scope` whose array's end `raw` holds
-        (`RawState.anchor`, last occurrence) at offset `stop` (its `]`) with the most bytes
-        before it in common (`shared`, whole chunks: `shared_suffix`), newest first; `None`
-        when none. `digests` gets the `end_digests(raw, stop)` it made, by `stop`."""
+        """`(kept, stop, shared)`: the kept body of `scope` (held, newest first, then the
+        newest turned away: `MAX_RECENT`) whose array's end `raw` holds (`RawState.anchor`,
+        last occurrence) at offset `stop` (its `]`) with the most bytes before it in common
+        (`shared`, whole chunks: `shared_suffix`), the first such; `None` when none.
+        `digests` gets the `end_digests(raw, stop)` it made, by `stop`."""
         best: tuple[Kept, int, int] | None = None
         digests = {} if digests is None else digests
-        for kept in reversed(self._parsed.values()):
+        for kept in (*reversed(self._parsed.values()), *reversed(self._recent.values())):
             state = kept.state
             if kept.scope != scope or not state.anchor:
                 continue
@@ -660,9 +684,13 @@ class RawPrefixIndex:
         return best
 
     def drop_parsed(self, state: RawState) -> None:
+        """Forget what `state`'s body left in memory (held or turned away)."""
         entry = self._parsed.pop(id(state), None)
         if entry is not None:
             self._parsed_bytes -= entry.state.size
+        entry = self._recent.pop(id(state), None)
+        if entry is not None:
+            self._recent_bytes -= entry.state.size
 
     def __len__(self) -> int:
         return self._count

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import pytest
@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.exchange import Exchange
+from proxy.pipeline.session import masker_for
 from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from tests.sessions.test_fast_paths import run_exchange
 from tests.sessions.test_incremental_parse import _counters, _paired, _same
@@ -267,9 +268,17 @@ STEP = st.tuples(
 )
 
 
-async def run_sequence(provider: str, mode: str, turns: int, steps: list[Any]) -> None:
+async def run_sequence(
+    provider: str, mode: str, turns: int, steps: list[Any], parsed_bytes: int | None = None
+) -> list[Exchange]:
+    """Send `steps` to a reusing and a non-reusing process alike (`parsed_bytes`: the reusing
+    one's `RawPrefixIndex.max_parsed_bytes`); the reusing one's exchanges."""
     adapter, make, _ = PROVIDERS[provider]
     incremental, full = _paired(mode)
+    if parsed_bytes is not None:
+        assert incremental.sessions is not None
+        masker_for(incremental.sessions, incremental).raw_index.max_parsed_bytes = parsed_bytes
+    sent = []
     base = make(turns)
     if provider.startswith("anthropic"):
         base["metadata"] = {"user_id": "s-base"}
@@ -281,6 +290,7 @@ async def run_sequence(provider: str, mode: str, turns: int, steps: list[Any]) -
         raw = render(body, fmt)
         a = await send(incremental, adapter, raw, key)
         b = await send(full, adapter, raw, key)
+        sent.append(a)
         _same(a, b)
         assert a.session_id == b.session_id and a.tenant == b.tenant, k
         if a.tenant is not None and a.session_id is not None:
@@ -289,6 +299,7 @@ async def run_sequence(provider: str, mode: str, turns: int, steps: list[Any]) -
             assert ra == rb, (k, ops, fmt)
         history.append(body)
     assert _counters(incremental) == _counters(full)
+    return sent
 
 
 @settings(
@@ -308,6 +319,46 @@ async def test_reuse_is_invisible(provider: str, mode: str, turns: int, steps: l
     roles, duplicates, shrinking arrays, system edits, re-ordered keys, volatile stamps,
     whitespace and escaped keys, two tenants) is sent, recorded and counted alike."""
     await run_sequence(provider, mode, turns, steps)
+
+
+FEW_FIT: Final = 210_000
+"""Kept parsed bodies of two of the sequences' bodies (85-101 KB) and, half again, the newest
+one turned away (`rawprefix.MAX_RECENT`): the admission turns most new sessions away."""
+
+
+@settings(
+    max_examples=int(os.environ.get("BRK_N", "12")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.sampled_from(list(PROVIDERS)),
+    st.sampled_from(["observe", "optimise"]),
+    st.integers(30, 36),
+    st.lists(STEP, min_size=2, max_size=8),
+)
+async def test_reuse_is_invisible_when_few_bodies_fit(provider: str, mode: str, turns: int, steps: list[Any]) -> None:
+    """The same attack where the kept bodies hold two: the bodies read around an edit are
+    often ones the admission turned away."""
+    await run_sequence(provider, mode, turns, steps, FEW_FIT)
+
+
+async def test_sessions_in_turn_whose_bodies_are_not_kept_read_the_one_just_turned_away() -> None:
+    """Four sessions of one conversation (their own first messages) appending the same turns in
+    turn, where the kept bodies hold two: the two sessions turned away read their messages from
+    the body of the one just before them (the held ones' array ends are other turns'), all as
+    the full path sends and records them."""
+    sessions = [(0, [("first", n), ("session", n)], "plain", "key-a") for n in range(4)]
+    rounds = [(4, [("append", r)], "plain", "key-a") for r in range(3) for _ in range(4)]
+    sent = await run_sequence("anthropic", "optimise", 30, [*sessions, *rounds], FEW_FIT)
+    paths = [
+        "own" if m.kept is not None and m.around is None else "around" if m.around is not None else "whole"
+        for m in (a.raw_match for a in sent[5:])
+        if m is not None
+    ]
+    # sessions 2 and 3 stay kept (the newest when the budget filled); 0 reads nothing of 1's
+    # previous turn, 1 reads all of 0's body but its first message
+    assert paths == ["whole", "around", "own", "own"] * 3
 
 
 def _malformed(services: Any) -> list[str]:

@@ -253,3 +253,41 @@ def test_an_appended_turn_chains_its_boundaries_onto_the_earlier_ones() -> None:
     expected = view_messages(ANTHROPIC, orjson.loads(changed), plain)
     assert _view_fields(d) == _view_fields(expected)
     assert d.head != c.head and d.digests[:n] == c.digests[:n] and d.boundaries[0] != c.boundaries[0]
+
+
+def _ending_body(first: bytes, last: bytes) -> tuple[bytes, RawState]:
+    """A body `{"messages":[first, <3 chunks>, last]}` of string elements and its state, with
+    the array end `find_around` looks for (`RawState.anchor`)."""
+    elements = [orjson.dumps(first.decode()), orjson.dumps("x" * 3 * CHUNK), orjson.dumps(last.decode())]
+    raw = b'{"messages":[' + b",".join(elements) + b"]}"
+    ends = tuple(locate(raw, elements, 13))
+    rdigests, anchor = rawprefix.array_end(raw, ends)
+    full = len(raw) // CHUNK * CHUNK
+    return raw, RawState(chunk_digests(raw), raw[full:], ends, ((0, 1, 2),), 13, rdigests=rdigests, anchor=anchor)
+
+
+def test_the_newest_bodies_the_admission_turned_away_are_read_around_an_edit_only() -> None:
+    _, held = _ending_body(b"held body", b"another end")
+    _, away = _ending_body(b"session a", b"the end")
+    raw_b, _ = _ending_body(b"session bb", b"the end")  # the same conversation under another first message
+    index = RawPrefixIndex(max_parsed_bytes=held.size + away.size - 1)  # one of them, and half again
+    assert index.keep_parsed(held, ("held",), "messages", None, "t") is not None
+    assert index.parsed(held) is not None
+    index.keep_parsed(away, ("session a",), "messages", None, "t", gap=50, replaces_kept=False)
+    assert index.parsed(away) is None  # turned away: held 1 tick, the session away 50
+    found = index.find_around("t", raw_b)
+    assert found is not None and found[0].state is away
+    assert (found[1], found[2]) == (len(raw_b) - 2, 3 * CHUNK)  # its `]`, the three whole chunks before it
+    assert index.find_around("u", raw_b) is None  # another scope's
+    others = [_ending_body(b"other %d" % i, b"its end %d" % i)[1] for i in range(rawprefix.MAX_RECENT)]
+    for state in others:
+        index.keep_parsed(state, (), "messages", None, "t", gap=50, replaces_kept=False)
+    assert index.find_around("t", raw_b) is None  # the newest MAX_RECENT turned away are others
+    index.keep_parsed(away, ("session a",), "messages", None, "t", gap=50, replaces_kept=False)
+    assert index.find_around("t", raw_b) is not None
+    index.drop_parsed(away)  # its session's next body replaced it
+    assert index.find_around("t", raw_b) is None
+    small = RawPrefixIndex(max_parsed_bytes=2 * away.size - 1)  # half of it is under one body
+    small.keep_parsed(held, (), "messages", None, "t")
+    small.keep_parsed(away, (), "messages", None, "t", gap=50, replaces_kept=False)
+    assert small.find_around("t", raw_b) is None
