@@ -766,8 +766,17 @@ class RecordStore:
         self._set_stored(key, b"".join(p.key for p in layout.parts if p.key in held))
 
     def _keep_encoded(self, key: tuple[str, str], pending: Layout, encoded: Layout) -> None:
-        """Keep `encoded` (`pending` with its parts' bytes) for `key`'s write (`_encoded`)."""
+        """Keep `encoded` (`pending` with its parts' bytes) for `key`'s write (`_encoded`). The
+        bytes of the parts the entry it replaces carried and `encoded` names only (a superseded
+        save's new parts: its write never ran, so the backend lacks them) are carried over, so
+        the write does not encode the whole record again for them."""
+        prior = self._encoded.get(key)
         self._take_encoded(key, None)
+        if prior is not None and any(p.data is None for p in encoded.parts):
+            carried = {p.key: p for p in prior[1].parts if p.data is not None}
+            if carried:
+                parts = tuple(carried.get(p.key, p) if p.data is None else p for p in encoded.parts)
+                encoded = Layout(encoded.head, parts, encoded.counts)
         size = sum(p.size for p in encoded.parts if p.data is not None)
         if not size or size > ENCODED_BYTES:
             return

@@ -333,6 +333,25 @@ async def test_a_new_sessions_save_takes_its_tenants_last_record_s_parts_never_a
     assert [await reader.load(*key) for key in (("t", "s1"), ("t", "s2"), ("u", "s3"))] == [first, second, second]
 
 
+async def test_a_superseded_saves_new_part_is_written_from_its_own_encoding() -> None:
+    """Two saves of a session before its write runs: the first one's new part (cut by it, so
+    named by the second's layout) is not held by the backend; the second's write sends the
+    bytes the first save encoded (kept for it: `encoded_bytes`), not the whole record encoded
+    again, and the record reads back whole."""
+    backend = CountingStore()
+    store = RecordStore(backend, Metrics(CollectorRegistry()))
+    first = record(100)  # 6 parts and 4 messages in the head
+    assert await store.save("t", "s", first)
+    second = grown(first, 14)  # the open tail fills a seventh part
+    third = grown(second, 1)  # no new part
+    assert store.save_soon("t", "s", second) and store.save_soon("t", "s", third)  # no write ran between
+    seventh = encode_layout(second).parts[6]
+    assert store.encoded_bytes == seventh.size  # the seventh part's bytes, kept for third's write
+    await store.flush()
+    assert backend.sent[1:] == [len(encode_layout(third).head) + seventh.size]
+    assert await RecordStore(backend, Metrics(CollectorRegistry())).load("t", "s") == third
+
+
 class CountingSqlite(SqliteStore):
     """The SQLite backend, keeping the bytes of every write in parts it is sent (head and parts)."""
 
