@@ -230,18 +230,6 @@ def _part(sidecars: tuple[Sidecar, ...]) -> Part:
     return Part(xxhash.xxh3_128_digest(data), len(data), data)
 
 
-def _donor_parts(donor: tuple[SessionRecord, Layout] | None) -> dict[int, tuple[Part, int]]:
-    """`donor`'s parts by the index of their first sidecar: `{start: (part, sidecar count)}`."""
-    if donor is None:
-        return {}
-    starts: dict[int, tuple[Part, int]] = {}
-    at = 0
-    for part, count in zip(donor[1].parts, donor[1].counts, strict=True):
-        starts[at] = (part, count)
-        at += count
-    return starts
-
-
 def encode_layout(
     record: SessionRecord,
     base: tuple[SessionRecord, Layout] | None = None,
@@ -267,17 +255,19 @@ def encode_layout(
             parts.append(part)
             counts.append(count)
             at = end
-    given = _donor_parts(donor)
-    lent = donor[0].sidecars if donor is not None else ()
+    lent, lent_parts, lent_counts = (donor[0].sidecars, donor[1].parts, donor[1].counts) if donor else ((), (), ())
+    j = lent_at = 0  # the donor's part `j` starts at its sidecar `lent_at`
     start, size, item = at, 0, _ITEM.size
     i, stop = at, len(sidecars)
     while i < stop:
-        if i == start and i in given:
-            part, count = given[i]
-            end = i + count
-            if end <= stop and sidecars[i:end] == lent[i:end]:  # the very objects: compared by identity
-                parts.append(part)
-                counts.append(count)
+        if i == start and lent_counts:
+            while j < len(lent_counts) and lent_at < start:
+                lent_at += lent_counts[j]
+                j += 1
+            end = lent_at + lent_counts[j] if j < len(lent_counts) and lent_at == start else stop + 1
+            if end <= stop and sidecars[start:end] == lent[start:end]:  # the very objects: by identity
+                parts.append(lent_parts[j])
+                counts.append(end - start)
                 i = start = end
                 continue
         sidecar = sidecars[i]
