@@ -186,7 +186,8 @@ DONOR_BYTES: Final = 1024 * 1024
 a 600 KB conversation's parts (about 620 KB). They are the bytes the save's own encoding made,
 kept a little longer: a new session re-sending the conversation takes those parts as they are
 (`proxy.store.codec.encode_layout`'s `donor`) instead of encoding ~600 KB again (0.77 ->
-0.1 ms of the event loop's CPU per such first request, `bench/turn_cpu.py --first`)."""
+0.13 ms of the event loop's CPU per such first request, `bench/turn_cpu.py --first`). Not
+counted in the memory budget's shares: at most this much beside them."""
 STORED_ENTRY_BYTES: Final = 200
 """Memory per session of that index besides its names (the LRU slot, the key tuple, the bytes
 object's header)."""

@@ -40,10 +40,10 @@ the same objects when `proxy.pipeline.session.build_sidecars` kept them) and cut
 only from the first changed sidecar on: an appended turn costs the head and the open tail, a
 rewritten history re-encodes from the rewrite. Encoding against another record (`donor`: a new
 session re-sending a recent conversation) takes each donor part that starts where a part of its
-own would and holds equal sidecars: the same bytes, not encoded again. Decoding checks each part's size and name
-against the head (a missing or different part is a `RecordError`: a record is never assembled
-from mismatched parts) and takes the decoded sidecars of a part the base already holds as they
-are.
+own would and holds equal sidecars: the same bytes, not encoded again. Decoding checks each
+part's size and name against the head (a missing or different part is a `RecordError`: a record
+is never assembled from mismatched parts) and takes the decoded sidecars of a part the base
+already holds as they are.
 """
 
 from __future__ import annotations
