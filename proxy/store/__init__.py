@@ -181,6 +181,13 @@ ENCODED_BYTES: Final = 2 * 1024 * 1024
 the newest first), so a write sends them without encoding the record again: a first turn's
 parts are all new (0.5 ms CPU for a 600 KB record), and a 1-connection client's write follows its
 save at once. A burst of saves keeps the newest few; the others encode at their write."""
+DONOR_BYTES: Final = 1024 * 1024
+"""Part bytes the tenants' donor layouts (`RecordStore._donors`) keep in all, the newest first:
+a 600 KB conversation's parts (about 620 KB). They are the bytes the save's own encoding made,
+kept a little longer: a new session re-sending the conversation takes those parts as they are
+(`proxy.store.codec.encode_layout`'s `donor`) instead of encoding ~600 KB again (0.77 ->
+0.13 ms of the event loop's CPU per such first request, `bench/turn_cpu.py --first`). Not
+counted in the memory budget's shares: at most this much beside them."""
 STORED_ENTRY_BYTES: Final = 200
 """Memory per session of that index besides its names (the LRU slot, the key tuple, the bytes
 object's header)."""
@@ -380,6 +387,11 @@ class RecordStore:
         """Per pending write, `(its layout, the same with its parts' bytes)` as its save encoded
         them (`ENCODED_BYTES` in all, LRU): what its write sends when the backend lacks them."""
         self._encoded_bytes = 0
+        self._donors: OrderedDict[str, tuple[SessionRecord, Layout]] = OrderedDict()
+        """Per tenant, its newest saved record whose layout carries every part's bytes (a new
+        session's), and that layout (`DONOR_BYTES` in all, LRU): the `donor` a new session's
+        record is encoded against (`save_soon`). Never lent across tenants."""
+        self._donor_bytes = 0
         self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
         """Newest small value per key not yet written (`save_bytes_soon`)."""
         self._writers = TaskSet(MAX_PENDING_WRITES)
@@ -755,8 +767,17 @@ class RecordStore:
         self._set_stored(key, b"".join(p.key for p in layout.parts if p.key in held))
 
     def _keep_encoded(self, key: tuple[str, str], pending: Layout, encoded: Layout) -> None:
-        """Keep `encoded` (`pending` with its parts' bytes) for `key`'s write (`_encoded`)."""
+        """Keep `encoded` (`pending` with its parts' bytes) for `key`'s write (`_encoded`). The
+        bytes of the parts the entry it replaces carried and `encoded` names only (a superseded
+        save's new parts: its write never ran, so the backend lacks them) are carried over, so
+        the write does not encode the whole record again for them."""
+        prior = self._encoded.get(key)
         self._take_encoded(key, None)
+        if prior is not None and any(p.data is None for p in encoded.parts):
+            carried = {p.key: p for p in prior[1].parts if p.data is not None}
+            if carried:
+                parts = tuple(carried.get(p.key, p) if p.data is None else p for p in encoded.parts)
+                encoded = Layout(encoded.head, parts, encoded.counts)
         size = sum(p.size for p in encoded.parts if p.data is not None)
         if not size or size > ENCODED_BYTES:
             return
@@ -809,7 +830,9 @@ class RecordStore:
         """Save `record` in the background (module docstring); returns at once. `False` when it
         was dropped because too many writes are pending (counted)."""
         key = (tenant, session)
-        encoded = layout = encode_layout(record, self._base(key))
+        base = self._base(key)
+        donor = self._donors.get(tenant) if base is None else None
+        encoded = layout = encode_layout(record, base, donor)
         stored: SessionRecord | None = record
         if self.max_record_bytes is not None and layout.size > self.max_record_bytes:
             # too large to keep: the older record goes too (the next turn goes without replay)
@@ -820,6 +843,7 @@ class RecordStore:
             # backend lacks (a first turn's, or after a refusal) from `_encoded` when the newest
             # saves' there still holds them, else encodes them again; not the memory of every wait
             layout = layout.without_data()
+            self._keep_donor(tenant, record, encoded)
         old = self._pending.get(key)
         held = self._pending_bytes - (_held(old[1], old[0]) if old is not None else 0)
         size = _held(layout, stored)
@@ -844,6 +868,23 @@ class RecordStore:
             return False
         self._pending_gauge.set(len(self._pending))
         return True
+
+    def _keep_donor(self, tenant: str, record: SessionRecord, encoded: Layout) -> None:
+        """Keep `record` as `tenant`'s donor (`_donors`) when `encoded`, its layout, carries
+        every part's bytes and they fit `DONOR_BYTES`; else leave the tenant's donor as it is."""
+        if not encoded.parts or any(p.data is None for p in encoded.parts):
+            return
+        size = sum(p.size for p in encoded.parts)
+        if size > DONOR_BYTES:
+            return
+        old = self._donors.pop(tenant, None)
+        if old is not None:
+            self._donor_bytes -= sum(p.size for p in old[1].parts)
+        self._donors[tenant] = (record, encoded)
+        self._donor_bytes += size
+        while self._donor_bytes > DONOR_BYTES:
+            _, (_, dropped) = self._donors.popitem(last=False)
+            self._donor_bytes -= sum(p.size for p in dropped.parts)
 
     async def _write_pending(self, key: tuple[str, str]) -> None:
         """Write `key`'s pending record until none newer is left (one task per key)."""

@@ -38,10 +38,12 @@ holding only the sidecars after the parts. Encoding against the session's previo
 (`base`) keeps every leading part whose sidecars are equal to the previous record's (they are
 the same objects when `proxy.pipeline.session.build_sidecars` kept them) and cuts new parts
 only from the first changed sidecar on: an appended turn costs the head and the open tail, a
-rewritten history re-encodes from the rewrite. Decoding checks each part's size and name
-against the head (a missing or different part is a `RecordError`: a record is never assembled
-from mismatched parts) and takes the decoded sidecars of a part the base already holds as they
-are.
+rewritten history re-encodes from the rewrite. Encoding against another record (`donor`: a new
+session re-sending a recent conversation) takes each donor part that starts where a part of its
+own would and holds equal sidecars: the same bytes, not encoded again. Decoding checks each
+part's size and name against the head (a missing or different part is a `RecordError`: a record
+is never assembled from mismatched parts) and takes the decoded sidecars of a part the base
+already holds as they are.
 """
 
 from __future__ import annotations
@@ -228,9 +230,18 @@ def _part(sidecars: tuple[Sidecar, ...]) -> Part:
     return Part(xxhash.xxh3_128_digest(data), len(data), data)
 
 
-def encode_layout(record: SessionRecord, base: tuple[SessionRecord, Layout] | None = None) -> Layout:
+def encode_layout(
+    record: SessionRecord,
+    base: tuple[SessionRecord, Layout] | None = None,
+    donor: tuple[SessionRecord, Layout] | None = None,
+) -> Layout:
     """`record` in parts (module docstring); `base`: the session's previous record and its
-    layout, whose leading parts are kept (not encoded again) while their sidecars are equal."""
+    layout, whose leading parts are kept (not encoded again) while their sidecars are equal.
+    `donor`: another record and its layout (a new session re-sending a recent conversation:
+    `RecordStore` passes the tenant's last one saved), whose part starting where a new part
+    would start is taken as it is (its bytes, or its name only when it carries none) when its
+    sidecars are equal to the record's there: the same bytes as encoding them, since a part is
+    its sidecars' encoding and the cut from that sidecar on depends on their sizes only."""
     sidecars = record.sidecars
     parts: list[Part] = []
     counts: list[int] = []
@@ -244,14 +255,28 @@ def encode_layout(record: SessionRecord, base: tuple[SessionRecord, Layout] | No
             parts.append(part)
             counts.append(count)
             at = end
+    lent, lent_parts, lent_counts = (donor[0].sidecars, donor[1].parts, donor[1].counts) if donor else ((), (), ())
+    j = lent_at = 0  # the donor's part `j` starts at its sidecar `lent_at`
     start, size, item = at, 0, _ITEM.size
-    for i in range(at, len(sidecars)):
+    i, stop = at, len(sidecars)
+    while i < stop:
+        if i == start and lent_counts:
+            while j < len(lent_counts) and lent_at < start:
+                lent_at += lent_counts[j]
+                j += 1
+            end = lent_at + lent_counts[j] if j < len(lent_counts) and lent_at == start else stop + 1
+            if end <= stop and sidecars[start:end] == lent[start:end]:  # the very objects: by identity
+                parts.append(lent_parts[j])
+                counts.append(end - start)
+                i = start = end
+                continue
         sidecar = sidecars[i]
         size += item + len(sidecar.digest) + len(sidecar.exact) + len(sidecar.value)
+        i += 1
         if size >= PART_BYTES:
-            parts.append(_part(sidecars[start : i + 1]))
-            counts.append(i + 1 - start)
-            start, size = i + 1, 0
+            parts.append(_part(sidecars[start:i]))
+            counts.append(i - start)
+            start, size = i, 0
     if not parts:
         return Layout(encode_record(record))
     tail = sidecars[start:]

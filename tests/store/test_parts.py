@@ -183,6 +183,53 @@ def test_a_record_encoded_without_its_base_has_the_same_parts(
         current, layout = nxt, with_base
 
 
+def own_first(of: SessionRecord, size: int = 1000) -> SessionRecord:
+    """`of` with a first message of its own (`size` bytes of content), every other sidecar the
+    very object `of` holds: a new session re-sending a recent conversation."""
+    first = Sidecar(0, b"\x55" * 16, b'{"role":"user","content":"' + b"z" * size + b'"}', b"\x56" * 16)
+    return replace(of, sidecars=(first, *of.sidecars[1:]))
+
+
+def test_a_new_session_takes_the_parts_of_a_donor_holding_the_same_messages() -> None:
+    """A record encoded against another record (`donor`) takes each of the donor's parts that
+    starts where one of its own would and holds equal sidecars, the very object (no encoding):
+    the layout is the one encoding it from nothing gives. A donor naming its parts only lends
+    their names (the write then encodes their bytes)."""
+    donor = record(100)
+    lent = encode_layout(donor)
+    mine = own_first(donor)
+    layout = encode_layout(mine, None, (donor, lent))
+    assert layout == encode_layout(mine)
+    assert layout.parts[0] != lent.parts[0]  # the first message is its own
+    assert all(a is b for a, b in zip(layout.parts[1:], lent.parts[1:], strict=True))
+    named = encode_layout(mine, None, (donor, lent.without_data()))
+    assert named.head == layout.head and named.without_data() == layout.without_data()
+    assert [p.data is None for p in named.parts] == [False, True, True, True, True, True]
+    longer = own_first(donor, size=20_000)  # a first part of its own size: the cuts move
+    assert encode_layout(longer, None, (donor, lent)) == encode_layout(longer)
+    assert encode_layout(record(3), None, (donor, lent)) == encode_layout(record(3))  # too short to share
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=40),
+    mine=st.lists(st.tuples(st.booleans(), st.integers(0, 9000)), min_size=1, max_size=40),
+)
+def test_a_record_encoded_against_a_donor_has_the_layout_encoded_from_nothing(
+    sizes: list[int], mine: list[tuple[bool, int]]
+) -> None:
+    """Whatever the donor shares with the record (the same sidecar objects at some positions,
+    others of their own sizes), encoding against it gives the same layout as from nothing."""
+    donor = replace(record(0), sidecars=tuple(message(i, n) for i, n in enumerate(sizes)))
+    lent = encode_layout(donor)
+    sidecars = tuple(
+        donor.sidecars[i] if is_shared and i < len(sizes) else message(i, n + 1)
+        for i, (is_shared, n) in enumerate(mine)
+    )
+    current = replace(donor, sidecars=sidecars)
+    assert encode_layout(current, None, (donor, lent)) == encode_layout(current)
+
+
 def part(data: bytes) -> Part:
     import xxhash
 
@@ -251,6 +298,58 @@ async def test_a_part_the_backend_lost_is_sent_again() -> None:
     refused, resent = backend.sent[1:]
     assert (refused, resent) == (len(encode_layout(second).head), encode_layout(second).size)
     assert await RecordStore(backend, Metrics(CollectorRegistry())).load("t", "s") == second
+
+
+class KeptParts(MemoryStore):
+    """A memory backend that keeps the parts of every write in parts it is sent, by key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: dict[tuple[str, str], Sequence[Part]] = {}
+
+    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
+        self.parts[(tenant, session)] = parts
+        return await super().put_parts(tenant, session, head, parts, ttl)
+
+
+async def test_a_new_sessions_save_takes_its_tenants_last_record_s_parts_never_another_tenants() -> None:
+    """A new session's save (`save_soon`) re-sending the conversation its tenant's last new
+    session saved sends that save's part bytes as they are (the very objects: not encoded
+    again), written as encoding it whole would; another tenant's save of the same conversation
+    encodes its own."""
+    backend = KeptParts()
+    store = RecordStore(backend, Metrics(CollectorRegistry()))
+    first = record(100)
+    second = own_first(first)
+    assert store.save_soon("t", "s1", first)
+    assert store.save_soon("t", "s2", second)
+    assert store.save_soon("u", "s3", second)
+    await store.flush()
+    sent = {key: [p.data for p in parts] for key, parts in backend.parts.items()}
+    assert sent[("t", "s2")] == [p.data for p in encode_layout(second).parts] == sent[("u", "s3")]
+    assert [a is b for a, b in zip(sent[("t", "s1")], sent[("t", "s2")], strict=True)] == [False] + [True] * 5
+    assert not any(a is b for a, b in zip(sent[("t", "s2")], sent[("u", "s3")], strict=True))
+    reader = RecordStore(backend, Metrics(CollectorRegistry()))
+    assert [await reader.load(*key) for key in (("t", "s1"), ("t", "s2"), ("u", "s3"))] == [first, second, second]
+
+
+async def test_a_superseded_saves_new_part_is_written_from_its_own_encoding() -> None:
+    """Two saves of a session before its write runs: the first one's new part (cut by it, so
+    named by the second's layout) is not held by the backend; the second's write sends the
+    bytes the first save encoded (kept for it: `encoded_bytes`), not the whole record encoded
+    again, and the record reads back whole."""
+    backend = CountingStore()
+    store = RecordStore(backend, Metrics(CollectorRegistry()))
+    first = record(100)  # 6 parts and 4 messages in the head
+    assert await store.save("t", "s", first)
+    second = grown(first, 14)  # the open tail fills a seventh part
+    third = grown(second, 1)  # no new part
+    assert store.save_soon("t", "s", second) and store.save_soon("t", "s", third)  # no write ran between
+    seventh = encode_layout(second).parts[6]
+    assert store.encoded_bytes == seventh.size  # the seventh part's bytes, kept for third's write
+    await store.flush()
+    assert backend.sent[1:] == [len(encode_layout(third).head) + seventh.size]
+    assert await RecordStore(backend, Metrics(CollectorRegistry())).load("t", "s") == third
 
 
 class CountingSqlite(SqliteStore):
