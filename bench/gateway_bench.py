@@ -51,7 +51,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -61,7 +60,7 @@ from typing import Final
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_bench import free_port, wait_ready  # noqa: E402
+from proxy_bench import free_port, scratch_dir, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = ROOT / "bench" / "gateway.lua"
@@ -493,7 +492,7 @@ async def main() -> None:
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk not found: run scripts/install-bench")
-    tmp = Path(tempfile.mkdtemp(prefix="pc-gw-"))
+    tmp = scratch_dir("pc-gw-")
     for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
         (tmp / sub).mkdir()
     workloads = write_workloads(tmp)

@@ -22,7 +22,6 @@ import base64
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_bench import free_port, pct, wait_ready  # noqa: E402
+from proxy_bench import free_port, pct, scratch_dir, wait_ready  # noqa: E402
 
 
 def chat_body(n: int = 100_000) -> tuple[str, bytes, dict[str, str]]:
@@ -113,7 +112,7 @@ async def main() -> None:
     parser.add_argument("--budget-off", action="store_true", help="budgets so high nothing is skipped (before)")
     args = parser.parse_args()
     path, body, headers = SHAPES[args.shape]()
-    state = Path(tempfile.mkdtemp(prefix="pc-huge-")) / "state"
+    state = scratch_dir("pc-huge-") / "state"
     env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "WARNING", "PROMPTCACHE_STATE_DIR": str(state)}
     if args.budget_off:
         env["PROMPTCACHE_PIPELINE_BUDGET_BYTES"] = str(1 << 30)

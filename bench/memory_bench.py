@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_bench import TURNS, write_workloads, wrk_command  # noqa: E402
-from proxy_bench import free_port, wait_ready  # noqa: E402
+from proxy_bench import free_port, scratch_dir, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -243,7 +243,7 @@ async def main() -> None:
     from proxy.app import start_proxy
     from proxy.settings import load_settings
 
-    tmp = Path(tempfile.mkdtemp(prefix="pc-mem-"))
+    tmp = scratch_dir("pc-mem-")
     workloads = write_workloads(tmp)
     up_port = free_port()
     fake = [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(up_port), str(args.upstream_delay)]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gateway_bench as gw  # noqa: E402
-from proxy_bench import free_port, wait_ready  # noqa: E402
+from proxy_bench import free_port, scratch_dir, wait_ready  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
@@ -92,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     variants = [parse_variant(v) for v in args.variant]
     cells = [c for c in args.cells.split(",") if c]
-    tmp = Path(tempfile.mkdtemp(prefix="pc-ab-"))
+    tmp = scratch_dir("pc-ab-")
     for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
         (tmp / sub).mkdir()
     workloads = gw.write_workloads(tmp)

@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead_bench import peak_rss_mb  # noqa: E402
-from proxy_bench import HEADERS, free_port, pct, wait_ready  # noqa: E402
+from proxy_bench import HEADERS, free_port, pct, scratch_dir, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +91,7 @@ async def main() -> None:
     parser.add_argument("--store", default=None,
                         help="session store URL (default: SQLite in a temp dir, as users run it)")
     args = parser.parse_args()
-    store = args.store or f"sqlite://{tempfile.mkdtemp(prefix='pc-profile-')}/sessions.db"
+    store = args.store or f"sqlite://{scratch_dir('pc-profile-')}/sessions.db"
     up, port = free_port(), free_port()
     env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "WARNING"}
     procs = [subprocess.Popen([sys.executable, str(ROOT / "bench/fake_upstream.py"), str(up)])]

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +30,19 @@ from bodies import anthropic_body, small_body  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADERS = {"x-api-key": "bench", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new temporary directory for one bench run (state dirs, SQLite files, workloads),
+    removed when the process exits (`atexit`: also after an exception or Ctrl-C); kept when
+    `PROMPTCACHE_BENCH_KEEP` is set, and its path printed then. A gateway bench run leaves
+    0.5-2.3 GB of stores behind, so a machine that runs it repeatedly filled its disk."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.environ.get("PROMPTCACHE_BENCH_KEEP"):
+        print(f"bench scratch dir kept: {path}", file=sys.stderr)
+    else:
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def free_port() -> int:
@@ -89,7 +104,7 @@ async def main() -> None:
     parser.add_argument("--store", default=None,
                         help="session store URL (default: SQLite in a temp dir, as users run it)")
     args = parser.parse_args()
-    store = args.store or f"sqlite://{tempfile.mkdtemp(prefix='pc-bench-')}/sessions.db"
+    store = args.store or f"sqlite://{scratch_dir('pc-bench-')}/sessions.db"
     up_port, px_port = free_port(), free_port()
     env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "WARNING"}
     procs = [

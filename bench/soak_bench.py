@@ -20,7 +20,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_bench import free_port, pct, wait_ready  # noqa: E402
+from proxy_bench import free_port, pct, scratch_dir, wait_ready  # noqa: E402
 
 SYSTEM = "You are a careful coding agent working in a large repository. " * 120
 TOOL = "read_file"
@@ -191,7 +190,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--in-process-sim", action="store_true", help="serve --upstream sim (one process)")
     args = parser.parse_args()
-    state = Path(tempfile.mkdtemp(prefix="pc-soak-")) / "state"
+    state = scratch_dir("pc-soak-") / "state"
     port = free_port()
     env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "WARNING", "PROMPTCACHE_STATE_DIR": str(state)}
     sim = None

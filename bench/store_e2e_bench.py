@@ -16,7 +16,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import orjson
@@ -24,7 +23,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bodies import anthropic_body, small_body  # noqa: E402
-from proxy_bench import free_port, pct, run_load, wait_ready  # noqa: E402
+from proxy_bench import free_port, pct, run_load, scratch_dir, wait_ready  # noqa: E402
 
 from tests.store.redis_server import RedisServer  # noqa: E402
 
@@ -35,7 +34,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="pc-store-bench-"))
+    tmp = scratch_dir("pc-store-bench-")
     redis = RedisServer(tmp / "redis").start()
     up_port = free_port()
     stores = {

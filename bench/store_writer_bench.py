@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 import time
@@ -63,6 +64,7 @@ async def run(mode: str, sessions: int, batch: int) -> tuple[float, float, int]:
             rates.append((last - first) / (time.perf_counter() - started))
     finally:
         await store.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     return rates[0], rates[1], evicted[0]
 
 
