@@ -30,3 +30,45 @@ def test_a_projected_digest_does_not_depend_on_what_the_memo_saw_first() -> None
     assert _masked([listed, short]) == [fresh_short, fresh_short]
     assert _masked([short, listed]) == [fresh_short, fresh_short]
     assert orjson.dumps(short) != orjson.dumps(listed)
+
+
+RESULT = "\n".join(f"line {i}: def f{i}(x): return x * {i}" for i in range(40))
+
+
+def _responses_turns(question: dict[str, Any]) -> list[dict[str, Any]]:
+    """Three Responses requests; the third re-sends the first item as `question`."""
+    first = {"role": "user", "content": "What is in a.py?"}
+    call = {"type": "function_call", "call_id": "call_1", "name": "read", "arguments": '{"path":"a.py"}'}
+    result = {"type": "function_call_output", "call_id": "call_1", "output": RESULT}
+    base = {"model": "gpt-5", "instructions": "You read code.", "store": False}
+    return [
+        {**base, "input": [first]},
+        {**base, "input": [first, call, result]},
+        {**base, "input": [question, call, result, {"role": "user", "content": "Thanks."}]},
+    ]
+
+
+async def test_a_null_item_type_is_not_a_message_item_replayed_as_one() -> None:
+    """A Responses input item without `type` is a message; one whose `type` is null is not
+    (the simulator renders it as an item of another kind, `render_responses`; the SDK types
+    declare `type` a literal, never nullable, and no `model_dump()` writes it null). The null
+    was read as the key absent, so replay sent the earlier message bytes in its place: the
+    upstream read another prompt than the client's (optimise), where a process with no earlier
+    requests sends the client's bytes. A null `type` or `role` is a value, not an absence."""
+    from proxy.providers import OPENAI_RESPONSES
+    from proxy.sim.openai import render_responses
+    from proxy.sim.tokens import TokenCounter
+    from tests.sessions.test_fast_paths import _services, run_exchange
+
+    counter = TokenCounter()
+    odd = {"type": None, "role": "user", "content": "What is in a.py?"}
+    bodies = _responses_turns(odd)
+    services = _services("optimise")
+    headers = {"x-api-key": "key-a", "authorization": "Bearer sk-a"}
+    sent = [await run_exchange(services, OPENAI_RESPONSES, orjson.dumps(b), headers) for b in bodies]
+    third = sent[2]
+    assert third.failed_stage is None
+    assert orjson.loads(third.outgoing)["input"][0] == odd
+    assert third.replayed == 0
+    rendered = list(render_responses(orjson.loads(third.outgoing), counter).tokens)
+    assert rendered == list(render_responses(bodies[2], counter).tokens)
