@@ -176,7 +176,9 @@ class _Renderer:
         if isinstance(tools, list) and tools:
             self.out.tokens.append(TOOLS)
             for tool in tools:
-                self.json(tool)
+                # a tool's null-valued keys are absent, as a part's (`_rendered`; Responses
+                # `FunctionToolParam.strict` / `description` are nullable); its schema's are data
+                self.json({k: v for k, v in tool.items() if v is not None} if isinstance(tool, dict) else tool)
             self.out.tokens.append(END)
 
     def schema(self, fmt: Any) -> None:

@@ -72,3 +72,28 @@ async def test_a_null_item_type_is_not_a_message_item_replayed_as_one() -> None:
     assert third.replayed == 0
     rendered = list(render_responses(orjson.loads(third.outgoing), counter).tokens)
     assert rendered == list(render_responses(bodies[2], counter).tokens)
+
+
+def test_a_responses_tool_with_null_fields_is_rendered_as_the_proxy_chains_it() -> None:
+    """The prefix chain digests a tool's null-valued top-level keys as absent (`prefix.null_free`:
+    `FunctionToolParam.strict`, `description` are `Optional` in the SDK types), as the Anthropic
+    simulator digests and counts a tool (`_strip`); the Responses simulator rendered the tool
+    with its nulls, so the proxy predicted the whole prefix shared (cause `none`) where the
+    simulator's cache missed from the first tool token."""
+    from proxy.prefix import scan_prompt, shared_blocks
+    from proxy.providers import OPENAI_RESPONSES
+    from proxy.sim.openai import render_responses
+    from proxy.sim.tokens import TokenCounter
+
+    counter = TokenCounter()
+    tool = {"type": "function", "name": "read", "parameters": {"type": "object", "default": None}}
+    plain = {"model": "gpt-5", "tools": [tool], "input": [{"role": "user", "content": "hi " * 400}]}
+    nulls = {**plain, "tools": [{**tool, "strict": None, "description": None}]}
+    a, b = (scan_prompt(OPENAI_RESPONSES.layout(x)).chain for x in (plain, nulls))
+    assert shared_blocks(a, b) == 2
+    assert list(render_responses(nulls, counter).tokens) == list(render_responses(plain, counter).tokens)
+    # a null inside the schema is data, for both
+    inner = {**plain, "tools": [{**tool, "parameters": {"type": "object"}}]}
+    c = scan_prompt(OPENAI_RESPONSES.layout(inner)).chain
+    assert shared_blocks(a, c) == 0
+    assert list(render_responses(inner, counter).tokens) != list(render_responses(plain, counter).tokens)
