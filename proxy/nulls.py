@@ -35,7 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-
 VALUES: Final = frozenset({"type", "role"})
 """Keys whose null is a value, never the key absent: the discriminators. The SDK types declare
 them literals, never nullable (no `model_dump()` writes them null), and an item without them is

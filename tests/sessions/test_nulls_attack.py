@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.pipeline.replay import Masker
 from proxy.providers import ANTHROPIC
@@ -97,3 +98,33 @@ def test_a_responses_tool_with_null_fields_is_rendered_as_the_proxy_chains_it() 
     c = scan_prompt(OPENAI_RESPONSES.layout(inner)).chain
     assert shared_blocks(a, c) == 0
     assert list(render_responses(inner, counter).tokens) != list(render_responses(plain, counter).tokens)
+
+
+@pytest.mark.xfail(strict=True, reason="open: the null rule covers every key, not the declared nullable fields")
+async def test_a_null_of_a_key_the_api_does_not_know_is_sent_as_the_client_wrote_it() -> None:
+    """Open finding (not fixed): `proxy.nulls` reads a null of ANY key of a message or block as
+    the key absent, not only of the fields the SDK types declare nullable (`citations`,
+    `caller`, `refusal`, ...). The Messages API refuses a key it does not know whatever its value
+    ("messages.1.content.0.text.bogus: Extra inputs are not permitted"; a message has only `role`
+    and `content`), so a client's re-sent message with such a null is a 400 from a process with
+    no earlier requests, and replay turns it into the earlier bytes (a 200). The simulator does
+    not refuse unknown keys, so only the bytes sent show it."""
+    from proxy.providers import ANTHROPIC as adapter
+    from tests.sessions.test_fast_paths import _services, run_exchange
+
+    base = {"model": "claude-sonnet-4-6", "max_tokens": 64, "system": "You read code."}
+    question = {"role": "user", "content": "What is in a.py?"}
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "It defines " + RESULT}]}
+    odd = {"role": "assistant", "content": [{**reply["content"][0], "bogus": None}], "id": None}
+    bodies = [
+        {**base, "messages": [question]},
+        {**base, "messages": [question, reply, {"role": "user", "content": "And?"}]},
+        {
+            **base,
+            "messages": [question, odd, {"role": "user", "content": "And?"}, reply, {"role": "user", "content": "Ok"}],
+        },
+    ]
+    services = _services("optimise")
+    headers = {"x-api-key": "key-a"}
+    sent = [await run_exchange(services, adapter, orjson.dumps(b), headers) for b in bodies]
+    assert orjson.loads(sent[2].outgoing)["messages"][1] == odd
