@@ -209,6 +209,12 @@ class _Renderer:
                 kind = part.get("type")
                 if kind is not None and not isinstance(kind, str):
                     raise _invalid_type(f"{path}[{k}].type", "a string", kind)
+                if kind in _TEXT_PARTS and not isinstance(part.get("text"), str):
+                    # a null text is no text (`_rendered`): the API refuses both
+                    where = f"{path}[{k}].text"
+                    if "text" not in part:
+                        raise bad(f"Missing required parameter: '{where}'.", where, "missing_required_parameter")
+                    raise _invalid_type(where, "a string", part["text"])
                 self.part(part)
                 marker = part.get("prompt_cache_breakpoint")
                 if isinstance(marker, dict) and role in _BREAKPOINT_ROLES:

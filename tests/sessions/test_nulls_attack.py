@@ -128,3 +128,39 @@ async def test_a_null_of_a_key_the_api_does_not_know_is_sent_as_the_client_wrote
     headers = {"x-api-key": "key-a"}
     sent = [await run_exchange(services, adapter, orjson.dumps(b), headers) for b in bodies]
     assert orjson.loads(sent[2].outgoing)["messages"][1] == odd
+
+
+def test_the_simulator_refuses_a_text_block_or_part_whose_text_is_null_or_missing() -> None:
+    """The simulator digests a null `text` as absent (`_strip`, `_rendered`) but counted it as
+    the text "None" (4 tokens, 3 without it: one cache entry, two prompt sizes), and accepted
+    both, where the APIs refuse a text block or part without a string `text`."""
+    from proxy.sim.anthropic import parse_request
+    from proxy.sim.config import SimConfig
+    from proxy.sim.errors import Rejected
+    from proxy.sim.openai import render_chat, render_responses
+    from proxy.sim.tokens import TokenCounter
+
+    counter = TokenCounter()
+    settings = SimConfig.load().anthropic_model("claude-sonnet-4-6")
+    errors = []
+    for block in ({"type": "text", "text": None}, {"type": "text"}):
+        body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [block]}]}
+        with pytest.raises(Rejected) as caught:
+            parse_request(body, frozenset(), counter, settings)
+        errors.append(caught.value.message)
+        chat = {"model": "gpt-5", "messages": [{"role": "user", "content": [block]}]}
+        with pytest.raises(Rejected) as caught:
+            render_chat(chat, counter)
+        errors.append(caught.value.message)
+        part = {**block, "type": "input_text"}
+        with pytest.raises(Rejected) as caught:
+            render_responses({"model": "gpt-5", "input": [{"role": "user", "content": [part]}]}, counter)
+        errors.append(caught.value.message)
+    assert errors == [
+        "messages.0.content.0.text.text: Input should be a valid string",
+        "Invalid type for 'messages[0].content[0].text': expected a string, but got null instead.",
+        "Invalid type for 'input[0].content[0].text': expected a string, but got null instead.",
+        "messages.0.content.0.text.text: Field required",
+        "Missing required parameter: 'messages[0].content[0].text'.",
+        "Missing required parameter: 'input[0].content[0].text'.",
+    ]
