@@ -19,7 +19,7 @@ Only two levels are such fields: the keys of a message (or a Responses input ite
 of each block of the lists the adapter names (`NullAbsent.block_lists`: `content`). Below them a
 null is user data: a tool call's `input` (`{"x": null}` is what the model called the tool with),
 a JSON schema, a tool result's own payload. A null-valued key at those two levels is left out;
-everything else is the value as it was.
+everything else is the value as it was. A null `type` or `role` (`VALUES`) is a value.
 
 - `has_nulls(message, rule)`: whether `without_nulls` would leave anything out: a look at the
   two levels' values (~0.3-0.5 us a message of one block on these machines, whatever its size;
@@ -33,7 +33,18 @@ everything else is the value as it was.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+VALUES: Final = frozenset({"type", "role"})
+"""Keys whose null is a value, never the key absent: the discriminators. The SDK types declare
+them literals, never nullable (no `model_dump()` writes them null), and an item without them is
+something else than one with a null: a Responses input item without `type` is a message, one
+whose `type` is null is not (the simulator renders it as an item of another kind). Reading such
+a null as absent let replay send the earlier message's bytes for it (attack pass, session 16)."""
+
+
+def _absent(key: Any, value: Any) -> bool:
+    return value is None and key not in VALUES
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +62,13 @@ def has_nulls(message: Any, rule: NullAbsent) -> bool:
     null-valued key, or one of its `rule.block_lists` lists holding an object with one."""
     if type(message) is not dict:
         return False
-    if None in message.values():
+    if None in message.values() and any(_absent(k, v) for k, v in message.items()):
         return True
     for key in rule.block_lists:
         blocks = message.get(key)
         if type(blocks) is list:
             for block in blocks:
-                if type(block) is dict and None in block.values():
+                if type(block) is dict and None in block.values() and any(_absent(k, v) for k, v in block.items()):
                     return True
     return False
 
@@ -67,7 +78,9 @@ def block_without_nulls(block: Any) -> Any:
     else `block` itself (the same object). Never mutates `block`."""
     if type(block) is not dict or None not in block.values():
         return block
-    return {k: v for k, v in block.items() if v is not None}
+    if not any(_absent(k, v) for k, v in block.items()):
+        return block
+    return {k: v for k, v in block.items() if not _absent(k, v)}
 
 
 def without_nulls(message: Any, rule: NullAbsent) -> Any:
@@ -78,8 +91,8 @@ def without_nulls(message: Any, rule: NullAbsent) -> Any:
     if type(message) is not dict:
         return message
     out: dict[str, Any] | None = None
-    if None in message.values():
-        out = {k: v for k, v in message.items() if v is not None}
+    if None in message.values() and any(_absent(k, v) for k, v in message.items()):
+        out = {k: v for k, v in message.items() if not _absent(k, v)}
     for key in rule.block_lists:
         blocks = message.get(key)
         if type(blocks) is not list:

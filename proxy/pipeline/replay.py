@@ -546,6 +546,10 @@ class Masker:
             self._memo.move_to_end(key)
             return masked
         message, dropped, nulls = parts
+        # the canonical form first (as `comparable`): the memo key is the exact digest, which is
+        # of the canonical form, so the projection must be a function of it (a `"role": null`
+        # message's string content and its one text block are one exact digest)
+        message = canonical_value(message)
         projection = message if dropped is None else {k: v for k, v in message.items() if k not in dropped}
         if nulls is not None:
             projection = without_nulls(projection, nulls)

@@ -232,6 +232,10 @@ def _iter_blocks(body: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, 
             for j, block in enumerate(content):
                 if not isinstance(block, dict) or not isinstance(block.get("type"), str):
                     raise bad(f"messages.{i}.content.{j}.type: Field required")
+                if block["type"] == "text" and not isinstance(block.get("text"), str):
+                    # a null text is no text (`_strip` digests it as absent): the API refuses both
+                    problem = "Input should be a valid string" if "text" in block else "Field required"
+                    raise bad(f"messages.{i}.content.{j}.text.text: {problem}")
                 yield "messages", f"messages.{i}.content.{j}", block, role if j == 0 else None
         else:
             raise bad(f"messages.{i}.content: Field required")

@@ -176,7 +176,9 @@ class _Renderer:
         if isinstance(tools, list) and tools:
             self.out.tokens.append(TOOLS)
             for tool in tools:
-                self.json(tool)
+                # a tool's null-valued keys are absent, as a part's (`_rendered`; Responses
+                # `FunctionToolParam.strict` / `description` are nullable); its schema's are data
+                self.json({k: v for k, v in tool.items() if v is not None} if isinstance(tool, dict) else tool)
             self.out.tokens.append(END)
 
     def schema(self, fmt: Any) -> None:
@@ -207,6 +209,12 @@ class _Renderer:
                 kind = part.get("type")
                 if kind is not None and not isinstance(kind, str):
                     raise _invalid_type(f"{path}[{k}].type", "a string", kind)
+                if kind in _TEXT_PARTS and not isinstance(part.get("text"), str):
+                    # a null text is no text (`_rendered`): the API refuses both
+                    where = f"{path}[{k}].text"
+                    if "text" not in part:
+                        raise bad(f"Missing required parameter: '{where}'.", where, "missing_required_parameter")
+                    raise _invalid_type(where, "a string", part["text"])
                 self.part(part)
                 marker = part.get("prompt_cache_breakpoint")
                 if isinstance(marker, dict) and role in _BREAKPOINT_ROLES:

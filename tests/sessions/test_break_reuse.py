@@ -213,6 +213,50 @@ def mutate(provider: str, body: dict[str, Any], op: str, at: int) -> dict[str, A
             body["instructions"] = f"You are agent {at}. " * 300
         else:
             items[0] = {"role": "system", "content": f"You are agent {at}. " * 300}
+    elif op == "nulls_add":  # an SDK's model_dump() form of the message
+        if isinstance(item, dict):
+            if provider == "chat" and item.get("role") == "assistant":
+                item.update({"refusal": None, "audio": None, "function_call": None, "annotations": None})
+                item.setdefault("tool_calls", None)
+            elif provider == "responses":
+                item["status"] = None
+            content = item.get("content")
+            if isinstance(content, list):
+                for b in content:
+                    if isinstance(b, dict):
+                        b["citations" if provider != "responses" else "logprobs"] = None
+            elif provider == "chat" and item.get("role") == "tool":
+                item["name"] = None
+    elif op == "nulls_remove":
+        for it in items:
+            if isinstance(it, dict):
+                for k2 in [k2 for k2, v in it.items() if v is None]:
+                    del it[k2]
+                c = it.get("content")
+                if isinstance(c, list):
+                    for b in c:
+                        if isinstance(b, dict):
+                            for k2 in [k2 for k2, v in b.items() if v is None]:
+                                del b[k2]
+    elif op == "null_deep":
+        if isinstance(item, dict) and isinstance(item.get("content"), list):
+            for b in item["content"]:
+                if isinstance(b, dict) and isinstance(b.get("input"), dict):
+                    b["input"] = {**b["input"], "x": None}
+        elif isinstance(item, dict) and "arguments" in item:
+            item["arguments"] = item["arguments"][:-1] + ',"x":null}'
+    elif op == "null_content":
+        if isinstance(item, dict) and "content" in item:
+            item["content"] = None
+    elif op == "null_role":
+        if isinstance(item, dict):
+            item["role"] = None
+    elif op == "null_type":
+        if isinstance(item, dict) and isinstance(item.get("content"), list) and item["content"]:
+            if isinstance(item["content"][0], dict):
+                item["content"][0]["type"] = None
+        elif isinstance(item, dict) and "type" in item:
+            item["type"] = None
     elif op == "session":
         if provider.startswith("anthropic"):
             body["metadata"] = {"user_id": f"s-{at}"}
@@ -244,9 +288,16 @@ OPS = [
     "system_edit",
     "stamp",
     "first",
+    "nulls_add",  # model_dump() forms (proxy.nulls), and nulls that are data or malformed
+    "nulls_add",
+    "nulls_remove",
+    "null_deep",
+    "null_content",
+    "null_role",
+    "null_type",
 ]
 
-FORMATS = st.sampled_from(["plain", "plain", "plain", "indent", "escaped_key", "space_after"])
+FORMATS = st.sampled_from(["plain", "plain", "plain", "indent", "escaped_key", "space_after", "escaped_null_key"])
 
 
 def render(body: dict[str, Any], fmt: str) -> bytes:
@@ -255,6 +306,8 @@ def render(body: dict[str, Any], fmt: str) -> bytes:
     raw = orjson.dumps(body)
     if fmt == "escaped_key":
         return raw.replace(b'"role":', b'"r\\u006fle":', 1)
+    if fmt == "escaped_null_key":
+        return raw.replace(b'":null', b'" : null', 1)
     if fmt == "space_after":
         return raw[:-1] + b" }"
     return raw
