@@ -165,6 +165,19 @@ def _held(layout: Layout, record: SessionRecord | None) -> int:
     )
 
 
+def _donor_held(donor: tuple[SessionRecord, Layout]) -> int:
+    """Memory a donor (`RecordStore._donors`) keeps: its parts' bytes, the values of the
+    sidecars they encode, `SIDECAR_BYTES` per sidecar and `RECORD_BYTES` (its record and
+    layout objects, its slot)."""
+    record, layout = donor
+    return (
+        sum(p.size for p in layout.parts)
+        + sum(len(s.value) for s in record.sidecars)
+        + SIDECAR_BYTES * len(record.sidecars)
+        + RECORD_BYTES
+    )
+
+
 STORED_PARTS_BYTES: Final = 1024 * 1024
 """Memory the index of the part names each session's stored value holds may take
 (`RecordStore._stored`): 16 bytes per part plus `STORED_ENTRY_BYTES` per session, about 1,300
@@ -181,13 +194,18 @@ ENCODED_BYTES: Final = 2 * 1024 * 1024
 the newest first), so a write sends them without encoding the record again: a first turn's
 parts are all new (0.5 ms CPU for a 600 KB record), and a 1-connection client's write follows its
 save at once. A burst of saves keeps the newest few; the others encode at their write."""
-DONOR_BYTES: Final = 1024 * 1024
-"""Part bytes the tenants' donor layouts (`RecordStore._donors`) keep in all, the newest first:
-a 600 KB conversation's parts (about 620 KB). They are the bytes the save's own encoding made,
-kept a little longer: a new session re-sending the conversation takes those parts as they are
-(`proxy.store.codec.encode_layout`'s `donor`) instead of encoding ~600 KB again (0.77 ->
-0.13 ms of the event loop's CPU per such first request, `bench/turn_cpu.py --first`). Not
-counted in the memory budget's shares: at most this much beside them."""
+DONOR_BYTES: Final = 2 * 1024 * 1024
+"""Memory the tenants' donors (`RecordStore._donors`) may take in all, the newest first, each
+counted as what it keeps (`_donor_held`: its parts' bytes, and the sidecars they encode, which
+the comparison reads): a 600 KB conversation's donor is about 1.4 MB (620 KB of parts, 600 KB
+of values, 833 sidecars). A donor keeps those only, not its record's head, pins or tail (attack
+pass, session 16: it kept the whole record, and 57 tenants' records of 36 KB of messages and
+256 KB of tool schemas each held 32 MB against the 1 MiB counted). The parts are the bytes the
+save's own encoding made, kept a little longer: a new session re-sending the conversation
+takes them as they are (`proxy.store.codec.encode_layout`'s `donor`) instead of encoding
+~600 KB again (0.77 -> 0.13 ms of the event loop's CPU per such first request,
+`bench/turn_cpu.py --first`). Not counted in the memory budget's shares: at most this much
+beside them."""
 STORED_ENTRY_BYTES: Final = 200
 """Memory per session of that index besides its names (the LRU slot, the key tuple, the bytes
 object's header)."""
@@ -389,8 +407,9 @@ class RecordStore:
         self._encoded_bytes = 0
         self._donors: OrderedDict[str, tuple[SessionRecord, Layout]] = OrderedDict()
         """Per tenant, its newest saved record whose layout carries every part's bytes (a new
-        session's), and that layout (`DONOR_BYTES` in all, LRU): the `donor` a new session's
-        record is encoded against (`save_soon`). Never lent across tenants."""
+        session's), as much of it as a donor needs (the sidecars its parts hold) and those
+        parts (`DONOR_BYTES` in all, `_donor_held`, LRU): the `donor` a new session's record is
+        encoded against (`save_soon`). Never lent across tenants."""
         self._donor_bytes = 0
         self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
         """Newest small value per key not yet written (`save_bytes_soon`)."""
@@ -874,17 +893,23 @@ class RecordStore:
         every part's bytes and they fit `DONOR_BYTES`; else leave the tenant's donor as it is."""
         if not encoded.parts or any(p.data is None for p in encoded.parts):
             return
-        size = sum(p.size for p in encoded.parts)
+        # what `encode_layout` reads of a donor: the sidecars its parts hold, its parts and
+        # their counts; not the record's head, pins or tail, which only the memo counts
+        lent = SessionRecord(
+            chain=b"", ends=(), model="", params_digest=b"", sidecars=record.sidecars[: sum(encoded.counts)]
+        )
+        donor = (lent, Layout(b"", encoded.parts, encoded.counts))
+        size = _donor_held(donor)
         if size > DONOR_BYTES:
             return
         old = self._donors.pop(tenant, None)
         if old is not None:
-            self._donor_bytes -= sum(p.size for p in old[1].parts)
-        self._donors[tenant] = (record, encoded)
+            self._donor_bytes -= _donor_held(old)
+        self._donors[tenant] = donor
         self._donor_bytes += size
         while self._donor_bytes > DONOR_BYTES:
-            _, (_, dropped) = self._donors.popitem(last=False)
-            self._donor_bytes -= sum(p.size for p in dropped.parts)
+            _, dropped = self._donors.popitem(last=False)
+            self._donor_bytes -= _donor_held(dropped)
 
     async def _write_pending(self, key: tuple[str, str]) -> None:
         """Write `key`'s pending record until none newer is left (one task per key)."""

@@ -416,3 +416,45 @@ async def test_a_lock_held_by_another_process_is_not_a_warning_per_write(
     loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len([m for m in loud if "locked" in m]) == 1, loud
     await store.close()
+
+
+async def test_the_donors_keep_at_most_their_bound_whatever_their_records_hold(metrics: Metrics) -> None:
+    """Each tenant's last new-session record is kept as the donor its next new session is
+    encoded against (`RecordStore._donors`, `DONOR_BYTES`). Attack pass, session 16: the bound
+    counted the donors' part bytes only, but each kept its whole record and head: 57 tenants'
+    records of two 9 KB messages (one 18 KB part) and 256 KB of pinned tool schemas held 32 MB
+    of this process's memory once their writes were done and the memo had none of them,
+    against the 1 MiB counted. What the donors keep is within `DONOR_BYTES` now."""
+    import gc
+    import tracemalloc
+
+    from proxy.store import DONOR_BYTES
+
+    def record(tenant: int) -> SessionRecord:
+        return SessionRecord(
+            chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
+            sidecars=tuple(
+                Sidecar(i, bytes([tenant, i]) * 8, b'"' + bytes([97 + i]) * 9000 + b'"', bytes([i, tenant]) * 8)
+                for i in range(2)
+            ),
+            pins={"pinned_schemas": {"tool": "x" * 256 * 1024}},
+        )
+
+    layout = encode_layout(record(0))
+    assert [p.size for p in layout.parts] == [18_096] and len(layout.head) > 256 * 1024
+    store = RecordStore(MemoryStore(), metrics, memo_bytes=0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for tenant in range(64):
+            assert store.save_soon(f"t{tenant}", "s", record(tenant))
+        await store.flush()
+        await store.backend.close()  # the backend's copies are not the donors'
+        gc.collect()
+        with_donors = tracemalloc.get_traced_memory()[0]
+        store._donors.clear()
+        gc.collect()
+        kept = with_donors - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert DONOR_BYTES // 2 < kept <= DONOR_BYTES  # was 32 MB
