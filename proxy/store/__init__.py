@@ -747,15 +747,19 @@ class RecordStore:
             held = self._stored_parts(key)  # of the value the backend holds before this write
             early = self._take_encoded(key, layout)
             if any(p.data is None and p.key not in held for p in layout.parts):
-                # a pending layout keeps no part's bytes: its save's encoding, else encoded again
+                # a pending layout keeps no part's bytes: its save's encoding, else encoded again,
+                # against the tenant's donor (the same layout: a new session's parts are taken
+                # from it as they are, not encoded again on the event loop; attack pass, s16)
                 is_whole = early is not None and all(p.data is not None or p.key in held for p in early.parts)
-                layout = early if early is not None and is_whole else encode_layout(record)
+                if early is None or not is_whole:
+                    early = encode_layout(record, None, self._donors.get(key[0]))
+                layout = early
             # parts the backend holds (written or read here) are named, not sent again
             parts = [Part(p.key, p.size) if p.key in held else p for p in layout.parts]
             is_written = await self._put_bytes(key, layout.head, ttl, parts)
             if is_written is None:  # a part named was gone: send them all
                 held = set()
-                layout = encode_layout(record)
+                layout = encode_layout(record, None, self._donors.get(key[0]))
                 is_written = await self._put_bytes(key, layout.head, ttl, list(layout.parts))
         if not is_written:
             if self.is_sole_writer and record is not None and ttl > 0:

@@ -23,7 +23,9 @@ POOL = [
     Sidecar(i, bytes([i]) * 16, b'"' + bytes([97 + i % 26]) * (3000 + 997 * (i % 5)) + b'"', bytes([i + 1]) * 16)
     for i in range(24)
 ]
-EDITED = [Sidecar(i, bytes([i, 1]) * 8, b'"' + b"e" * (2000 + 1500 * (i % 3)) + b'"', bytes([i, 2]) * 8) for i in range(24)]
+EDITED = [
+    Sidecar(i, bytes([i, 1]) * 8, b'"' + b"e" * (2000 + 1500 * (i % 3)) + b'"', bytes([i, 2]) * 8) for i in range(24)
+]
 
 
 class GatedStore(MemoryStore):
@@ -74,12 +76,18 @@ class GatedSqlite(SqliteStore):
 
 def make(n: int, edits: frozenset[int], turns: int) -> SessionRecord:
     sidecars = tuple(EDITED[i] if i in edits else POOL[i] for i in range(n))
-    return SessionRecord(chain=b"\x00" * 16, ends=(n,), model="m", params_digest=b"\x01" * 16, sidecars=sidecars, turns=turns)
+    return SessionRecord(
+        chain=b"\x00" * 16, ends=(n,), model="m", params_digest=b"\x01" * 16, sidecars=sidecars, turns=turns
+    )
 
 
 op = st.one_of(
     st.tuples(
-        st.just("save"), st.integers(0, 1), st.integers(0, 2), st.integers(1, 24), st.frozensets(st.integers(0, 23), max_size=3)
+        st.just("save"),
+        st.integers(0, 1),
+        st.integers(0, 2),
+        st.integers(1, 24),
+        st.frozensets(st.integers(0, 23), max_size=3),
     ),
     st.tuples(st.just("write"), st.booleans()),
 )
