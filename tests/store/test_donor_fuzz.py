@@ -8,7 +8,8 @@ import asyncio
 import tempfile
 from collections.abc import Sequence
 
-from hypothesis import given, settings
+import redis
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
@@ -17,6 +18,7 @@ from proxy.store import RecordStore
 from proxy.store.base import Part
 from proxy.store.codec import SessionRecord, Sidecar
 from proxy.store.memory import MemoryStore
+from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
 
 POOL = [
@@ -74,6 +76,28 @@ class GatedSqlite(SqliteStore):
         await super().put_within(tenant, session, value, ttl, timeout)
 
 
+class GatedRedis(RedisStore):
+    """Redis, each write waiting for the test to let it go, as a success or a failure."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.waiting: list[asyncio.Future[bool]] = []
+
+    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
+        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.waiting.append(gate)
+        if not await gate:
+            raise OSError("Connection refused")
+        return await super().put_parts(tenant, session, head, parts, ttl)
+
+    async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
+        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.waiting.append(gate)
+        if not await gate:
+            raise OSError("Connection refused")
+        await super().put(tenant, session, value, ttl)
+
+
 def make(n: int, edits: frozenset[int], turns: int) -> SessionRecord:
     sidecars = tuple(EDITED[i] if i in edits else POOL[i] for i in range(n))
     return SessionRecord(
@@ -93,11 +117,22 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=80, deadline=None)
-@given(ops=st.lists(op, min_size=1, max_size=30), sole=st.booleans(), sqlite=st.booleans())
-def test_records_read_back_are_ones_saved_whatever_the_interleaving(ops: list[tuple], sole: bool, sqlite: bool) -> None:
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ops=st.lists(op, min_size=1, max_size=30), sole=st.booleans(), kind=st.sampled_from(["memory", "sqlite", "redis"])
+)
+def test_records_read_back_are_ones_saved_whatever_the_interleaving(
+    ops: list[tuple], sole: bool, kind: str, redis_url: str
+) -> None:
     async def run(folder: str) -> None:
-        backend = GatedSqlite(f"{folder}/s.db") if sqlite else GatedStore()
+        backend: GatedStore | GatedSqlite | GatedRedis
+        if kind == "redis":
+            client = redis.Redis.from_url(redis_url)
+            client.flushall()
+            client.close()
+            backend = GatedRedis(redis_url)
+        else:
+            backend = GatedSqlite(f"{folder}/s.db") if kind == "sqlite" else GatedStore()
         store = RecordStore(backend, Metrics(CollectorRegistry()), is_sole_writer=sole)
         saved: dict[tuple[str, str], list[SessionRecord]] = {}
         turns = 0
