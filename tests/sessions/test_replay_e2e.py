@@ -346,3 +346,31 @@ async def test_a_session_encoded_against_a_donor_replays_after_a_restart_as_one_
     # the reordered first message and the one the turn before ended with (its marker gone)
     assert with_donor[1] == 2
     assert sent[0] == FIRST
+
+
+async def test_concurrent_new_sessions_re_sending_one_conversation_are_all_kept(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client, tmp_path: Path
+) -> None:
+    """32 new sessions of one tenant at once, each re-sending the same ~40 KB conversation (the
+    gateway bench's first1 cell; their records encoded against the tenant's donor): every
+    request answered, and after a restart every session's next turn is replayed from its own
+    record (attack pass, session 16: held)."""
+    history = [FIRST, REPLY]
+    for i in range(40):
+        history.append({"role": "user", "content": f"step {i}: " + "lorem ipsum " * 80})
+        history.append({"role": "assistant", "content": [{"type": "text", "text": f"done {i}"}]})
+    history.append({"role": "user", "content": "and now?"})
+    settings = {"upstream": fake_upstream.url, "store": "", "state_dir": tmp_path / "state"}
+    proxy = await start_proxy(**settings)
+    answers = await asyncio.gather(
+        *(client.messages(proxy, turn(*history), headers={"x-session-id": f"s-{i}"}) for i in range(32))
+    )
+    assert [status for status, _ in answers] == [200] * 32
+    await proxy.stop()
+    proxy = await start_proxy(**settings)
+    later = [FIRST_REORDERED, *history[1:], REPLY, {"role": "user", "content": "then?"}]
+    for i in range(32):
+        status, _ = await client.messages(proxy, turn(*later), headers={"x-session-id": f"s-{i}"})
+        assert status == 200
+        assert sent_messages(fake_upstream, -1)[0] == orjson.dumps(FIRST)
+    assert replayed(proxy) == 2 * 32
