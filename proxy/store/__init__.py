@@ -165,6 +165,15 @@ def _held(layout: Layout, record: SessionRecord | None) -> int:
     )
 
 
+def _donor_held(donor: tuple[SessionRecord, Layout]) -> int:
+    """Memory a donor (`RecordStore._donors`) keeps: its parts' bytes, and as much again for the
+    values of the sidecars they encode (a part holds its sidecars' values and more), plus
+    `SIDECAR_BYTES` per sidecar and `RECORD_BYTES` (its record and layout objects, its slot).
+    Per part, not per sidecar: a save computes it (about 1 us for a 600 KB conversation's)."""
+    layout = donor[1]
+    return 2 * sum(p.size for p in layout.parts) + SIDECAR_BYTES * sum(layout.counts) + RECORD_BYTES
+
+
 STORED_PARTS_BYTES: Final = 1024 * 1024
 """Memory the index of the part names each session's stored value holds may take
 (`RecordStore._stored`): 16 bytes per part plus `STORED_ENTRY_BYTES` per session, about 1,300
@@ -181,13 +190,18 @@ ENCODED_BYTES: Final = 2 * 1024 * 1024
 the newest first), so a write sends them without encoding the record again: a first turn's
 parts are all new (0.5 ms CPU for a 600 KB record), and a 1-connection client's write follows its
 save at once. A burst of saves keeps the newest few; the others encode at their write."""
-DONOR_BYTES: Final = 1024 * 1024
-"""Part bytes the tenants' donor layouts (`RecordStore._donors`) keep in all, the newest first:
-a 600 KB conversation's parts (about 620 KB). They are the bytes the save's own encoding made,
-kept a little longer: a new session re-sending the conversation takes those parts as they are
-(`proxy.store.codec.encode_layout`'s `donor`) instead of encoding ~600 KB again (0.77 ->
-0.13 ms of the event loop's CPU per such first request, `bench/turn_cpu.py --first`). Not
-counted in the memory budget's shares: at most this much beside them."""
+DONOR_BYTES: Final = 2 * 1024 * 1024
+"""Memory the tenants' donors (`RecordStore._donors`) may take in all, the newest first, each
+counted as what it keeps (`_donor_held`: its parts' bytes, and the sidecars they encode, which
+the comparison reads): a 600 KB conversation's donor is about 1.4 MB (620 KB of parts, 600 KB
+of values, 833 sidecars). A donor keeps those only, not its record's head, pins or tail (attack
+pass, session 16: it kept the whole record, and 57 tenants' records of 36 KB of messages and
+256 KB of tool schemas each held 32 MB against the 1 MiB counted). The parts are the bytes the
+save's own encoding made, kept a little longer: a new session re-sending the conversation
+takes them as they are (`proxy.store.codec.encode_layout`'s `donor`) instead of encoding
+~600 KB again (0.77 -> 0.13 ms of the event loop's CPU per such first request,
+`bench/turn_cpu.py --first`). Not counted in the memory budget's shares: at most this much
+beside them."""
 STORED_ENTRY_BYTES: Final = 200
 """Memory per session of that index besides its names (the LRU slot, the key tuple, the bytes
 object's header)."""
@@ -389,8 +403,9 @@ class RecordStore:
         self._encoded_bytes = 0
         self._donors: OrderedDict[str, tuple[SessionRecord, Layout]] = OrderedDict()
         """Per tenant, its newest saved record whose layout carries every part's bytes (a new
-        session's), and that layout (`DONOR_BYTES` in all, LRU): the `donor` a new session's
-        record is encoded against (`save_soon`). Never lent across tenants."""
+        session's), as much of it as a donor needs (the sidecars its parts hold) and those
+        parts (`DONOR_BYTES` in all, `_donor_held`, LRU): the `donor` a new session's record is
+        encoded against (`save_soon`). Never lent across tenants."""
         self._donor_bytes = 0
         self._raw_pending: dict[tuple[str, str], tuple[bytes, float]] = {}
         """Newest small value per key not yet written (`save_bytes_soon`)."""
@@ -728,15 +743,19 @@ class RecordStore:
             held = self._stored_parts(key)  # of the value the backend holds before this write
             early = self._take_encoded(key, layout)
             if any(p.data is None and p.key not in held for p in layout.parts):
-                # a pending layout keeps no part's bytes: its save's encoding, else encoded again
+                # a pending layout keeps no part's bytes: its save's encoding, else encoded again,
+                # against the tenant's donor (the same layout: a new session's parts are taken
+                # from it as they are, not encoded again on the event loop; attack pass, s16)
                 is_whole = early is not None and all(p.data is not None or p.key in held for p in early.parts)
-                layout = early if early is not None and is_whole else encode_layout(record)
+                if early is None or not is_whole:
+                    early = encode_layout(record, None, self._donors.get(key[0]))
+                layout = early
             # parts the backend holds (written or read here) are named, not sent again
             parts = [Part(p.key, p.size) if p.key in held else p for p in layout.parts]
             is_written = await self._put_bytes(key, layout.head, ttl, parts)
             if is_written is None:  # a part named was gone: send them all
                 held = set()
-                layout = encode_layout(record)
+                layout = encode_layout(record, None, self._donors.get(key[0]))
                 is_written = await self._put_bytes(key, layout.head, ttl, list(layout.parts))
         if not is_written:
             if self.is_sole_writer and record is not None and ttl > 0:
@@ -874,17 +893,23 @@ class RecordStore:
         every part's bytes and they fit `DONOR_BYTES`; else leave the tenant's donor as it is."""
         if not encoded.parts or any(p.data is None for p in encoded.parts):
             return
-        size = sum(p.size for p in encoded.parts)
+        # what `encode_layout` reads of a donor: the sidecars its parts hold, its parts and
+        # their counts; not the record's head, pins or tail, which only the memo counts
+        lent = SessionRecord(
+            chain=b"", ends=(), model="", params_digest=b"", sidecars=record.sidecars[: sum(encoded.counts)]
+        )
+        donor = (lent, Layout(b"", encoded.parts, encoded.counts))
+        size = _donor_held(donor)
         if size > DONOR_BYTES:
             return
         old = self._donors.pop(tenant, None)
         if old is not None:
-            self._donor_bytes -= sum(p.size for p in old[1].parts)
-        self._donors[tenant] = (record, encoded)
+            self._donor_bytes -= _donor_held(old)
+        self._donors[tenant] = donor
         self._donor_bytes += size
         while self._donor_bytes > DONOR_BYTES:
-            _, (_, dropped) = self._donors.popitem(last=False)
-            self._donor_bytes -= sum(p.size for p in dropped.parts)
+            _, dropped = self._donors.popitem(last=False)
+            self._donor_bytes -= _donor_held(dropped)
 
     async def _write_pending(self, key: tuple[str, str]) -> None:
         """Write `key`'s pending record until none newer is left (one task per key)."""

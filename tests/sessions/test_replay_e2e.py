@@ -307,3 +307,70 @@ async def test_a_client_hanging_up_mid_response_keeps_the_session_s_record_and_r
     (key,) = [k for k in await store.backend.keys() if k[1] == explicit_id("conversation-1")]
     record = await store.load(*key)
     assert record is not None and record.turns == 2
+
+
+async def test_a_session_encoded_against_a_donor_replays_after_a_restart_as_one_without(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client, tmp_path: Path
+) -> None:
+    """A new session re-sending the conversation another session of its tenant just sent is
+    encoded against that one's record (the donor: `RecordStore._donors`). After a restart on the
+    same state dir its next turn is replayed and measured exactly as in a process that never
+    had a donor (attack pass, session 16: held)."""
+    history = [FIRST, REPLY]
+    for i in range(40):  # ~40 KB of messages: the record is written in parts
+        history.append({"role": "user", "content": f"step {i}: " + "lorem ipsum " * 80})
+        history.append({"role": "assistant", "content": [{"type": "text", "text": f"done {i}"}]})
+    history.append({"role": "user", "content": "and now?"})
+    later = [FIRST_REORDERED, *history[1:], REPLY, {"role": "user", "content": "then?"}]
+
+    async def run(state: Path, donor: bool) -> tuple[bytes, float, list[float]]:
+        settings = {"upstream": fake_upstream.url, "store": "", "state_dir": state}
+        proxy = await start_proxy(**settings)
+        if donor:
+            await client.messages(proxy, turn(*history), headers={"x-session-id": "donor-1"})
+            await client.settle(proxy)
+            assert len(proxy.services.store._donors) == 1  # the tenant's donor: donor-1's record
+        status, _ = await client.messages(proxy, turn(*history), headers=SESSION)
+        assert status == 200
+        await proxy.stop()
+        proxy = await start_proxy(**settings)
+        status, _ = await client.messages(proxy, turn(*later), headers=SESSION)
+        assert status == 200
+        names = ("promptcache_replayed_messages_total", "promptcache_prompt_bytes_total")
+        return fake_upstream.received[-1].body, replayed(proxy), [proxy.sample(n, provider="anthropic") for n in names]
+
+    with_donor = await run(tmp_path / "a", True)
+    without = await run(tmp_path / "b", False)
+    assert with_donor == without
+    sent = orjson.loads(with_donor[0])["messages"]
+    # the reordered first message and the one the turn before ended with (its marker gone)
+    assert with_donor[1] == 2
+    assert sent[0] == FIRST
+
+
+async def test_concurrent_new_sessions_re_sending_one_conversation_are_all_kept(
+    start_proxy: Any, fake_upstream: FakeUpstream, client: Client, tmp_path: Path
+) -> None:
+    """32 new sessions of one tenant at once, each re-sending the same ~40 KB conversation (the
+    gateway bench's first1 cell; their records encoded against the tenant's donor): every
+    request answered, and after a restart every session's next turn is replayed from its own
+    record (attack pass, session 16: held)."""
+    history = [FIRST, REPLY]
+    for i in range(40):
+        history.append({"role": "user", "content": f"step {i}: " + "lorem ipsum " * 80})
+        history.append({"role": "assistant", "content": [{"type": "text", "text": f"done {i}"}]})
+    history.append({"role": "user", "content": "and now?"})
+    settings = {"upstream": fake_upstream.url, "store": "", "state_dir": tmp_path / "state"}
+    proxy = await start_proxy(**settings)
+    answers = await asyncio.gather(
+        *(client.messages(proxy, turn(*history), headers={"x-session-id": f"s-{i}"}) for i in range(32))
+    )
+    assert [status for status, _ in answers] == [200] * 32
+    await proxy.stop()
+    proxy = await start_proxy(**settings)
+    later = [FIRST_REORDERED, *history[1:], REPLY, {"role": "user", "content": "then?"}]
+    for i in range(32):
+        status, _ = await client.messages(proxy, turn(*later), headers={"x-session-id": f"s-{i}"})
+        assert status == 200
+        assert sent_messages(fake_upstream, -1)[0] == orjson.dumps(FIRST)
+    assert replayed(proxy) == 2 * 32

@@ -416,3 +416,88 @@ async def test_a_lock_held_by_another_process_is_not_a_warning_per_write(
     loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len([m for m in loud if "locked" in m]) == 1, loud
     await store.close()
+
+
+async def test_the_donors_keep_at_most_their_bound_whatever_their_records_hold(metrics: Metrics) -> None:
+    """Each tenant's last new-session record is kept as the donor its next new session is
+    encoded against (`RecordStore._donors`, `DONOR_BYTES`). Attack pass, session 16: the bound
+    counted the donors' part bytes only, but each kept its whole record and head: 57 tenants'
+    records of two 9 KB messages (one 18 KB part) and 256 KB of pinned tool schemas held 32 MB
+    of this process's memory once their writes were done and the memo had none of them,
+    against the 1 MiB counted. What the donors keep is within `DONOR_BYTES` now."""
+    import gc
+    import tracemalloc
+
+    from proxy.store import DONOR_BYTES
+
+    def record(tenant: int) -> SessionRecord:
+        return SessionRecord(
+            chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
+            sidecars=tuple(
+                Sidecar(i, bytes([tenant, i]) * 8, b'"' + bytes([97 + i]) * 9000 + b'"', bytes([i, tenant]) * 8)
+                for i in range(2)
+            ),
+            pins={"pinned_schemas": {"tool": "x" * 256 * 1024}},
+        )
+
+    layout = encode_layout(record(0))
+    assert [p.size for p in layout.parts] == [18_096] and len(layout.head) > 256 * 1024
+    store = RecordStore(MemoryStore(), metrics, memo_bytes=0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for tenant in range(64):
+            assert store.save_soon(f"t{tenant}", "s", record(tenant))
+        await store.flush()
+        await store.backend.close()  # the backend's copies are not the donors'
+        gc.collect()
+        with_donors = tracemalloc.get_traced_memory()[0]
+        store._donors.clear()
+        gc.collect()
+        kept = with_donors - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert DONOR_BYTES // 2 < kept <= DONOR_BYTES  # was 32 MB
+
+
+class SentParts(HeldWrites):
+    """`HeldWrites` that keeps the parts each write sent, by session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: dict[str, list[Part]] = {}
+
+    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
+        self.sent[session] = list(parts)
+        return await super().put_parts(tenant, session, head, parts, ttl)
+
+
+async def test_new_sessions_waiting_for_their_writes_are_not_encoded_again_at_the_write(metrics: Metrics) -> None:
+    """32 new sessions of one tenant re-send the conversation its last new session sent (the
+    gateway bench's first1 cell) while the writer is busy: each save takes the donor's parts
+    (no encoding), but the bytes kept for the writes (`ENCODED_BYTES`) hold three of them, and
+    the other 29 writes encoded their ~600 KB records again on the event loop (attack pass,
+    session 16: 1,073 parts). A write encodes against the tenant's donor too: every part sent
+    is the donor's own bytes, and every record reads back whole."""
+    sidecars = tuple(
+        Sidecar(i, bytes([i % 256]) * 16, b'"' + bytes([97 + i % 26]) * 700 + b'"', bytes([(i + 1) % 256]) * 16)
+        for i in range(833)
+    )
+    conversation = SessionRecord(
+        chain=b"\x00" * 16, ends=(1,), model="m", params_digest=b"\x01" * 16, sidecars=sidecars
+    )
+    backend = SentParts()
+    store = RecordStore(backend, metrics)
+    assert store.save_soon("t", "warm", conversation)
+    backend.release.set()
+    await store.flush()
+    lent = {p.key: p.data for p in backend.sent["warm"]}
+    assert len(lent) == 37
+    backend.release.clear()
+    assert all(store.save_soon("t", f"s{i}", conversation) for i in range(32))
+    backend.release.set()
+    await store.flush()
+    reused = [sum(p.data is lent[p.key] for p in backend.sent[f"s{i}"]) for i in range(32)]
+    assert reused == [37] * 32  # was 0 for s0 .. s28
+    reread = RecordStore(backend, Metrics(CollectorRegistry()))
+    assert [await reread.load("t", f"s{i}") for i in range(32)] == [conversation] * 32
