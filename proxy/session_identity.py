@@ -12,8 +12,9 @@ First match wins (`explicit_session`):
    fork: a new session id derived from the parent's, and the parent's record serves as the
    previous request. A fork whose latest request ended at the shared boundary (a re-run's
    opening: every boundary it holds is the parent's) is continued by the request that matches
-   it there, and a later fork at that boundary gets an id of its own (`SessionIndex._fork`). No match: a new session whose id derives from the first boundary, so the
-   same conversation gets the same id after a restart or on another replica.
+   it there, and a later fork at that boundary gets an id of its own (`SessionIndex._fork`).
+   No match: a new session whose id derives from the first boundary, so the same conversation
+   gets the same id after a restart or on another replica.
 
 Session ids are hashes (`x...` explicit, `r...` root, `f...` fork), never a client's raw string,
 and safe as store keys. The index is bounded (LRU over sessions, a cap on boundaries held, a
