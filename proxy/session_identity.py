@@ -10,8 +10,11 @@ First match wins (`explicit_session`):
    digests: see `proxy.pipeline.replay.view_messages`). When the match is the matched
    session's whole last request, this request appends to it: same session. A shorter match is a
    fork: a new session id derived from the parent's, and the parent's record serves as the
-   previous request. No match: a new session whose id derives from the first boundary, so the
-   same conversation gets the same id after a restart or on another replica.
+   previous request. A fork whose latest request ended at the shared boundary (a re-run's
+   opening: every boundary it holds is the parent's) is continued by the request that matches
+   it there, and a later fork at that boundary gets an id of its own (`SessionIndex._fork`).
+   No match: a new session whose id derives from the first boundary, so the same conversation
+   gets the same id after a restart or on another replica.
 
 Session ids are hashes (`x...` explicit, `r...` root, `f...` fork), never a client's raw string,
 and safe as store keys. The index is bounded (LRU over sessions, a cap on boundaries held, a
@@ -53,6 +56,8 @@ MAX_INDEX_SESSIONS: Final = 16_384
 MAX_INDEX_BOUNDARIES: Final = 131_072
 """Boundaries held over all tenants (16 bytes each plus dict overhead: about 40 MB)."""
 MAX_BOUNDARIES_PER_SESSION: Final = 4096
+MAX_FORK_CHAIN: Final = 8
+"""Forks of one boundary `SessionIndex.infer` tells apart (re-runs of one opening message)."""
 MAX_HEADS: Final = 16_384
 """Shared-prefix pacing entries held over all tenants."""
 
@@ -166,8 +171,24 @@ class SessionIndex:
                     continue
                 if entry.last == boundaries[k]:
                     return Inference(sid, "append", sid, k + 1)
-                return Inference(fork_id(sid, boundaries[k]), "fork", sid, k + 1)
+                return self._fork(tenant, sid, boundaries[k], k + 1, now)
         return Inference(root_id(boundaries[0]), "new")
+
+    def _fork(self, tenant: str, parent: str, boundary: bytes, shared: int, now: float) -> Inference:
+        """A request sharing `shared` messages (up to `boundary`) with `parent`'s newer request.
+        A fork whose latest request ended at that boundary owns none of its boundaries (the
+        parent does): this request appends to it (a re-run's next turn, not a rewrite of the
+        parent's history). A live fork that went on elsewhere is forked in turn (a third
+        re-run of the same opening), up to `MAX_FORK_CHAIN` ids deep."""
+        sid = fork_id(parent, boundary)
+        for _ in range(MAX_FORK_CHAIN):
+            entry = self._sessions.get((tenant, sid))
+            if entry is None or entry.seen + self.ttl <= now:
+                break
+            if entry.last == boundary:
+                return Inference(sid, "append", sid, shared)
+            sid = fork_id(sid, boundary)
+        return Inference(sid, "fork", parent, shared)
 
     def register(self, tenant: str, session: str, boundaries: Sequence[bytes]) -> None:
         """Record that `session`'s latest request had `boundaries` (chained digests: equal at

@@ -9,6 +9,7 @@ from multidict import CIMultiDict
 from proxy.providers import ANTHROPIC, OPENAI_CHAT
 from proxy.providers.anthropic import session_in_user_id
 from proxy.session_identity import (
+    Inference,
     SessionIndex,
     explicit_id,
     explicit_session,
@@ -82,6 +83,34 @@ def test_new_append_fork() -> None:
     assert (then.kind, then.session_id) == ("append", forked.session_id)
     # the parent still continues on its own branch
     assert index.infer("t", b("h+u1", "a1", "u2", "a2x", "u3x")).session_id == new.session_id
+
+
+def test_a_rerun_s_next_turns_append_to_its_fork_and_each_rerun_has_its_own() -> None:
+    index = SessionIndex()
+    run1 = chained("h+u1", "a1", "u2", "a2", "u3")
+    index.register("t", "run1", run1)
+    opening = run1[:1]
+    # a re-run sends the opening alone: a fork of run 1 that owns none of its boundaries
+    rerun = index.infer("t", opening)
+    assert (rerun.kind, rerun.session_id, rerun.parent, rerun.shared_messages) == (
+        "fork",
+        fork_id("run1", opening[0]),
+        "run1",
+        1,
+    )
+    index.register("t", rerun.session_id, opening)
+    assert index.infer("t", opening) == Inference(rerun.session_id, "append", rerun.session_id, 1)
+    # its next turn (another reply) continues the fork, not run 1's history
+    run2 = chained("h+u1", "b1", "v2")
+    assert index.infer("t", run2) == Inference(rerun.session_id, "append", rerun.session_id, 1)
+    index.register("t", rerun.session_id, run2)
+    assert index.infer("t", chained("h+u1", "b1", "v2", "b2", "v3")).session_id == rerun.session_id
+    # a third run of the opening forks again: neither run's session
+    third = index.infer("t", opening)
+    expected = fork_id(rerun.session_id, opening[0])
+    assert (third.kind, third.session_id, third.parent, third.shared_messages) == ("fork", expected, "run1", 1)
+    index.register("t", third.session_id, opening)
+    assert index.infer("t", chained("h+u1", "c1", "w2")) == Inference(expected, "append", expected, 1)
 
 
 def test_index_is_partitioned_by_tenant() -> None:
