@@ -123,6 +123,9 @@ class SessionEntry:
     read_tokens: int = 0
     prompt_tokens: int = 0
     """Sum of usage prompt tokens (read + written + uncached) over every request."""
+    usage_seen: int = 0
+    """Requests whose response carried usage (a Chat stream without
+    `stream_options.include_usage` carries none: its tokens and cost are unknown, not 0)."""
     cost_usd: float = 0.0
     uncached_cost_usd: float = 0.0
     rows: deque[RequestRow] = field(default_factory=deque)
@@ -142,12 +145,16 @@ class SessionEntry:
         return self.map.blocks() if self.map is not None else ()
 
     @property
-    def hit_ratio(self) -> float:
-        return self.read_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    def hit_ratio(self) -> float | None:
+        """Cache-read share of the prompt tokens of the requests whose usage was seen; `None`
+        (unknown) when none was, or none had a prompt token."""
+        return self.read_tokens / self.prompt_tokens if self.prompt_tokens else None
 
     @property
-    def savings_usd(self) -> float:
-        return self.uncached_cost_usd - self.cost_usd
+    def savings_usd(self) -> float | None:
+        """USD saved against no token cached, over the requests whose usage was seen; `None`
+        (unknown) when none was."""
+        return self.uncached_cost_usd - self.cost_usd if self.usage_seen else None
 
     @property
     def last_cause(self) -> str | None:
@@ -161,9 +168,9 @@ class SessionEntry:
             "provider": self.provider,
             "model": self.rows[-1].model if self.rows else "",
             "requests": self.requests,
-            "hit_ratio": round(self.hit_ratio, 4),
-            "savings_usd": round(self.savings_usd, 6),
-            "cost_usd": round(self.cost_usd, 6),
+            "hit_ratio": None if (ratio := self.hit_ratio) is None else round(ratio, 4),
+            "savings_usd": None if (saved := self.savings_usd) is None else round(saved, 6),
+            "cost_usd": round(self.cost_usd, 6) if self.usage_seen else None,
             "last_cause": self.last_cause,
             "first_seen": self.first_seen,
             "last_seen": self.last_seen,
@@ -588,6 +595,7 @@ class SessionHistory:
         while self.max_bytes is not None and self.bytes_held > self.max_bytes and len(self._entries) > 1:
             oldest = next(iter(self._entries))
             self._drop(oldest if oldest != key else list(self._entries)[1])
+        entry.usage_seen += usage is not None
         entry.read_tokens += row.read
         entry.prompt_tokens += row.prompt_usage
         entry.cost_usd += measurement.cost_usd or 0.0

@@ -64,6 +64,11 @@ def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:.6f}"
 
 
+def _pct(ratio: float | None) -> str:
+    """A share as a percentage, `-` when unknown (no usage seen: `SessionEntry.hit_ratio`)."""
+    return "-" if ratio is None else f"{ratio * 100:.1f}%"
+
+
 def _time(epoch: float) -> str:
     if not epoch:
         return "-"
@@ -98,7 +103,7 @@ def index_page(entries: Sequence[SessionEntry], token_query: str = "") -> str:
             f'<td class="l"><code>{_e(s["tenant"])}</code></td>'
             f'<td class="l"><a href="{_e(link)}"><code>{_e(entry.session_id)}</code></a></td>'
             f'<td class="l">{_e(entry.provider)} <span class="note">{_e(s["model"])}</span></td>'
-            f"<td>{s['requests']}</td><td>{s['hit_ratio'] * 100:.1f}%</td>"
+            f"<td>{s['requests']}</td><td>{_pct(s['hit_ratio'])}</td>"
             f"<td>{_usd(s['savings_usd'])}</td>"
             f'<td class="l"><span class="cause cause-{_e(cause)}" data-cause="{_e(cause)}">{_e(cause)}</span></td>'
             f"<td>{_time(entry.last_seen)}</td></tr>"
@@ -157,7 +162,7 @@ def session_view(entry: SessionEntry) -> dict[str, Any]:
     return {
         "title": f"session {entry.session_id}",
         "subtitle": f"tenant {entry.tenant[:8]} · {entry.provider} {entry.path} · {model} · "
-        f"{entry.requests} requests, hit ratio {entry.hit_ratio * 100:.1f}%, savings {_usd(entry.savings_usd)}",
+        f"{entry.requests} requests, hit ratio {_pct(entry.hit_ratio)}, savings {_usd(entry.savings_usd)}",
         "prices": entry.prices,
         "family": rows[-1].family if rows else "",
         "tail_ttl": tail_ttl(blocks),

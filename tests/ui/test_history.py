@@ -48,6 +48,31 @@ def test_bounds_per_tenant_total_and_rows() -> None:
     assert entry.summary()["savings_usd"] == 3.0 and entry.summary()["hit_ratio"] == round(60 / 108, 4)
 
 
+class _NoUsage(_Measurement):
+    usage, cost_usd, uncached_cost_usd = None, None, None
+
+
+def test_a_session_whose_usage_was_never_seen_reads_unknown_not_zero() -> None:
+    """A Chat stream without `stream_options.include_usage` carries no usage: its hit ratio,
+    cost and savings are unknown (`None` in the listing, `-` on the pages), not 0% and $0."""
+    history = SessionHistory()
+    entry = history.add("tenant-a", "s", _NoUsage(), path="/v1/chat/completions", now=1.0)
+    history.add("tenant-a", "s", _NoUsage(), path="/v1/chat/completions", now=2.0)
+    summary = entry.summary()
+    assert (summary["requests"], summary["hit_ratio"], summary["cost_usd"], summary["savings_usd"]) == (
+        2,
+        None,
+        None,
+        None,
+    )
+    row = index_page([entry]).split("<td>2</td>", 1)[1]
+    assert row.startswith("<td>-</td><td>-</td>")
+    assert session_view(entry)["subtitle"].endswith(" · 2 requests, hit ratio -, savings -")
+    history.add("tenant-a", "s", _Measurement(), path="/v1/chat/completions", now=3.0)
+    summary = entry.summary()
+    assert (summary["hit_ratio"], summary["cost_usd"], summary["savings_usd"]) == (round(10 / 18, 4), 0.5, 0.5)
+
+
 async def test_listing_is_the_callers_sessions_only(admin_proxy) -> None:
     proxy = await admin_proxy()
     await drive_session(proxy.url, turns=3)
