@@ -60,46 +60,34 @@ class NullAbsent:
 def has_nulls(message: Any, rule: NullAbsent) -> bool:
     """Whether `without_nulls(message, rule)` is not `message` itself: an object with a
     null-valued key, or one of its `rule.block_lists` lists holding an object with one."""
-    if type(message) is not dict:
-        return False
-    if None in message.values() and any(_absent(k, v) for k, v in message.items()):
-        return True
-    for key in rule.block_lists:
-        blocks = message.get(key)
-        if type(blocks) is list:
-            for block in blocks:
-                if type(block) is dict and None in block.values() and any(_absent(k, v) for k, v in block.items()):
-                    return True
-    return False
+    return without_nulls(message, rule) is not message
 
 
 def block_without_nulls(block: Any) -> Any:
     """`block` (a JSON value) without its null-valued keys when it is an object holding any;
     else `block` itself (the same object). Never mutates `block`."""
-    if type(block) is not dict or None not in block.values():
-        return block
-    if not any(_absent(k, v) for k, v in block.items()):
+    if type(block) is not dict or None not in block.values() or not any(_absent(k, v) for k, v in block.items()):
         return block
     return {k: v for k, v in block.items() if not _absent(k, v)}
 
 
 def without_nulls(message: Any, rule: NullAbsent) -> Any:
     """`message` without its null-valued keys and without those of each object in its
-    `rule.block_lists` lists; `message` itself (the same object) when there are none. A value
-    that is not an object is returned as is. Copy-on-write: containers that change are new,
-    the rest (every value below the two levels) are the same objects."""
+    `rule.block_lists` lists; `message` itself (the same object) when there are none, with
+    nothing allocated. A value that is not an object is returned as is. Copy-on-write:
+    containers that change are new, the rest (every value below the two levels) are the same
+    objects."""
     if type(message) is not dict:
         return message
-    out: dict[str, Any] | None = None
-    if None in message.values() and any(_absent(k, v) for k, v in message.items()):
-        out = {k: v for k, v in message.items() if not _absent(k, v)}
+    out = block_without_nulls(message)
     for key in rule.block_lists:
         blocks = message.get(key)
         if type(blocks) is not list:
             continue
-        cleaned = list(map(block_without_nulls, blocks))
-        if any(new is not old for new, old in zip(cleaned, blocks, strict=True)):
-            if out is None:
-                out = dict(message)
-            out[key] = cleaned
-    return message if out is None else out
+        for at, block in enumerate(blocks):
+            if block_without_nulls(block) is not block:
+                if out is message:
+                    out = dict(message)
+                out[key] = [*blocks[:at], *map(block_without_nulls, blocks[at:])]
+                break
+    return out

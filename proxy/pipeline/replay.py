@@ -545,17 +545,10 @@ class Masker:
         if masked is not None:
             self._memo.move_to_end(key)
             return masked
-        message, dropped, nulls = parts
-        # the canonical form first (as `comparable`): the memo key is the exact digest, which is
-        # of the canonical form, so the projection must be a function of it (a `"role": null`
-        # message's string content and its one text block are one exact digest)
-        message = canonical_value(message)
-        projection = message if dropped is None else {k: v for k, v in message.items() if k not in dropped}
-        if nulls is not None:
-            projection = without_nulls(projection, nulls)
+        projection = _projection(*parts)
         if self.spans:
             return self._masked(key, projection, is_exact_digest=False)
-        masked = xxhash.xxh3_128_digest(orjson.dumps(canonical_value(projection), option=orjson.OPT_SORT_KEYS))
+        masked = xxhash.xxh3_128_digest(orjson.dumps(projection, option=orjson.OPT_SORT_KEYS))
         self._remember(key, masked)
         return masked
 
@@ -1050,12 +1043,24 @@ def comparable(message: Any, optional: Mapping[str, frozenset[str]] | None, null
     """`message` as its masked digest sees it, before masking: markers stripped, string content
     as its text block (`canonical_value`), the identity-optional keys of its role and (`nulls`)
     the null-valued keys the API reads as absent left out."""
-    value = canonical_value(strip_markers(message))
+    value = strip_markers(message)
+    dropped = None
     if optional and type(value) is dict:
         role = value.get("role")
         dropped = optional.get(role) if type(role) is str else None
-        if dropped and not dropped.isdisjoint(value):
-            value = {k: v for k, v in value.items() if k not in dropped}
+    return _projection(value, dropped, nulls)
+
+
+def _projection(stripped: Any, dropped: frozenset[str] | None, nulls: NullAbsent | None) -> Any:
+    """`stripped` (a message without markers) in its canonical form (`canonical_value`), then
+    without the keys `dropped` (identity-optional) and the nulls `nulls` leaves out: what the
+    masked digest of a projected message covers (`Masker._projected`, `comparable`). The
+    canonical form comes first: the exact digest the memo keys on is of the canonical form, so
+    the projection must be a function of it (a `"role": null` message's string content and its
+    one text block are one exact digest; attack pass, session 16)."""
+    value = canonical_value(stripped)
+    if dropped and type(value) is dict and not dropped.isdisjoint(value):
+        value = {k: v for k, v in value.items() if k not in dropped}
     return without_nulls(value, nulls) if nulls is not None else value
 
 
