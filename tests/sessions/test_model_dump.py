@@ -22,10 +22,12 @@ import anthropic
 import orjson
 import pytest
 from anthropic.types import TextBlock, ToolUseBlock
+from hypothesis import given
+from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
 
-from proxy.nulls import NullAbsent, block_without_nulls, without_nulls
+from proxy.nulls import VALUES, NullAbsent, block_without_nulls, has_nulls, without_nulls
 from proxy.pipeline.replay import Masker, view_messages
 from proxy.prefix import scan_prompt, shared_blocks
 from proxy.providers import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
@@ -192,6 +194,47 @@ def test_without_nulls_two_levels_copy_on_write() -> None:
     bare = {"role": "user", "content": [{"type": "text", "text": "a"}]}
     assert without_nulls(bare, rule) is bare
     assert block_without_nulls("x") == "x" and block_without_nulls(bare) is bare
+
+
+_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3))
+_VALUE = st.recursive(
+    _SCALAR,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abxy"), inner, max_size=3),
+    max_leaves=6,
+)
+_KEYS = st.sampled_from(["type", "role", "text", "citations", "content", "refusal", "input"])
+_BLOCK = st.dictionaries(_KEYS, _VALUE, max_size=4)
+_MESSAGE = st.builds(
+    lambda top, blocks: {**top, "content": blocks} if blocks is not None else top,
+    st.dictionaries(_KEYS.filter(lambda k: k != "content"), _VALUE, max_size=4),
+    st.none() | st.lists(_BLOCK | _SCALAR, max_size=4),
+)
+
+
+def _reference(message: Any) -> Any:
+    """`without_nulls` written plainly: null-valued keys left out of the message and of the
+    objects in its `content` list, a null `type` or `role` kept."""
+    if not isinstance(message, dict):
+        return message
+    out = {k: v for k, v in message.items() if v is not None or k in VALUES}
+    if isinstance(message.get("content"), list):
+        out["content"] = [
+            {k: v for k, v in b.items() if v is not None or k in VALUES} if isinstance(b, dict) else b
+            for b in message["content"]
+        ]
+    return out
+
+
+@given(_MESSAGE | _SCALAR)
+def test_without_nulls_is_idempotent_preserves_content_and_never_mutates(message: Any) -> None:
+    rule = NullAbsent(("content",))
+    before = orjson.dumps(message)
+    out = without_nulls(message, rule)
+    assert out == _reference(message)
+    assert orjson.dumps(message) == before  # the caller's value is never mutated
+    assert without_nulls(out, rule) is out  # idempotent, and nothing left to drop
+    assert has_nulls(message, rule) is (out is not message)
+    assert (out is message) is (out == message)  # the same object exactly when nothing was dropped
 
 
 @pytest.mark.parametrize("api", sorted(APIS))
