@@ -355,17 +355,26 @@ async def run_sequence(
     return sent
 
 
-@settings(
+ATTACK: Final = settings(
     max_examples=int(os.environ.get("BRK_N", "12")),  # BRK_N=300: a longer attack
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(
-    st.sampled_from(list(PROVIDERS)),
-    st.sampled_from(["observe", "optimise"]),
-    st.integers(30, 36),
-    st.lists(STEP, min_size=1, max_size=6),
-)
+"""How many sequences each attack draws (`BRK_N`), with no deadline."""
+
+
+def sequences(min_steps: int, max_steps: int) -> Any:
+    """`given(provider, mode, turns, steps)` of `min_steps` to `max_steps` steps."""
+    return given(
+        st.sampled_from(list(PROVIDERS)),
+        st.sampled_from(["observe", "optimise"]),
+        st.integers(30, 36),
+        st.lists(STEP, min_size=min_steps, max_size=max_steps),
+    )
+
+
+@ATTACK
+@sequences(1, 6)
 async def test_reuse_is_invisible(provider: str, mode: str, turns: int, steps: list[Any]) -> None:
     """Any sequence of bodies derived from recent ones (new first messages, markers added,
     removed or on the message, edits inside the reused stretch, blocks of unknown kind, odd
@@ -379,17 +388,8 @@ FEW_FIT: Final = 210_000
 one turned away (`rawprefix.MAX_RECENT`): the admission turns most new sessions away."""
 
 
-@settings(
-    max_examples=int(os.environ.get("BRK_N", "12")),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(
-    st.sampled_from(list(PROVIDERS)),
-    st.sampled_from(["observe", "optimise"]),
-    st.integers(30, 36),
-    st.lists(STEP, min_size=2, max_size=8),
-)
+@ATTACK
+@sequences(2, 8)
 async def test_reuse_is_invisible_when_few_bodies_fit(provider: str, mode: str, turns: int, steps: list[Any]) -> None:
     """The same attack where the kept bodies hold two: the bodies read around an edit are
     often ones the admission turned away."""

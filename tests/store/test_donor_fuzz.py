@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 from hypothesis import HealthCheck, given, settings
@@ -30,40 +31,37 @@ EDITED = [
 ]
 
 
-class GatedStore(MemoryStore):
-    """Each write waits for the test to let it go, as a success or a failure."""
+class Gate:
+    """Each write of the store it is mixed into waits for the test to let it go (`waiting`:
+    one future per write, set `True` for a success, `False` for a failure raising `error`)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting: list[asyncio.Future[bool]] = []
+    error = "disk I/O error"
 
-    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
-        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.waiting.append(gate)
-        if not await gate:
-            raise OSError("disk I/O error")
-        return await super().put_parts(tenant, session, head, parts, ttl)
-
-    async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
-        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.waiting.append(gate)
-        if not await gate:
-            raise OSError("disk I/O error")
-        await super().put(tenant, session, value, ttl)
-
-
-class GatedSqlite(SqliteStore):
-    """The SQLite file, each write waiting for the test to let it go, as a success or a failure."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self.waiting: list[asyncio.Future[bool]] = []
 
     async def _gate(self) -> None:
         gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.waiting.append(gate)
         if not await gate:
-            raise OSError("disk I/O error")
+            raise OSError(self.error)
+
+
+class GatedStore(Gate, MemoryStore):
+    """The memory backend, gated."""
+
+    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
+        await self._gate()
+        return await super().put_parts(tenant, session, head, parts, ttl)
+
+    async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
+        await self._gate()
+        await super().put(tenant, session, value, ttl)
+
+
+class GatedSqlite(Gate, SqliteStore):
+    """The SQLite file, gated (its bounded writes, which `RecordStore` calls)."""
 
     async def put_parts_within(
         self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float, timeout: float
@@ -76,25 +74,17 @@ class GatedSqlite(SqliteStore):
         await super().put_within(tenant, session, value, ttl, timeout)
 
 
-class GatedRedis(RedisStore):
-    """Redis, each write waiting for the test to let it go, as a success or a failure."""
+class GatedRedis(Gate, RedisStore):
+    """Redis, gated."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
-        self.waiting: list[asyncio.Future[bool]] = []
+    error = "Connection refused"
 
     async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
-        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.waiting.append(gate)
-        if not await gate:
-            raise OSError("Connection refused")
+        await self._gate()
         return await super().put_parts(tenant, session, head, parts, ttl)
 
     async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
-        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.waiting.append(gate)
-        if not await gate:
-            raise OSError("Connection refused")
+        await self._gate()
         await super().put(tenant, session, value, ttl)
 
 
