@@ -20,20 +20,34 @@ stages). The cyclic garbage collector is tuned as `promptcache serve` tunes it (
 Python's thresholds, which add collections inside the stages that `serve` does not have). Not a
 test; the load average is printed with the figures.
 
+`--account` splits each peer's CPU per request by where it ran (`LoopAccount`, median of rounds):
+the event loop's thread by task (each task step's thread CPU, keyed by its coroutine's name: the
+handlers' `RequestHandler._handle_request`, which holds the stages, the store's background
+writes `RecordStore._write_pending`, ...), the loop's work outside any task step (protocol
+callbacks, the store's settle callbacks, timers, the loop itself, and the bench client's main
+task, which starts before the account does: the same for every peer), the cyclic collector, and
+every other thread by name; a round then also waits for its store writes (`RecordStore.flush`),
+so the writer's transaction of the round's records is counted in it. The wrapper around each
+step costs about 1 us per step itself (counted in the steps).
+
     .venv/bin/python bench/small_cpu.py [--rounds 5] [--requests 300] [--profile 40 --profile-mode optimise]
+    .venv/bin/python bench/small_cpu.py --account --peers transport,observe,optimise
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
+import gc
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +98,87 @@ def _timed_response_stages(times: dict[str, list[float]]) -> Callable[[Any, Any]
         run_response_stages(exchange, services, stages)  # type: ignore[arg-type]
 
     return run
+
+
+class _TimedCoroutine(Coroutine[Any, Any, Any]):
+    """A task's coroutine whose every step's thread CPU seconds are added to `totals[name]`."""
+
+    __slots__ = ("_coro", "_name", "_totals")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], name: str, totals: defaultdict[str, float]) -> None:
+        self._coro, self._name, self._totals = coro, name, totals
+
+    def send(self, value: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return self._coro.send(value)
+        finally:
+            self._totals[self._name] += time.thread_time() - started
+
+    def throw(self, *args: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return self._coro.throw(*args)
+        finally:
+            self._totals[self._name] += time.thread_time() - started
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._coro.__await__()
+
+
+class LoopAccount:
+    """Where the CPU goes (`--account`): the event loop thread's CPU seconds per task (by
+    coroutine name), in the cyclic collector (`gc`), and every other thread's by name, as
+    running totals; `snapshot()` reads them all at once."""
+
+    def __init__(self) -> None:
+        self.totals: defaultdict[str, float] = defaultdict(float)
+        self._gc_started = 0.0
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Time the tasks created from now on and the collector's passes."""
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            name = "task " + getattr(coro, "__qualname__", type(coro).__name__)
+            return asyncio.Task(_TimedCoroutine(coro, name, self.totals), loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)  # type: ignore[arg-type]
+        gc.callbacks.append(self._collected)
+
+    def _collected(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.thread_time()
+        else:
+            self.totals[f"gc gen{info['generation']}"] += time.thread_time() - self._gc_started
+
+    def snapshot(self) -> dict[str, float]:
+        """The totals so far, with `loop thread` (this thread's CPU) and `thread NAME` (each other's)."""
+        found = dict(self.totals)
+        found["loop thread"] = time.thread_time()
+        for thread in threading.enumerate():
+            if thread is threading.current_thread() or thread.ident is None:
+                continue
+            try:
+                spent = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except (OSError, ProcessLookupError):  # the thread ended meanwhile
+                continue
+            key = f"thread {thread.name}"
+            found[key] = found.get(key, 0.0) + spent
+        return found
+
+
+def _account_rows(before: dict[str, float], after: dict[str, float], stages: float, count: int) -> dict[str, float]:
+    """One round's split, ms per request: the loop thread, the stages in it, each task, the loop
+    outside any task step (`loop, no task`, with the bench client's own task, started before the
+    account), the collector, the other threads."""
+    rows = {k: 1000 * (v - before.get(k, 0.0)) / count for k, v in after.items()}
+    tasks = sum(v for k, v in rows.items() if k.startswith("task "))
+    rows["  of which stages"] = 1000 * stages / count
+    rows["loop, no task (and the client)"] = rows["loop thread"] - tasks
+    return {k: v for k, v in rows.items() if abs(v) >= 0.0005 or k == "  of which stages"}
 
 
 def small_bodies(count: int, salt: str) -> list[bytes]:
@@ -194,6 +289,10 @@ async def main(args: argparse.Namespace) -> None:
         stage_profile = cProfile.Profile() if args.profile and args.profile_scope == "stages" else None
         profiling = [""]
         """The mode whose stages `stage_profile` records in the current round ("" none)."""
+        account = LoopAccount() if args.account else None
+        accounts: dict[str, list[dict[str, float]]] = {peer: [] for peer in PEERS}
+        if account is not None:
+            account.install(asyncio.get_running_loop())
         async with aiohttp.ClientSession() as http:
             for peer in PEERS:  # warm-up: connections, tokenizer, store schema
                 await _round(http, urls[peer], small_bodies(50, f"warm-{peer}"), None)
@@ -207,7 +306,14 @@ async def main(args: argparse.Namespace) -> None:
                     cpu_before = pipeline_cpu.get(peer, 0.0)
                     use = profile if peer == args.profile_mode else None
                     profiling[0] = peer if peer == args.profile_mode else ""
+                    seen = account.snapshot() if account is not None else {}
                     spent, off_loop = await _round(http, urls[peer], bodies, use)
+                    if account is not None:
+                        store = apps[peer][SERVICES].store if peer in apps else None
+                        if store is not None:
+                            await store.flush()  # the round's records written in the round
+                        stages = pipeline_cpu.get(peer, 0.0) - cpu_before
+                        accounts[peer].append(_account_rows(seen, account.snapshot(), stages, len(bodies)))
                     cpu[peer].append(spent)
                     thread_cpu[peer].append(off_loop)
                     if peer in apps:  # the mean per request of each stage over this round
@@ -245,6 +351,13 @@ async def main(args: argparse.Namespace) -> None:
             f"{mode} response stages, p50 ms: "
             + ", ".join(f"{k} {1000 * statistics.median(v):.3f}" for k, v in response_ms[mode].items() if v)
         )
+    for peer in (p for p in args.peers.split(",") if accounts[p]):
+        rounds = accounts[peer]
+        keys = sorted({k for r in rounds for k in r}, key=lambda k: (not k.startswith(("loop thread", "  ")), k))
+        print(f"{peer} CPU per request by where it ran, ms (median of rounds, min-max):")
+        for key in keys:
+            values = [r.get(key, 0.0) for r in rounds]
+            print(f"  {key:<44}{statistics.median(values):>8.3f}  ({min(values):.3f}-{max(values):.3f})")
     if profile is not None or stage_profile is not None:
         report_profile(profile or stage_profile, args.profile, args.profile_out)  # type: ignore[arg-type]
 
@@ -270,4 +383,7 @@ if __name__ == "__main__":
         help="profile the whole process (all) or only the request and response stages (stages)",
     )
     parser.add_argument("--profile-out", default="", help="also write the raw cProfile stats to this file")
+    parser.add_argument(
+        "--account", action="store_true", help="split each peer's CPU by task, loop, collector and thread (LoopAccount)"
+    )
     uvloop.run(main(parser.parse_args()))
