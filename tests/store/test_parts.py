@@ -466,9 +466,9 @@ async def test_a_session_the_memo_does_not_hold_is_read_against_its_tenants_dono
     assert backend.answered == [(len(whole.head), [whole.parts[0].key]), (len(own.head), [])]
     loaded = await store.load("t", "s1")
     lent = store._donors["t"][0].sidecars  # the donor's: its parts' sidecars, part 0's its own
-    assert loaded is not None and loaded.sidecars[whole.counts[0] : len(lent)] == lent[whole.counts[0] :]
-    assert all(a is b for a, b in zip(loaded.sidecars[whole.counts[0] :], lent[whole.counts[0] :]))
-    assert not any(a is b for a, b in zip(loaded.sidecars[: whole.counts[0]], lent))
+    assert loaded is not None and len(lent) == sum(whole.counts)
+    shared = zip(loaded.sidecars[: len(lent)], lent, strict=True)
+    assert [a is b for a, b in shared] == [False] * whole.counts[0] + [True] * (len(lent) - whole.counts[0])
     fresh = RecordStore(backend, Metrics(CollectorRegistry()), memo_bytes=1)
     assert [await fresh.load("t", sid) for sid in ("s1", "s2")] == [first, second]
     assert backend.answered[3:] == [
