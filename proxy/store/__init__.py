@@ -49,6 +49,16 @@
   newest saves' bytes are still kept for it: `ENCODED_BYTES`); beyond that
   a save is dropped and counted (`promptcache_session_store_writes_dropped_total`).
   `close()` drains them (each write bounded by `PUT_TIMEOUT`) before closing the backend.
+  Sole writer: a pending record the memo does not take in at its write stays at hand for its
+  session's next load (`_keep_written`, in the room the pending writes leave of
+  `MAX_PENDING_BYTES`, a save taking room drops the oldest first), so many long sessions
+  taking turns (the gateway bench's grow32: 32 of 600 KB, the memo holds six) find their
+  record in memory whether or not its write was quick, as they do while it is pending; before,
+  once writes kept up, most turns read the backend inside the body gate (`proxy.admission`)
+  and the rate halved (session 17: the cell's slow mode).
+- A read of a session the memo does not hold is decoded against its tenant's donor (`_lent`):
+  the parts both name (xxh3-128 of the same bytes, within the tenant) are neither read nor
+  decoded again.
 - Bounded in bytes: a record encoded larger than `max_record_bytes` (the setting
   `store_max_bytes_per_tenant`) is not written, and the session's older record is removed
   (`promptcache_session_store_records_skipped_total`); the SQLite backend also caps bytes per
@@ -397,6 +407,12 @@ class RecordStore:
         """Newest record per session not yet written: `(record, layout, ttl)`; `None`,
         `_REMOVED` and 0 remove the session's record (one too large to store)."""
         self._pending_bytes = 0
+        self._written: OrderedDict[tuple[str, str], tuple[Layout, SessionRecord, float]] = OrderedDict()
+        """Sole writer only: per session, the record its last write stored when the memo did not
+        take it in, `(layout, record, expires)` as the memo's, until the session's next load
+        returns it (`_keep_written`), in the room the pending writes leave of
+        `max_pending_bytes` (oldest first out; a save taking room drops them first)."""
+        self._written_bytes = 0
         self._encoded: OrderedDict[tuple[str, str], tuple[Layout, Layout]] = OrderedDict()
         """Per pending write, `(its layout, the same with its parts' bytes)` as its save encoded
         them (`ENCODED_BYTES` in all, LRU): what its write sends when the backend lacks them."""
@@ -516,18 +532,28 @@ class RecordStore:
             self._memo_bytes = 0
             self._stored.clear()
             self._stored_bytes = 0
+            self._written.clear()
+            self._written_bytes = 0
         known = self._memo.get(key)
         if self.is_sole_writer and known is not None and known[2] > self._clock():
             self._memo.move_to_end(key)
             self._local_reads.inc()
             return known[1]
+        written = self._take_written(key)
+        if written is not None and written[2] > self._clock():
+            self._local_reads.inc()
+            self._note_loaded(key, written[1], written[0])  # its save encodes against it
+            return written[1]
         if self._keys is not None and not self._keys.may_hold(tenant, session):
             self._local_reads.inc()
             return None
         # the parts of the record remembered are not read again: the answer carries the head
-        # and the parts added since (an appended turn's), decoded against that record
+        # and the parts added since (an appended turn's), decoded against that record; without
+        # one, against the tenant's donor (`_lent`)
         base = known
-        names = frozenset(p.key for p in base[0].parts) if base is not None else frozenset()
+        lent = self._lent(tenant) if base is None else None
+        held = base[0].parts if base is not None else lent[1].parts if lent is not None else ()
+        names = frozenset(p.key for p in held)
         got = await self._get(tenant, session, is_record=True, known=names)
         if got is None:
             self._note_stored(key, None)  # absent (or unknown): a write sends every part
@@ -541,10 +567,12 @@ class RecordStore:
                 self._note_stored(key, found[0])
                 self._note_loaded(key, found[1], found[0])
                 return found[1]
-        # the parts left out are `base`'s (a memo entry that replaced it meanwhile may lack them)
+        # the parts left out are `base`'s or `lent`'s (a memo entry that replaced it meanwhile
+        # may lack them)
         against = base if base is not None else known
+        decode_base = (against[1], against[0]) if against is not None and lent is None else lent
         try:
-            record, layout = decode_layout(head, parts, (against[1], against[0]) if against is not None else None)
+            record, layout = decode_layout(head, parts, decode_base)
         except RecordError as exc:
             self._get_errors.inc()
             self._note_stored(key, None)
@@ -554,6 +582,17 @@ class RecordStore:
         self._note_loaded(key, record, layout)
         self._remember(key, layout, record, 0.0)
         return record
+
+    def _lent(self, tenant: str) -> tuple[SessionRecord, Layout] | None:
+        """The tenant's donor (`_donors`: the parts of its newest record encoded in full, their
+        sidecars decoded), as the base a read of a session the memo does not hold is decoded
+        against: the parts it names by the donor's part names (xxh3-128 of the bytes, within the
+        tenant) are neither read nor decoded again. Many sessions re-sending one history (an
+        agent's sub-tasks, 32 sessions of the gateway bench's grow32 cell) name the same parts
+        but the first, so such a read fetches and decodes the head and the session's own parts
+        only: ~40 KB instead of ~600 KB, and its record shares the donor's sidecar objects."""
+        donor = self._donors.get(tenant)
+        return donor if donor is not None and donor[1].parts else None
 
     async def load_bytes(self, tenant: str, key: str) -> bytes | None:
         """A small value stored beside the tenant's records (`save_bytes_soon`), or `None`
@@ -735,7 +774,12 @@ class RecordStore:
         if len(self._loaded) > LOADED_SESSIONS:
             self._loaded.popitem(last=False)
 
-    async def _put(self, key: tuple[str, str], layout: Layout, record: SessionRecord | None, ttl: float) -> bool:
+    async def _put(
+        self, key: tuple[str, str], layout: Layout, record: SessionRecord | None, ttl: float, is_pending: bool = False
+    ) -> bool:
+        """Write `record` (`None`: remove the session's); `is_pending`: a pending write's
+        (`_write_pending`), whose record stays at hand for the session's next load
+        (`_keep_written`)."""
         expires = self._clock() + ttl
         if record is None or ttl <= 0:
             is_written = await self._put_bytes(key, b"", 0.0)
@@ -766,11 +810,56 @@ class RecordStore:
             return False
         if record is not None and ttl > 0:
             self._note_stored(key, layout)
-            self._remember(key, layout.without_data(), record, expires)
+            kept = layout.without_data()
+            self._remember(key, kept, record, expires)
+            if is_pending:
+                self._keep_written(key, kept, record, expires)
         else:  # removed
             self._note_stored(key, None)
             self._forget(key)
         return True
+
+    def _keep_written(self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float) -> None:
+        """Sole writer: keep `record`, whose pending write just stored it for `key`, for the session's next load
+        (`_written`) when the memo did not take it in (`_remember`) and it fits the room the
+        pending writes leave of `max_pending_bytes` (each counted as `_held`, the oldest dropped
+        for it). Many long sessions taking turns (32 of 600 KB: the memo holds six) then find
+        their record in memory while the pending writes leave room, as they do while their
+        writes are still pending, instead of reading the backend: a read that keeps the body
+        gate's place (`proxy.admission`) for as long as the busy event loop takes to hand its
+        answer back, tens of ms, with the CPU idle once every place waits so."""
+        if not self.is_sole_writer or key in self._memo:
+            return
+        self._take_written(key)
+        pending = self._pending.get(key)
+        if pending is not None and pending[0] is not record:
+            return  # superseded: the newer record is pending
+        size = _held(layout, record)
+        # the write's own pending entry leaves as this one comes
+        room = self.max_pending_bytes - self._pending_bytes + (_held(pending[1], record) if pending else 0)
+        if size > room:
+            return
+        self._written[key] = (layout, record, expires)
+        self._written_bytes += size
+        self._trim_written(room)
+
+    def _take_written(self, key: tuple[str, str]) -> tuple[Layout, SessionRecord, float] | None:
+        """Remove `key`'s entry of `_written`; it, or `None`."""
+        found = self._written.pop(key, None)
+        if found is not None:
+            self._written_bytes -= _held(found[0], found[1])
+        return found
+
+    def _trim_written(self, room: int) -> None:
+        """Drop the oldest `_written` entries until they take at most `room` bytes."""
+        while self._written_bytes > room and self._written:
+            _, (layout, record, _) = self._written.popitem(last=False)
+            self._written_bytes -= _held(layout, record)
+
+    @property
+    def written_bytes(self) -> int:
+        """Memory the records kept for their session's next load take (`_written`, each as `_held`)."""
+        return self._written_bytes
 
     def _keep_unwritten(
         self, key: tuple[str, str], layout: Layout, record: SessionRecord, expires: float, held: set[bytes]
@@ -872,6 +961,8 @@ class RecordStore:
             return False
         self._pending[key] = (stored, layout, ttl)
         self._pending_bytes = held + size
+        self._take_written(key)  # superseded
+        self._trim_written(self.max_pending_bytes - self._pending_bytes)
         if stored is not None:
             self._keep_encoded(key, layout, encoded)
         else:
@@ -915,7 +1006,7 @@ class RecordStore:
         """Write `key`'s pending record until none newer is left (one task per key)."""
         try:
             while (item := self._pending.get(key)) is not None:
-                await self._put(key, item[1], item[0], item[2])
+                await self._put(key, item[1], item[0], item[2], is_pending=True)
                 if self._pending.get(key) is item:
                     break
         finally:
@@ -978,6 +1069,7 @@ class RecordStore:
             self._memo_bytes -= _held(dropped, gone)
 
     def _forget(self, key: tuple[str, str]) -> None:
+        self._take_written(key)
         old = self._memo.pop(key, None)
         if old is not None:
             self._memo_bytes -= _held(old[0], old[1])

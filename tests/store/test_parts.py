@@ -448,6 +448,37 @@ async def test_a_replica_reads_only_the_parts_added_since_the_record_it_remember
         await store.close()
 
 
+async def test_a_session_the_memo_does_not_hold_is_read_against_its_tenants_donor(tmp_path: Path) -> None:
+    """Through a memo that holds nothing, a session's record is decoded against its tenant's
+    donor (the newest record saved whole: `second`, re-sending `first`'s conversation under a
+    first message of its own): the read answers the head and the parts the donor does not name
+    only, and the record holds the donor's sidecar objects there. A store that saved nothing
+    (no donor) reads every part; both decode the records saved."""
+    backend = ReadCountingSqlite(tmp_path / "s.db")
+    store = RecordStore(backend, Metrics(CollectorRegistry()), memo_bytes=1)  # remembers nothing
+    first = record(100)
+    second = own_first(first)
+    assert store.save_soon("t", "s1", first) and store.save_soon("t", "s2", second)
+    await store.flush()
+    whole, own = encode_layout(first), encode_layout(second)
+    assert [a.key == b.key for a, b in zip(whole.parts, own.parts, strict=True)] == [False] + [True] * 5
+    assert [await store.load("t", sid) for sid in ("s1", "s2")] == [first, second]
+    assert backend.answered == [(len(whole.head), [whole.parts[0].key]), (len(own.head), [])]
+    loaded = await store.load("t", "s1")
+    lent = store._donors["t"][0].sidecars  # the donor's: its parts' sidecars, part 0's its own
+    assert loaded is not None and len(lent) == sum(whole.counts)
+    shared = zip(loaded.sidecars[: len(lent)], lent, strict=True)
+    assert [a is b for a, b in shared] == [False] * whole.counts[0] + [True] * (len(lent) - whole.counts[0])
+    fresh = RecordStore(backend, Metrics(CollectorRegistry()), memo_bytes=1)
+    assert [await fresh.load("t", sid) for sid in ("s1", "s2")] == [first, second]
+    assert backend.answered[3:] == [
+        (len(whole.head), sorted(p.key for p in whole.parts)),
+        (len(own.head), sorted(p.key for p in own.parts)),
+    ]
+    await fresh.close()
+    await store.close()
+
+
 async def test_a_part_gone_from_the_backend_after_the_memo_dropped_the_record_is_sent_again() -> None:
     backend = CountingStore()
     store = RecordStore(backend, Metrics(CollectorRegistry()), memo_bytes=1)  # remembers nothing

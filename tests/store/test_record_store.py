@@ -198,6 +198,44 @@ async def test_the_sole_writer_answers_its_own_newest_record_without_a_read(metr
     await store.close()
 
 
+async def test_the_sole_writer_keeps_a_written_pending_record_the_memo_turned_away_for_its_next_load(
+    metrics: Metrics, tmp_path: Path
+) -> None:
+    """A record saved in the background (`save_soon`) that the memo does not hold (it holds
+    nothing here) is the session's next load's, without a read, once: the load takes it. Kept
+    in the room the pending writes leave (`max_pending_bytes`): a save needing that room drops
+    it; and only until its written copy expires. Not kept for another process's file."""
+    now = [1000.0]
+    backend = SqliteStore(tmp_path / "sessions.db", clock=lambda: now[0])
+    size = len(encode_record(RECORD)) + len(RECORD.sidecars[0].value) + 256 + 40 * 2 + 1536
+    store = RecordStore(
+        backend, metrics, is_sole_writer=True, clock=lambda: now[0], memo_bytes=1, max_pending_bytes=size
+    )
+    assert store.save_soon("t", "s", RECORD, ttl=60)
+    await store.flush()
+    assert (store.pending_bytes, store.written_bytes) == (0, size)
+    assert await store.load("t", "s") is RECORD
+    assert (local_reads(metrics, "sqlite"), timings(metrics, "sqlite", "get"), store.written_bytes) == (1, 0, 0)
+    assert await store.load("t", "s") == RECORD  # taken: read
+    assert (local_reads(metrics, "sqlite"), timings(metrics, "sqlite", "get")) == (1, 1)
+    assert store.save_soon("t", "a", RECORD, ttl=60)
+    await store.flush()
+    assert store.save_soon("t", "b", RECORD, ttl=60)  # takes the room: a's is dropped
+    assert store.written_bytes == 0
+    await store.flush()
+    assert await store.load("t", "a") == RECORD
+    assert (local_reads(metrics, "sqlite"), timings(metrics, "sqlite", "get")) == (1, 2)
+    now[0] += 61  # b's written copy expired: read, and the store has none
+    assert await store.load("t", "b") is None
+    assert (local_reads(metrics, "sqlite"), timings(metrics, "sqlite", "get"), store.written_bytes) == (1, 3, 0)
+    other = RecordStore(SqliteStore(tmp_path / "sessions.db"), Metrics(CollectorRegistry()), memo_bytes=1)
+    assert other.save_soon("t", "c", RECORD)
+    await other.flush()
+    assert other.written_bytes == 0
+    await other.close()
+    await store.close()
+
+
 async def test_a_replaced_file_clears_the_sole_writers_memory(metrics: Metrics, tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     store = RecordStore(SqliteStore(path), metrics, is_sole_writer=True)
