@@ -140,7 +140,11 @@ class Backlog:
     """The most the request path held back during a phase, sampled every 50 ms: records waiting
     for their background write (`RecordStore.pending_writes` / `pending_bytes`, each counted as what
     it holds, `proxy.store._held`, bounded by `proxy.store.MAX_PENDING_BYTES`), and requests inside the
-    admission gate and waiting at it (`proxy.admission.BodyGate`, their raw bytes held)."""
+    admission gate and waiting at it (`proxy.admission.BodyGate`, their raw bytes held). At the
+    highest RSS sampled it also notes what those held then: the raw bytes inside the gate and
+    waiting at it (`BodyGate.held`, `waiting_bytes`), and the pending records' sidecar values
+    as counted per record and as distinct objects (`RecordStore.pending_value_bytes`: records of
+    sessions re-sending one conversation share them, so the count overstates their memory)."""
 
     def __init__(self, services: object) -> None:
         self.services = services
@@ -150,6 +154,7 @@ class Backlog:
         self.records = self.record_bytes = self.inside = self.waiting = 0
         self.rss = 0.0
         self.heap = ""
+        self.held_then = ""
 
     def _heap_at_rss_peak(self) -> None:
         """The heap's make-up (`malloc_mb`, `pymalloc_mb`) at the highest RSS sampled: whether
@@ -158,6 +163,25 @@ class Backlog:
         if rss > self.rss:
             self.rss = rss
             self.heap = f"{malloc_mb()}; {pymalloc_mb()}"
+            self.held_then = self._held_now()
+
+    def _held_now(self) -> str:
+        """What the gate's requests and the pending records hold at this moment (class docstring)."""
+        parts = []
+        gate = getattr(self.services, "gate", None)
+        if gate is not None:
+            parts.append(
+                f"raw bodies {gate.held / 1e6:.1f} MB inside the gate ({gate.inside}), "
+                f"{gate.waiting_bytes / 1e6:.1f} MB waiting at it ({gate.waiting})"
+            )
+        store = getattr(self.services, "store", None)
+        if store is not None:
+            counted, distinct = store.pending_value_bytes()
+            parts.append(
+                f"{store.pending_writes} pending records ({store.pending_bytes / 1e6:.1f} MB counted), "
+                f"their sidecar values {counted / 1e6:.1f} MB counted per record, {distinct / 1e6:.1f} MB distinct"
+            )
+        return "; ".join(parts)
 
     def sample(self) -> None:
         store = getattr(self.services, "store", None)
@@ -179,7 +203,7 @@ class Backlog:
         return (
             f"most held back: {self.records} records waiting for their write ({self.record_bytes / 1e6:.0f} MB "
             f"counted), {self.inside} requests inside the admission gate, {self.waiting} waiting at it; "
-            f"at the highest RSS sampled ({self.rss:.0f} MB): {self.heap}"
+            f"at the highest RSS sampled ({self.rss:.0f} MB): {self.heap}; then held: {self.held_then}"
         )
 
 

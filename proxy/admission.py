@@ -43,6 +43,12 @@ class BodyGate:
         """Requests waiting for their turn."""
         return len(self._waiting)
 
+    @property
+    def waiting_bytes(self) -> int:
+        """Raw bytes the requests waiting for their turn hold (their bodies, read before the
+        wait; a sum over the queue, for diagnostics such as `bench/memory_bench.py`)."""
+        return sum(size for size, turn in self._waiting if not turn.done())
+
     def _fits(self, size: int) -> bool:
         return self.limit <= 0 or self.inside == 0 or self.held + size <= self.limit
 

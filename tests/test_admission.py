@@ -36,9 +36,10 @@ async def test_requests_enter_in_order_within_the_limit() -> None:
     await _settle()
     # c does not fit beside a and b; d fits but waits behind c (arrival order)
     assert (entered, gate.held, gate.inside, gate.waiting, len(waits)) == (["a", "b"], 900, 2, 2, 2)
+    assert gate.waiting_bytes == 650  # c's and d's bodies, held while they wait
     leave["a"].set()
     await _settle()
-    assert (entered, gate.held, gate.waiting) == (["a", "b", "c", "d"], 950, 0)
+    assert (entered, gate.held, gate.waiting, gate.waiting_bytes) == (["a", "b", "c", "d"], 950, 0, 0)
     for event in leave.values():
         event.set()
     await asyncio.gather(*tasks)

@@ -1034,6 +1034,22 @@ class RecordStore:
         """Memory the records waiting for their write take (each counted as `_held`)."""
         return self._pending_bytes
 
+    def pending_value_bytes(self) -> tuple[int, int]:
+        """`(counted, distinct)` bytes of the sidecar values the pending records hold: each
+        record's own sum (what `_held` counts them as), and the sum over distinct value objects
+        (what they take: records of sessions that share a conversation, or a session's
+        successive turns, share their sidecars). A walk of every pending sidecar, for
+        diagnostics such as `bench/memory_bench.py`, not the request path."""
+        counted = 0
+        distinct: dict[int, int] = {}
+        for record, _, _ in self._pending.values():
+            if record is None:
+                continue
+            for sidecar in record.sidecars:
+                counted += len(sidecar.value)
+                distinct[id(sidecar.value)] = len(sidecar.value)
+        return counted, sum(distinct.values())
+
     def _note_use(self, key: tuple[str, str]) -> None:
         """A load of `key` at the clock `_loads` (`_used`)."""
         last = self._used.pop(key, None)

@@ -342,6 +342,31 @@ async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics:
     assert [await backend.get("t", f"s{i}") is not None for i in range(8)] == [True] * 5 + [False] * 3
 
 
+async def test_pending_value_bytes_counts_shared_sidecars_once_as_distinct(metrics: Metrics) -> None:
+    """Two sessions re-sending one conversation share its sidecars: each pending record counts
+    their values, the distinct sum counts them once; a pending removal holds none."""
+    backend = HeldWrites()
+    shared = Sidecar(0, b"\x02" * 16, b'"' + b"x" * 1000 + b'"')
+    own = Sidecar(1, b"\x03" * 16, b'"' + b"y" * 98 + b'"')
+    first = SessionRecord(chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16, sidecars=(shared,))
+    second = SessionRecord(
+        chain=b"\x00" * 32, ends=(1, 2), model="m", params_digest=b"\x01" * 16, sidecars=(shared, own)
+    )
+    store = RecordStore(backend, metrics, max_record_bytes=10_000)
+    assert store.pending_value_bytes() == (0, 0)
+    assert store.save_soon("t", "a", first) and store.save_soon("t", "b", second)
+    assert store.pending_value_bytes() == (1002 + 1002 + 100, 1002 + 100)
+    too_large = SessionRecord(
+        chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
+        sidecars=(Sidecar(0, b"\x04" * 16, b'"' + b"z" * 20_000 + b'"'),),
+    )
+    assert store.save_soon("t", "a", too_large)  # over `max_record_bytes`: a pending removal
+    assert store.pending_value_bytes() == (1102, 1102)
+    backend.release.set()
+    await store.flush()
+    assert store.pending_value_bytes() == (0, 0)
+
+
 async def test_a_save_no_writer_would_take_is_dropped_not_left_pending(metrics: Metrics) -> None:
     """The background writers are shared by the records and the small values
     (`save_bytes_soon`, a tenant's pacing): with one small value and 1,023 records waiting, the
