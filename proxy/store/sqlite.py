@@ -26,12 +26,16 @@
   Schema version in `PRAGMA user_version` (`SCHEMA_VERSION`).
 - In parts (`put_parts`, `proxy.store.base`): the head is the `sessions` row's value (its
   `parts` column counts the parts, its `size` is head and parts together, so the caps and the
-  `usage` figures count them), the parts are rows of `parts` keyed by `(tenant, session, key)`.
-  One write checks the parts it keeps against the rows held (a missing one: nothing written,
-  `False`), deletes the ones no longer named, inserts the new ones and upserts the head, in the
-  batch's transaction: a crash leaves the old value or the new one, never a mix. Triggers
-  delete a row's parts when the row goes (delete, expiry purge, eviction) or is overwritten by
-  a plain value. `get_parts` reads the head and its parts in one statement (one snapshot of
+  `usage` figures count them), the parts it names are rows of `parts` keyed by `(tenant,
+  session, key)`, and their bytes rows of `part_values` keyed by `(tenant, key)`: once per
+  tenant, whichever of its sessions name them (a part's name is the xxh3-128 of its bytes, so
+  one name is one content; a new session re-sending a recent conversation, a fork or a resume,
+  writes its new parts' bytes only: measured here, ...). One write checks the parts it keeps
+  against the rows held (a missing one: nothing written, `False`), deletes the ones no longer
+  named, inserts the new ones and upserts the head, in the batch's transaction: a crash leaves
+  the old value or the new one, never a mix. Triggers delete a row's parts when the row goes
+  (delete, expiry purge, eviction) or is overwritten by a plain value, and a part's bytes when
+  no session of its tenant names it any more. `get_parts` reads the head and its parts in one statement (one snapshot of
   the WAL), but for the parts the caller says it holds (`known`), which stay in the file.
 - Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
   invisible to `get` and purged at most once a minute during `put` (after the batch's commit).
@@ -96,11 +100,12 @@ from urllib.parse import quote
 
 from proxy.store.base import Part, StoreFault, check_key
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
+"""1: `sessions(tenant, session, expires, value)`; 2 adds `size`, `written` and `usage`; 3 the
+`parts` column and table; 4 keeps a part's bytes once per tenant (`part_values`; `parts` names
+them per session) (migrated in place when an older file is opened)."""
 PAGE_SIZE: Final = 4096
 """Page size of a new file (module docstring: a page, and its WAL frame, is written whole)."""
-"""1: `sessions(tenant, session, expires, value)`; 2 adds `size`, `written` and `usage`; 3 the
-`parts` column and table (migrated in place when an older file is opened)."""
 SECURE_DELETE: Final = "FAST"
 """The writer's `secure_delete` (sqlite.org/pragma.html#pragma_secure_delete): deleted content is
 zeroed where the page is written anyway (a b-tree leaf), not in the pages a delete frees, which
@@ -222,10 +227,31 @@ _SCHEMA_V3: Final = (
     " DELETE FROM parts WHERE tenant = new.tenant AND session = new.session; END",
 )
 """Version 2 to 3."""
+_SCHEMA_V4: Final = (
+    "CREATE TABLE part_values (tenant TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL)",
+    "CREATE UNIQUE INDEX part_values_key ON part_values (tenant, key)",
+    "INSERT OR IGNORE INTO part_values (tenant, key, value) SELECT tenant, key, value FROM parts",
+    "ALTER TABLE parts DROP COLUMN value",
+    "CREATE INDEX parts_named ON parts (tenant, key)",
+    "CREATE TRIGGER parts_unnamed AFTER DELETE ON parts BEGIN"
+    " DELETE FROM part_values WHERE tenant = old.tenant AND key = old.key"
+    " AND NOT EXISTS (SELECT 1 FROM parts WHERE tenant = old.tenant AND key = old.key); END",
+    "CREATE VIEW parts_written AS SELECT parts.tenant, session, parts.key, value"
+    " FROM parts JOIN part_values USING (tenant, key)",
+    "CREATE TRIGGER parts_written_insert INSTEAD OF INSERT ON parts_written BEGIN"
+    " INSERT OR IGNORE INTO part_values (tenant, key, value) VALUES (new.tenant, new.key, new.value);"
+    " INSERT OR IGNORE INTO parts (tenant, session, key) VALUES (new.tenant, new.session, new.key); END",
+)
+"""Version 3 to 4: a part's bytes once per tenant (`part_values`, keyed by its name: the same
+name is the same bytes, `proxy.store.base.Part`), each session's parts as names (`parts`); a
+value goes with the last session naming it (`parts_unnamed`), and a write in parts inserts
+through `parts_written` (one statement, one step: the bytes a tenant holds already are not
+written again; a new session re-sending a recent conversation writes its new parts only)."""
 _MIGRATIONS: Final = {
-    0: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3),
-    1: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3),
-    2: _SCHEMA_V3,
+    0: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3, *_SCHEMA_V4),
+    1: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3, *_SCHEMA_V4),
+    2: (*_SCHEMA_V3, *_SCHEMA_V4),
+    3: _SCHEMA_V4,
 }
 """The statements that bring a file of each older version to `SCHEMA_VERSION`."""
 _PUT_ROW: Final = "(?, ?, ?, ?, ?, ?, ?)"
@@ -300,7 +326,8 @@ def _read_statement(rows: int) -> str:
         " SELECT group_concat(r.i || ' ' || r.k || ' ' || length(r.v)), CAST(group_concat(r.v, '') AS BLOB)"
         " FROM (SELECT i, '-' AS k, v FROM h WHERE before < ?"
         " UNION ALL SELECT i, '+', x'' FROM h WHERE before >= ?"
-        " UNION ALL SELECT h.i, hex(pa.key), pa.value FROM h JOIN parts AS pa ON pa.tenant = h.t AND pa.session = h.s"
+        " UNION ALL SELECT h.i, hex(pa.key), pv.value FROM h JOIN parts AS pa ON pa.tenant = h.t AND pa.session = h.s"
+        " JOIN part_values AS pv ON pv.tenant = pa.tenant AND pv.key = pa.key"
         " WHERE h.p = 1 AND h.n > 0 AND h.before < ? AND (instr(h.k, pa.key) - 1) % 16 != 0) AS r"
     )
 
@@ -397,7 +424,9 @@ def _drop_parts_statement(rows: int) -> str:
 
 @functools.cache
 def _add_parts_statement(rows: int) -> str:
-    return "INSERT OR REPLACE INTO parts (tenant, session, key, value) VALUES " + ", ".join(["(?, ?, ?, ?)"] * rows)
+    """New parts (`(tenant, session, key, value)` each) through `parts_written` (`_SCHEMA_V4`):
+    a name the session holds already, or bytes its tenant holds already, are left as they are."""
+    return "INSERT INTO parts_written (tenant, session, key, value) VALUES " + ", ".join(["(?, ?, ?, ?)"] * rows)
 
 
 @functools.cache

@@ -137,7 +137,7 @@ async def test_writes_in_parts_go_in_a_few_statements_whatever_their_number(tmp_
     assert count("INSERT INTO sessions") == 4 + 4 + 1
     assert count("WITH w(i, t, s)") == 2  # the parts held: one lookup per run of distinct sessions
     assert count("DELETE FROM parts") == 4 + 2  # 10 dropped parts [4, 4, 1, 1]; p0's parts 0 and 2
-    assert count("INSERT OR REPLACE INTO parts") == 4 + 1
+    assert count("INSERT INTO parts_written") == 4 + 1
     assert count("SELECT group_concat(tenant") == 1  # the caps: one lookup of the usage
     assert (count("BEGIN IMMEDIATE"), count("COMMIT"), count("SELECT ifnull(max(written)")) == (1, 1, 1)
     assert len(distinct) == 26
