@@ -228,25 +228,38 @@ _SCHEMA_V3: Final = (
 )
 """Version 2 to 3."""
 _SCHEMA_V4: Final = (
-    "CREATE TABLE part_values (tenant TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL)",
-    "CREATE UNIQUE INDEX part_values_key ON part_values (tenant, key)",
-    "INSERT OR IGNORE INTO part_values (tenant, key, value) SELECT tenant, key, value FROM parts",
+    "CREATE TABLE part_values (value BLOB NOT NULL)",
+    "CREATE TABLE part_index (tenant TEXT NOT NULL, key BLOB NOT NULL, value_id INTEGER NOT NULL,"
+    " refs INTEGER NOT NULL, PRIMARY KEY (tenant, key)) WITHOUT ROWID",
+    # each (tenant, name)'s bytes once (`min` picks the row its bare column is read from)
+    "INSERT INTO part_values (rowid, value) SELECT min(rowid), value FROM parts GROUP BY tenant, key",
+    "INSERT INTO part_index SELECT tenant, key, min(rowid), count(*) FROM parts GROUP BY tenant, key",
     "ALTER TABLE parts DROP COLUMN value",
-    "CREATE INDEX parts_named ON parts (tenant, key)",
+    "CREATE TRIGGER parts_named AFTER INSERT ON parts BEGIN"
+    " UPDATE part_index SET refs = refs + 1 WHERE tenant = new.tenant AND key = new.key; END",
     "CREATE TRIGGER parts_unnamed AFTER DELETE ON parts BEGIN"
-    " DELETE FROM part_values WHERE tenant = old.tenant AND key = old.key"
-    " AND NOT EXISTS (SELECT 1 FROM parts WHERE tenant = old.tenant AND key = old.key); END",
-    "CREATE VIEW parts_written AS SELECT parts.tenant, session, parts.key, value"
-    " FROM parts JOIN part_values USING (tenant, key)",
+    " DELETE FROM part_values WHERE rowid ="
+    " (SELECT value_id FROM part_index WHERE tenant = old.tenant AND key = old.key AND refs <= 1);"
+    " DELETE FROM part_index WHERE tenant = old.tenant AND key = old.key AND refs <= 1;"
+    " UPDATE part_index SET refs = refs - 1 WHERE tenant = old.tenant AND key = old.key; END",
+    "CREATE VIEW parts_written AS SELECT pa.tenant, pa.session, pa.key, pv.value FROM parts AS pa"
+    " JOIN part_index AS pi ON pi.tenant = pa.tenant AND pi.key = pa.key"
+    " JOIN part_values AS pv ON pv.rowid = pi.value_id",
     "CREATE TRIGGER parts_written_insert INSTEAD OF INSERT ON parts_written BEGIN"
-    " INSERT OR IGNORE INTO part_values (tenant, key, value) VALUES (new.tenant, new.key, new.value);"
+    " INSERT INTO part_values (value) SELECT new.value"
+    " WHERE NOT EXISTS (SELECT 1 FROM part_index WHERE tenant = new.tenant AND key = new.key);"
+    # `last_insert_rowid()`: the value just inserted; when none was, the name is indexed already
+    " INSERT OR IGNORE INTO part_index VALUES (new.tenant, new.key, last_insert_rowid(), 0);"
     " INSERT OR IGNORE INTO parts (tenant, session, key) VALUES (new.tenant, new.session, new.key); END",
 )
-"""Version 3 to 4: a part's bytes once per tenant (`part_values`, keyed by its name: the same
-name is the same bytes, `proxy.store.base.Part`), each session's parts as names (`parts`); a
-value goes with the last session naming it (`parts_unnamed`), and a write in parts inserts
-through `parts_written` (one statement, one step: the bytes a tenant holds already are not
-written again; a new session re-sending a recent conversation writes its new parts only)."""
+"""Version 3 to 4: a part's bytes once per tenant (`part_values`, found by `(tenant, name)` in
+`part_index`, which counts the sessions naming them: the same name is the same bytes,
+`proxy.store.base.Part`), each session's parts as names (`parts`); the bytes go with the last
+session naming them (`parts_unnamed`), and a write in parts inserts through `parts_written` (one
+statement, one step: bytes the tenant holds already are not written again, so a new session
+re-sending a recent conversation writes its new parts only). The value rows are appended in
+rowid order and only the index is ordered by name (one b-tree of small rows written at random
+places, not two)."""
 _MIGRATIONS: Final = {
     0: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3, *_SCHEMA_V4),
     1: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3, *_SCHEMA_V4),
@@ -327,7 +340,8 @@ def _read_statement(rows: int) -> str:
         " FROM (SELECT i, '-' AS k, v FROM h WHERE before < ?"
         " UNION ALL SELECT i, '+', x'' FROM h WHERE before >= ?"
         " UNION ALL SELECT h.i, hex(pa.key), pv.value FROM h JOIN parts AS pa ON pa.tenant = h.t AND pa.session = h.s"
-        " JOIN part_values AS pv ON pv.tenant = pa.tenant AND pv.key = pa.key"
+        " JOIN part_index AS pi ON pi.tenant = pa.tenant AND pi.key = pa.key"
+        " JOIN part_values AS pv ON pv.rowid = pi.value_id"
         " WHERE h.p = 1 AND h.n > 0 AND h.before < ? AND (instr(h.k, pa.key) - 1) % 16 != 0) AS r"
     )
 

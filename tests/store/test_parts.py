@@ -254,12 +254,18 @@ async def test_sqlite_counts_parts_in_its_caps_and_evicts_them_with_the_head(tmp
 
 
 def _stored_values(path: Path) -> list[tuple[str, int, int]]:
-    """`(tenant, bytes, sessions naming them)` per part value the file holds."""
+    """`(tenant, bytes, sessions naming them)` per part value the file holds (its count of them
+    checked against the rows naming it)."""
     with sqlite3.connect(path) as conn:
-        return conn.execute(
-            "SELECT v.tenant, length(v.value), (SELECT count(*) FROM parts AS p"
-            " WHERE p.tenant = v.tenant AND p.key = v.key) FROM part_values AS v ORDER BY v.tenant, length(v.value)"
+        rows = conn.execute(
+            "SELECT i.tenant, length(v.value), i.refs, (SELECT count(*) FROM parts AS p"
+            " WHERE p.tenant = i.tenant AND p.key = i.key) FROM part_index AS i"
+            " JOIN part_values AS v ON v.rowid = i.value_id ORDER BY i.tenant, length(v.value)"
         ).fetchall()
+        assert conn.execute("SELECT count(*) FROM part_values").fetchone()[0] == len(rows)
+    conn.close()
+    assert all(refs == named for _, _, refs, named in rows)
+    return [(tenant, size, named) for tenant, size, _, named in rows]
 
 
 async def test_sqlite_keeps_a_part_once_per_tenant_until_no_session_names_it(tmp_path: Path) -> None:
