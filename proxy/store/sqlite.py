@@ -29,14 +29,17 @@
   `usage` figures count them), the parts it names are rows of `parts` keyed by `(tenant,
   session, key)`, and their bytes rows of `part_values` keyed by `(tenant, key)`: once per
   tenant, whichever of its sessions name them (a part's name is the xxh3-128 of its bytes, so
-  one name is one content; a new session re-sending a recent conversation, a fork or a resume,
-  writes its new parts' bytes only: measured here, ...). One write checks the parts it keeps
-  against the rows held (a missing one: nothing written, `False`), deletes the ones no longer
-  named, inserts the new ones and upserts the head, in the batch's transaction: a crash leaves
-  the old value or the new one, never a mix. Triggers delete a row's parts when the row goes
-  (delete, expiry purge, eviction) or is overwritten by a plain value, and a part's bytes when
-  no session of its tenant names it any more. `get_parts` reads the head and its parts in one statement (one snapshot of
-  the WAL), but for the parts the caller says it holds (`known`), which stay in the file.
+  one name is one content). A new session re-sending a recent conversation (a fork, a subagent,
+  a resume) writes its new parts' bytes only: `bench/store_writer_bench.py --shared`, 1.7 ->
+  0.6 ms of writer CPU per 600 KB session below the cap, 2.4-2.9 -> 1.2-1.3 ms at it; with no
+  part shared the two indexes ordered by name cost 1.7 -> 2.0-2.2 and 2.4 -> 3.1-3.3 ms. One
+  write checks the parts it keeps against the rows held (a missing one: nothing written,
+  `False`), deletes the ones no longer named, inserts the new ones and upserts the head, in the
+  batch's transaction: a crash leaves the old value or the new one, never a mix. Triggers
+  delete a row's parts when the row goes (delete, expiry purge, eviction) or is overwritten by
+  a plain value, and a part's bytes when no session of its tenant names it any more.
+  `get_parts` reads the head and its parts in one statement (one snapshot of the WAL), but for
+  the parts the caller says it holds (`known`), which stay in the file.
 - Expiry is wall-clock (`expires`, epoch seconds) so it holds across restarts; expired rows are
   invisible to `get` and purged at most once a minute during `put` (after the batch's commit).
 - Bounded in bytes: at most `max_bytes` of values in the file and `max_tenant_bytes` per tenant
@@ -228,38 +231,22 @@ _SCHEMA_V3: Final = (
 )
 """Version 2 to 3."""
 _SCHEMA_V4: Final = (
-    "CREATE TABLE part_values (value BLOB NOT NULL)",
-    "CREATE TABLE part_index (tenant TEXT NOT NULL, key BLOB NOT NULL, value_id INTEGER NOT NULL,"
-    " refs INTEGER NOT NULL, PRIMARY KEY (tenant, key)) WITHOUT ROWID",
-    # each (tenant, name)'s bytes once (`min` picks the row its bare column is read from)
-    "INSERT INTO part_values (rowid, value) SELECT min(rowid), value FROM parts GROUP BY tenant, key",
-    "INSERT INTO part_index SELECT tenant, key, min(rowid), count(*) FROM parts GROUP BY tenant, key",
+    "CREATE TABLE part_values (tenant TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL)",
+    "CREATE UNIQUE INDEX part_values_key ON part_values (tenant, key)",
+    "INSERT OR IGNORE INTO part_values (tenant, key, value) SELECT tenant, key, value FROM parts",
     "ALTER TABLE parts DROP COLUMN value",
-    "CREATE TRIGGER parts_named AFTER INSERT ON parts BEGIN"
-    " UPDATE part_index SET refs = refs + 1 WHERE tenant = new.tenant AND key = new.key; END",
+    "CREATE INDEX parts_named ON parts (tenant, key)",
     "CREATE TRIGGER parts_unnamed AFTER DELETE ON parts BEGIN"
-    " DELETE FROM part_values WHERE rowid ="
-    " (SELECT value_id FROM part_index WHERE tenant = old.tenant AND key = old.key AND refs <= 1);"
-    " DELETE FROM part_index WHERE tenant = old.tenant AND key = old.key AND refs <= 1;"
-    " UPDATE part_index SET refs = refs - 1 WHERE tenant = old.tenant AND key = old.key; END",
-    "CREATE VIEW parts_written AS SELECT pa.tenant, pa.session, pa.key, pv.value FROM parts AS pa"
-    " JOIN part_index AS pi ON pi.tenant = pa.tenant AND pi.key = pa.key"
-    " JOIN part_values AS pv ON pv.rowid = pi.value_id",
-    "CREATE TRIGGER parts_written_insert INSTEAD OF INSERT ON parts_written BEGIN"
-    " INSERT INTO part_values (value) SELECT new.value"
-    " WHERE NOT EXISTS (SELECT 1 FROM part_index WHERE tenant = new.tenant AND key = new.key);"
-    # `last_insert_rowid()`: the value just inserted; when none was, the name is indexed already
-    " INSERT OR IGNORE INTO part_index VALUES (new.tenant, new.key, last_insert_rowid(), 0);"
-    " INSERT OR IGNORE INTO parts (tenant, session, key) VALUES (new.tenant, new.session, new.key); END",
+    " DELETE FROM part_values WHERE tenant = old.tenant AND key = old.key"
+    " AND NOT EXISTS (SELECT 1 FROM parts WHERE tenant = old.tenant AND key = old.key); END",
 )
-"""Version 3 to 4: a part's bytes once per tenant (`part_values`, found by `(tenant, name)` in
-`part_index`, which counts the sessions naming them: the same name is the same bytes,
-`proxy.store.base.Part`), each session's parts as names (`parts`); the bytes go with the last
-session naming them (`parts_unnamed`), and a write in parts inserts through `parts_written` (one
-statement, one step: bytes the tenant holds already are not written again, so a new session
-re-sending a recent conversation writes its new parts only). The value rows are appended in
-rowid order and only the index is ordered by name (one b-tree of small rows written at random
-places, not two)."""
+"""Version 3 to 4: a part's bytes once per tenant (`part_values`, keyed by its name: the same
+name is the same bytes, `proxy.store.base.Part`), each session's parts as names (`parts`); the
+bytes go with the last session naming them (`parts_unnamed`). A write in parts inserts the new
+bytes (those the tenant holds already are left as they are: a new session re-sending a recent
+conversation writes its new parts only), then the names, in one statement each: no trigger runs
+per inserted row (measured here, one a row cost a 600 KB session of distinct parts 0.3 ms more
+of writer CPU than the plain insert of version 3; two statements cost what that did)."""
 _MIGRATIONS: Final = {
     0: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3, *_SCHEMA_V4),
     1: (*_SCHEMA_V1, *_SCHEMA_V2, *_SCHEMA_V3, *_SCHEMA_V4),
@@ -340,8 +327,7 @@ def _read_statement(rows: int) -> str:
         " FROM (SELECT i, '-' AS k, v FROM h WHERE before < ?"
         " UNION ALL SELECT i, '+', x'' FROM h WHERE before >= ?"
         " UNION ALL SELECT h.i, hex(pa.key), pv.value FROM h JOIN parts AS pa ON pa.tenant = h.t AND pa.session = h.s"
-        " JOIN part_index AS pi ON pi.tenant = pa.tenant AND pi.key = pa.key"
-        " JOIN part_values AS pv ON pv.rowid = pi.value_id"
+        " JOIN part_values AS pv ON pv.tenant = pa.tenant AND pv.key = pa.key"
         " WHERE h.p = 1 AND h.n > 0 AND h.before < ? AND (instr(h.k, pa.key) - 1) % 16 != 0) AS r"
     )
 
@@ -437,10 +423,16 @@ def _drop_parts_statement(rows: int) -> str:
 
 
 @functools.cache
+def _add_values_statement(rows: int) -> str:
+    """New parts' bytes, `(tenant, key, value)` each: a name the tenant holds already keeps its
+    row (the same bytes)."""
+    return "INSERT OR IGNORE INTO part_values (tenant, key, value) VALUES " + ", ".join(["(?, ?, ?)"] * rows)
+
+
+@functools.cache
 def _add_parts_statement(rows: int) -> str:
-    """New parts (`(tenant, session, key, value)` each) through `parts_written` (`_SCHEMA_V4`):
-    a name the session holds already, or bytes its tenant holds already, are left as they are."""
-    return "INSERT INTO parts_written (tenant, session, key, value) VALUES " + ", ".join(["(?, ?, ?, ?)"] * rows)
+    """New parts' names, `(tenant, session, key)` each (their bytes inserted first)."""
+    return "INSERT OR IGNORE INTO parts (tenant, session, key) VALUES " + ", ".join(["(?, ?, ?)"] * rows)
 
 
 @functools.cache
@@ -1314,9 +1306,9 @@ class SqliteStore:
         """A run of writes in parts of distinct sessions (inside the batch's transaction), each
         `(index, row, parts)`: the parts the sessions hold are listed by one lookup; a write
         that keeps a part not held changes nothing and its `results[index]` is `False`; for the
-        others the parts no longer named are deleted, the new ones inserted and the heads
-        upserted, each in as few statements as `STATEMENT_ROWS` allows. Returns the last write
-        sequence number given."""
+        others the parts no longer named are deleted, the new ones' bytes (those the tenant does
+        not hold) and names inserted and the heads upserted, each in as few statements as
+        `STATEMENT_ROWS` allows. Returns the last write sequence number given."""
         held: dict[int, dict[bytes, int]] = {}
         """Per position in the run: the parts its session holds, key -> rowid."""
         at = 0
@@ -1330,7 +1322,8 @@ class SqliteStore:
                 held.setdefault(int(i), {})[bytes.fromhex(key)] = int(rowid)
             at += size
         stale: list[tuple[int]] = []
-        new: list[tuple[str, str, bytes, bytes]] = []
+        new: list[tuple[str, str, bytes]] = []
+        values: list[tuple[str, bytes, bytes]] = []
         heads: list[tuple[Any, ...]] = []
         for position, (index, row, parts) in enumerate(run):
             have = held.get(position, {})
@@ -1339,9 +1332,11 @@ class SqliteStore:
                 continue
             named = {part.key for part in parts}
             stale.extend((rowid,) for key, rowid in have.items() if key not in named)
-            new.extend((row[0], row[1], part.key, part.data) for part in parts if part.data is not None)
+            values.extend((row[0], part.key, part.data) for part in parts if part.data is not None)
+            new.extend((row[0], row[1], part.key) for part in parts if part.data is not None)
             heads.append(row)
         _write_rows(conn, _drop_parts_statement, stale)
+        _write_rows(conn, _add_values_statement, values)
         _write_rows(conn, _add_parts_statement, new)
         return _write_rows(conn, _put_statement, heads, written)
 

@@ -249,23 +249,20 @@ async def test_sqlite_counts_parts_in_its_caps_and_evicts_them_with_the_head(tmp
     finally:
         await store.close()
     with sqlite3.connect(tmp_path / "s.db") as conn:
-        assert conn.execute("SELECT session, length(value) FROM parts_written").fetchall() == [("s2", 400)]
+        named = "SELECT p.session, length(v.value) FROM parts AS p JOIN part_values AS v USING (tenant, key)"
+        assert conn.execute(named).fetchall() == [("s2", 400)]
         assert conn.execute("SELECT length(value) FROM part_values").fetchall() == [(400,)]  # s1's went with it
 
 
 def _stored_values(path: Path) -> list[tuple[str, int, int]]:
-    """`(tenant, bytes, sessions naming them)` per part value the file holds (its count of them
-    checked against the rows naming it)."""
+    """`(tenant, bytes, sessions naming them)` per part value the file holds."""
     with sqlite3.connect(path) as conn:
         rows = conn.execute(
-            "SELECT i.tenant, length(v.value), i.refs, (SELECT count(*) FROM parts AS p"
-            " WHERE p.tenant = i.tenant AND p.key = i.key) FROM part_index AS i"
-            " JOIN part_values AS v ON v.rowid = i.value_id ORDER BY i.tenant, length(v.value)"
+            "SELECT v.tenant, length(v.value), (SELECT count(*) FROM parts AS p"
+            " WHERE p.tenant = v.tenant AND p.key = v.key) FROM part_values AS v ORDER BY v.tenant, length(v.value)"
         ).fetchall()
-        assert conn.execute("SELECT count(*) FROM part_values").fetchone()[0] == len(rows)
     conn.close()
-    assert all(refs == named for _, _, refs, named in rows)
-    return [(tenant, size, named) for tenant, size, _, named in rows]
+    return rows
 
 
 async def test_sqlite_keeps_a_part_once_per_tenant_until_no_session_names_it(tmp_path: Path) -> None:
@@ -608,7 +605,8 @@ asyncio.run(main())
 @pytest.mark.parametrize(
     "at, second",
     [
-        ("INSERT INTO parts_written", "grown(first, 40)"),  # new parts going in, the head not yet
+        ("INSERT OR IGNORE INTO part_values", "grown(first, 40)"),  # new parts going in, the head not yet
+        ("INSERT OR IGNORE INTO parts", "grown(first, 40)"),  # their names going in
         ("INSERT INTO sessions", "grown(first, 40)"),  # the parts in, the head being written
         ("COMMIT", "grown(first, 40)"),  # everything written, not committed
         ("DELETE FROM parts", "replace(first, sidecars=first.sidecars[:40])"),  # stale parts going
