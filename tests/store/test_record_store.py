@@ -282,10 +282,7 @@ async def test_pending_writes_are_bounded_in_bytes_counting_both_copies(metrics:
     and counted."""
     backend = HeldWrites()
     big = SessionRecord(
-        chain=b"\x00" * 32,
-        ends=(1,),
-        model="m",
-        params_digest=b"\x01" * 16,
+        chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
         sidecars=(Sidecar(0, b"\x02" * 16, b'"' + b"x" * 100_000 + b'"'),),
     )
     layout = encode_layout(big)  # the head and its one part (the sidecar is over PART_BYTES)
@@ -340,10 +337,7 @@ async def test_a_write_sends_the_parts_its_save_encoded_the_newest_within_their_
 
     def record(i: int) -> SessionRecord:
         return SessionRecord(
-            chain=b"\x00" * 32,
-            ends=(1,),
-            model="m",
-            params_digest=b"\x01" * 16,
+            chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
             sidecars=tuple(Sidecar(n, bytes([i]) * 16, b'"' + b"x" * 100_000 + b'"') for n in range(3)),
         )
 
@@ -438,10 +432,7 @@ async def test_the_donors_keep_at_most_their_bound_whatever_their_records_hold(m
 
     def record(tenant: int) -> SessionRecord:
         return SessionRecord(
-            chain=b"\x00" * 32,
-            ends=(1,),
-            model="m",
-            params_digest=b"\x01" * 16,
+            chain=b"\x00" * 32, ends=(1,), model="m", params_digest=b"\x01" * 16,
             sidecars=tuple(
                 Sidecar(i, bytes([tenant, i]) * 8, b'"' + bytes([97 + i]) * 9000 + b'"', bytes([i, tenant]) * 8)
                 for i in range(2)
