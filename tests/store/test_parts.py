@@ -249,7 +249,83 @@ async def test_sqlite_counts_parts_in_its_caps_and_evicts_them_with_the_head(tmp
     finally:
         await store.close()
     with sqlite3.connect(tmp_path / "s.db") as conn:
-        assert conn.execute("SELECT session, length(value) FROM parts").fetchall() == [("s2", 400)]
+        named = "SELECT p.session, length(v.value) FROM parts AS p JOIN part_values AS v USING (tenant, key)"
+        assert conn.execute(named).fetchall() == [("s2", 400)]
+        assert conn.execute("SELECT length(value) FROM part_values").fetchall() == [(400,)]  # s1's went with it
+
+
+def _stored_values(path: Path) -> list[tuple[str, int, int]]:
+    """`(tenant, bytes, sessions naming them)` per part value the file holds."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT v.tenant, length(v.value), (SELECT count(*) FROM parts AS p"
+            " WHERE p.tenant = v.tenant AND p.key = v.key) FROM part_values AS v ORDER BY v.tenant, length(v.value)"
+        ).fetchall()
+    conn.close()
+    return rows
+
+
+async def test_sqlite_keeps_a_part_once_per_tenant_until_no_session_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = SqliteStore(path)
+    try:
+        shared, own, other = part(b"s" * 300), part(b"o" * 200), part(b"x" * 100)
+        assert await store.put_parts("t", "s1", b"h1", [shared, own], TTL)
+        assert await store.put_parts("t", "s2", b"h2", [shared, other], TTL)  # a fork: sends it again
+        assert await store.put_parts("u", "s1", b"h3", [shared], TTL)  # another tenant: its own copy
+        assert _stored_values(path) == [("t", 100, 1), ("t", 200, 1), ("t", 300, 2), ("u", 300, 1)]
+        assert await store.usage() == {"": 2 + 500 + 2 + 400 + 2 + 300, "t": 904, "u": 302}  # each counts its own
+        await store.delete("t", "s1")
+        assert _stored_values(path) == [("t", 100, 1), ("t", 300, 1), ("u", 300, 1)]
+        assert await store.get_parts("t", "s2") == (b"h2", {shared.key: b"s" * 300, other.key: b"x" * 100})
+        assert await store.put_parts("t", "s2", b"h4", [Part(shared.key, shared.size)], TTL)  # `other` dropped
+        assert _stored_values(path) == [("t", 300, 1), ("u", 300, 1)]
+        await store.put("t", "s2", b"plain", TTL)  # a plain value: its parts go
+        assert _stored_values(path) == [("u", 300, 1)]
+        assert await store.get_parts("u", "s1") == (b"h3", {shared.key: b"s" * 300})
+    finally:
+        await store.close()
+
+
+async def test_a_version_3_file_is_migrated_to_one_copy_of_each_part_per_tenant(tmp_path: Path) -> None:
+    from proxy.store import sqlite as sqlite_store
+
+    path = tmp_path / "s.db"
+    a, b = part(b"a" * 40), part(b"b" * 30)
+    with sqlite3.connect(path) as conn:
+        for statement in (*sqlite_store._SCHEMA_V1, *sqlite_store._SCHEMA_V2, *sqlite_store._SCHEMA_V3):
+            conn.execute(statement)
+        conn.executemany(
+            "INSERT INTO sessions (tenant, session, expires, value, size, written, parts)"
+            " VALUES (?, ?, 9e12, ?, ?, ?, ?)",
+            [("t", "s1", b"h1", 72, 1, 2), ("t", "s2", b"h2", 42, 2, 1), ("u", "s1", b"h3", 42, 3, 1)],
+        )
+        conn.executemany(
+            "INSERT INTO parts (tenant, session, key, value) VALUES (?, ?, ?, ?)",
+            [
+                ("t", "s1", a.key, a.data),
+                ("t", "s1", b.key, b.data),
+                ("t", "s2", a.key, a.data),
+                ("u", "s1", a.key, a.data),
+            ],
+        )
+        conn.execute("PRAGMA user_version = 3")
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        assert await store.get_parts("t", "s1") == (b"h1", {a.key: a.data, b.key: b.data})
+        assert await store.get_parts("t", "s2") == (b"h2", {a.key: a.data})
+        assert await store.get_parts("u", "s1") == (b"h3", {a.key: a.data})
+        assert await store.usage() == {"": 156, "t": 114, "u": 42}
+        assert _stored_values(path) == [("t", 30, 1), ("t", 40, 2), ("u", 40, 1)]
+        await store.delete("t", "s2")
+        assert await store.get_parts("t", "s1") == (b"h1", {a.key: a.data, b.key: b.data})
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_store.SCHEMA_VERSION == 4
+        assert [row[1] for row in conn.execute("PRAGMA table_info(parts)")] == ["tenant", "session", "key"]
+    conn.close()
 
 
 # --- the record store ------------------------------------------------------------------------
@@ -560,7 +636,8 @@ asyncio.run(main())
 @pytest.mark.parametrize(
     "at, second",
     [
-        ("INSERT OR REPLACE INTO parts", "grown(first, 40)"),  # new parts going in, the head not yet
+        ("INSERT OR IGNORE INTO part_values", "grown(first, 40)"),  # new parts going in, the head not yet
+        ("INSERT OR IGNORE INTO parts", "grown(first, 40)"),  # their names going in
         ("INSERT INTO sessions", "grown(first, 40)"),  # the parts in, the head being written
         ("COMMIT", "grown(first, 40)"),  # everything written, not committed
         ("DELETE FROM parts", "replace(first, sidecars=first.sidecars[:40])"),  # stale parts going

@@ -116,7 +116,7 @@ async def test_a_version_1_file_is_migrated_in_place(tmp_path: Path) -> None:
     finally:
         await store.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_store.SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_store.SCHEMA_VERSION == 4
 
 
 async def test_writes_issued_together_land_in_call_order(tmp_path: Path) -> None:
