@@ -69,7 +69,8 @@
   a WAL the others' appends kept those from restarting is restarted (`_catch_up_wal`). The
   expiry purge runs in its own transaction after a batch's commit: one that finds the file
   locked fails no write and is tried again with the next write. A file that is not a database (corrupt) is
-  moved aside to `<name>.corrupt-<epoch>` when the connection is (re)opened, and a fresh file is
+  moved aside to `<name>.corrupt-<epoch>` (a valid file of a newer schema, a rollback: to
+  `<name>.schema-<version>-<epoch>`) when the connection is (re)opened, and a fresh file is
   started: losing state costs one cache write, never a wrong byte. Every failed operation drops
   the connection, so the next one reopens it.
 - Health (`check`, `fault_kind`; `proxy.store.RecordStore` counts and reports it): before each
@@ -576,6 +577,15 @@ _PartedWrite = tuple[int, tuple[Any, ...], Sequence[Part]]
 """`(index in the batch, sessions row, parts)` of a write in parts (`SqliteStore._put_parted`)."""
 
 
+class NewerSchema(sqlite3.DatabaseError):
+    """A session store file whose `user_version` is above `SCHEMA_VERSION`: written by a newer
+    promptcache (this build is a rollback). Not corrupt: moved aside under its own name."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"schema version {version} is newer than this build's {SCHEMA_VERSION}")
+        self.version = version
+
+
 class _Queued:
     """One write waiting for, or taken by, the writer thread (`SqliteStore._queue`)."""
 
@@ -986,7 +996,7 @@ class SqliteStore:
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) or self.path == ":memory:":
                 raise
-            self._move_aside()
+            self._move_aside(exc.version if isinstance(exc, NewerSchema) else None)
             self._conn = self._connect()
         self._identity = self._stat()
         self._has_opened = True
@@ -1038,6 +1048,8 @@ class SqliteStore:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute(f"PRAGMA secure_delete = {SECURE_DELETE}")
             self._wal_limit = _size_wal(conn)
+            if version > SCHEMA_VERSION:
+                raise NewerSchema(version)
             if version not in _MIGRATIONS and version != SCHEMA_VERSION:
                 raise sqlite3.DatabaseError(f"unknown schema version {version}")
             if version != SCHEMA_VERSION:
@@ -1058,16 +1070,36 @@ class SqliteStore:
             raise
         return conn
 
-    def _move_aside(self) -> None:
+    def _move_aside(self, newer: int | None = None) -> None:
+        """Move the file (and its `-wal`, `-shm`) aside and start empty: as
+        `<name>.corrupt-<epoch>` when it is not a database this build reads, as
+        `<name>.schema-<newer>-<epoch>` when it is a valid file of a newer promptcache's schema
+        (`newer`: its `user_version`; a rollback), which that build reads again when the file is
+        moved back. Either keeps prompt text until someone deletes it."""
         stamp = int(time.time())
+        tag = f"schema-{newer}" if newer is not None else "corrupt"
         for suffix in ("", "-wal", "-shm"):
             source = self.path + suffix
             if os.path.exists(source):
-                os.replace(source, f"{self.path}.corrupt-{stamp}{suffix}")
+                os.replace(source, f"{self.path}.{tag}-{stamp}{suffix}")
+        if newer is not None:
+            _log.warning(
+                "session store %s has schema version %d, from a newer promptcache than this one (schema %d);"
+                " moved aside to %s.%s-%d, starting empty (move it back under a build of schema %d or newer to use it)",
+                self.path,
+                newer,
+                SCHEMA_VERSION,
+                self.path,
+                tag,
+                stamp,
+                newer,
+            )
+            return
         _log.warning(
-            "session store %s is not a readable database; moved aside to %s.corrupt-%d, starting empty",
+            "session store %s is not a readable database; moved aside to %s.%s-%d, starting empty",
             self.path,
             self.path,
+            tag,
             stamp,
         )
 

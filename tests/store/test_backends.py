@@ -4,6 +4,7 @@ failures (redis)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from pathlib import Path
@@ -127,6 +128,41 @@ async def test_sqlite_corrupt_file_is_moved_aside(tmp_path: Path) -> None:
     await store.close()
     aside = [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name]
     assert len(aside) == 1 and aside[0].startswith("sessions.db.corrupt-")
+
+
+async def test_a_file_of_a_newer_schema_is_moved_aside_under_its_version_not_as_corrupt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rollback: the file a newer promptcache wrote (a valid database, `user_version` above
+    `SCHEMA_VERSION`) is kept whole under a name giving its version, the log says so, and the
+    store goes on in a fresh file (new user report, session 17: the old build called it "not a
+    readable database")."""
+    path = tmp_path / "sessions.db"
+    newer = SCHEMA_VERSION + 1
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE future (x)")
+        conn.execute("INSERT INTO future VALUES (7)")
+        conn.execute(f"PRAGMA user_version = {newer}")
+    conn.close()
+    store = SqliteStore(path)
+    with caplog.at_level(logging.WARNING, logger="promptcache.store.sqlite"):
+        assert await store.get("t", "s") is None
+        await store.put("t", "s", b"fresh", 60)
+        assert await store.get("t", "s") == b"fresh"
+    await store.close()
+    aside = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("sessions.db."))
+    assert len(aside) == 1 and aside[0].startswith(f"sessions.db.schema-{newer}-")
+    assert [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name] == []
+    with sqlite3.connect(tmp_path / aside[0]) as kept:
+        assert kept.execute("PRAGMA user_version").fetchone()[0] == newer
+        assert kept.execute("SELECT x FROM future").fetchall() == [(7,)]
+    kept.close()
+    [message] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert message == (
+        f"session store {path} has schema version {newer}, from a newer promptcache than this one"
+        f" (schema {SCHEMA_VERSION}); moved aside to {tmp_path / aside[0]}, starting empty"
+        f" (move it back under a build of schema {newer} or newer to use it)"
+    )
 
 
 async def test_sqlite_locked_file_fails_fast_then_recovers(tmp_path: Path) -> None:
