@@ -25,7 +25,6 @@ def _damage_part(path: Path, key: bytes) -> None:
     conn.close()
 
 
-@pytest.mark.xfail(strict=True, reason="schema 4 keeps a damaged part's bytes: INSERT OR IGNORE never rewrites them")
 async def test_a_damaged_part_is_rewritten_by_the_next_save_sending_its_bytes(tmp_path: Path) -> None:
     """A part whose stored bytes no longer match their name makes the session's read a miss
     (`RecordError`, never a wrong byte); the session's next save sends every part's bytes again
