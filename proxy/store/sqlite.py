@@ -431,6 +431,22 @@ def _add_values_statement(rows: int) -> str:
 
 
 @functools.cache
+def _rewrite_values_statement(rows: int) -> str:
+    """Parts' bytes sent again by a session that names them already, `(tenant, key, value)` each:
+    written over the row when they differ (its writer did not know what the file holds for the
+    session: after a read that found a part not the bytes it names, a failed write, or its index
+    of them dropped), so a damaged part (a flipped bit: SQLite keeps no page checksum) is
+    repaired for every session of the tenant naming it, as version 3's per-session copy was,
+    instead of missing on every turn (attack pass, session 17). Equal bytes are compared, not
+    written again."""
+    return (
+        "INSERT INTO part_values (tenant, key, value) VALUES "
+        + ", ".join(["(?, ?, ?)"] * rows)
+        + " ON CONFLICT (tenant, key) DO UPDATE SET value = excluded.value WHERE value != excluded.value"
+    )
+
+
+@functools.cache
 def _add_parts_statement(rows: int) -> str:
     """New parts' names, `(tenant, session, key)` each (their bytes inserted first)."""
     return "INSERT OR IGNORE INTO parts (tenant, session, key) VALUES " + ", ".join(["(?, ?, ?)"] * rows)
@@ -1356,6 +1372,8 @@ class SqliteStore:
         stale: list[tuple[int]] = []
         new: list[tuple[str, str, bytes]] = []
         values: list[tuple[str, bytes, bytes]] = []
+        rewrites: list[tuple[str, bytes, bytes]] = []
+        """Bytes of parts the session names already, sent again (`_rewrite_values_statement`)."""
         heads: list[tuple[Any, ...]] = []
         for position, (index, row, parts) in enumerate(run):
             have = held.get(position, {})
@@ -1364,11 +1382,14 @@ class SqliteStore:
                 continue
             named = {part.key for part in parts}
             stale.extend((rowid,) for key, rowid in have.items() if key not in named)
-            values.extend((row[0], part.key, part.data) for part in parts if part.data is not None)
+            for part in parts:
+                if part.data is not None:
+                    (rewrites if part.key in have else values).append((row[0], part.key, part.data))
             new.extend((row[0], row[1], part.key) for part in parts if part.data is not None)
             heads.append(row)
         _write_rows(conn, _drop_parts_statement, stale)
         _write_rows(conn, _add_values_statement, values)
+        _write_rows(conn, _rewrite_values_statement, rewrites)
         _write_rows(conn, _add_parts_statement, new)
         return _write_rows(conn, _put_statement, heads, written)
 
