@@ -235,15 +235,17 @@ _SCHEMA_V4: Final = (
     "CREATE TABLE part_values (tenant TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL)",
     "CREATE UNIQUE INDEX part_values_key ON part_values (tenant, key)",
     "INSERT OR IGNORE INTO part_values (tenant, key, value) SELECT tenant, key, value FROM parts",
-    "ALTER TABLE parts DROP COLUMN value",
+    "UPDATE parts SET value = x''",
     "CREATE INDEX parts_named ON parts (tenant, key)",
     "CREATE TRIGGER parts_unnamed AFTER DELETE ON parts BEGIN"
     " DELETE FROM part_values WHERE tenant = old.tenant AND key = old.key"
     " AND NOT EXISTS (SELECT 1 FROM parts WHERE tenant = old.tenant AND key = old.key); END",
 )
 """Version 3 to 4: a part's bytes once per tenant (`part_values`, keyed by its name: the same
-name is the same bytes, `proxy.store.base.Part`), each session's parts as names (`parts`); the
-bytes go with the last session naming them (`parts_unnamed`). A write in parts inserts the new
+name is the same bytes, `proxy.store.base.Part`), each session's parts as names (`parts`, whose
+version 3 `value` column is emptied and left empty, not dropped: `ALTER TABLE ... DROP COLUMN`
+needs SQLite 3.35, and RHEL 9's Python links 3.34; attack pass, session 17); the bytes go with
+the last session naming them (`parts_unnamed`). A write in parts inserts the new
 bytes (those the tenant holds already are left as they are: a new session re-sending a recent
 conversation writes its new parts only), then the names, in one statement each: no trigger runs
 per inserted row (measured here, one a row cost a 600 KB session of distinct parts 0.3 ms more
@@ -448,8 +450,9 @@ def _rewrite_values_statement(rows: int) -> str:
 
 @functools.cache
 def _add_parts_statement(rows: int) -> str:
-    """New parts' names, `(tenant, session, key)` each (their bytes inserted first)."""
-    return "INSERT OR IGNORE INTO parts (tenant, session, key) VALUES " + ", ".join(["(?, ?, ?)"] * rows)
+    """New parts' names, `(tenant, session, key)` each (their bytes inserted first; the row's
+    `value` column, version 3's bytes, stays empty: `_SCHEMA_V4`)."""
+    return "INSERT OR IGNORE INTO parts (tenant, session, key, value) VALUES " + ", ".join(["(?, ?, ?, x'')"] * rows)
 
 
 @functools.cache

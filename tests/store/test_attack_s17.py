@@ -5,7 +5,6 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics

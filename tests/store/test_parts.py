@@ -324,7 +324,8 @@ async def test_a_version_3_file_is_migrated_to_one_copy_of_each_part_per_tenant(
         await store.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_store.SCHEMA_VERSION == 4
-        assert [row[1] for row in conn.execute("PRAGMA table_info(parts)")] == ["tenant", "session", "key"]
+        assert [row[1] for row in conn.execute("PRAGMA table_info(parts)")] == ["tenant", "session", "key", "value"]
+        assert conn.execute("SELECT count(*), sum(length(value)) FROM parts").fetchone() == (3, 0)  # names only
     conn.close()
 
 
