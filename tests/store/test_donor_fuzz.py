@@ -48,8 +48,8 @@ class Gate:
             raise OSError(self.error)
 
 
-class GatedStore(Gate, MemoryStore):
-    """The memory backend, gated."""
+class GatedWrites(Gate):
+    """A backend whose `RecordStore` writes are its plain `put_parts` and `put` (memory, Redis), gated."""
 
     async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
         await self._gate()
@@ -58,6 +58,10 @@ class GatedStore(Gate, MemoryStore):
     async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
         await self._gate()
         await super().put(tenant, session, value, ttl)
+
+
+class GatedStore(GatedWrites, MemoryStore):
+    """The memory backend, gated."""
 
 
 class GatedSqlite(Gate, SqliteStore):
@@ -74,18 +78,10 @@ class GatedSqlite(Gate, SqliteStore):
         await super().put_within(tenant, session, value, ttl, timeout)
 
 
-class GatedRedis(Gate, RedisStore):
+class GatedRedis(GatedWrites, RedisStore):
     """Redis, gated."""
 
     error = "Connection refused"
-
-    async def put_parts(self, tenant: str, session: str, head: bytes, parts: Sequence[Part], ttl: float) -> bool:
-        await self._gate()
-        return await super().put_parts(tenant, session, head, parts, ttl)
-
-    async def put(self, tenant: str, session: str, value: bytes, ttl: float) -> None:
-        await self._gate()
-        await super().put(tenant, session, value, ttl)
 
 
 def make(n: int, edits: frozenset[int], turns: int) -> SessionRecord:
