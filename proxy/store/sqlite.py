@@ -1101,25 +1101,18 @@ class SqliteStore:
             source = self.path + suffix
             if os.path.exists(source):
                 os.replace(source, f"{self.path}.{tag}-{stamp}{suffix}")
+        why, hint = "is not a readable database", ""
         if newer is not None:
-            _log.warning(
-                "session store %s has schema version %d, from a newer promptcache than this one (schema %d);"
-                " moved aside to %s.%s-%d, starting empty (move it back under a build of schema %d or newer to use it)",
-                self.path,
-                newer,
-                SCHEMA_VERSION,
-                self.path,
-                tag,
-                stamp,
-                newer,
-            )
-            return
+            why = f"has schema version {newer}, from a newer promptcache than this one (schema {SCHEMA_VERSION})"
+            hint = f" (move it back under a build of schema {newer} or newer to use it)"
         _log.warning(
-            "session store %s is not a readable database; moved aside to %s.%s-%d, starting empty",
+            "session store %s %s; moved aside to %s.%s-%d, starting empty%s",
             self.path,
+            why,
             self.path,
             tag,
             stamp,
+            hint,
         )
 
     def _disconnect(self) -> None:
